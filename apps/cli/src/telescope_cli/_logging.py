@@ -1,0 +1,28 @@
+"""Logging for the whole process, configured once by the CLI.
+
+Libraries only call ``structlog.get_logger()``; this module decides where lines go: a compact
+console renderer on stderr, warnings and up unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def configure_logging(*, debug: bool = False) -> None:
+    """Route structlog and stdlib logging to stderr; INFO and up (DEBUG with ``debug``)."""
+    import structlog
+
+    level = logging.DEBUG if debug else logging.INFO
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,1 @@
+"""Sub-commands of ``telescope``; each module is imported only when its command runs."""

@@ -1,0 +1,97 @@
+"""Entry point of the ``telescope`` command: parse first, import heavy later.
+
+Each sub-command lives in its own module under ``telescope_cli.commands`` and is imported only
+when it runs. Every user mistake ends as a clear message and a non-zero exit code, never a
+traceback; ``--debug`` shows the traceback of an unexpected internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from telescope_cli.__about__ import __version__
+from telescope_cli._exit import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="run YAML file layered over the packaged defaults",
+    )
+    p.set_defaults(takes_overrides=True)
+    p.epilog = (
+        "Any other --FIELD VALUE pair overrides that config field, e.g. --learning_rate 5e-7, "
+        "--learning-rate=5e-7, --wandb_tags '[\"a\"]' or --ray_runtime_env.env_vars.X 1."
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full command tree (cheap: no heavy imports)."""
+    parser = argparse.ArgumentParser(
+        prog="telescope",
+        description="Telescope: reinforcement-learning post-training for LLMs.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"telescope {__version__}")
+    parser.add_argument("--debug", action="store_true", help="verbose logs; tracebacks of internal errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    cfg = sub.add_parser("config", help="show, validate or export the run configuration", allow_abbrev=False)
+    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="ACTION")
+    show = cfg_sub.add_parser(
+        "show", help="print the resolved config as YAML, user-set keys marked", allow_abbrev=False
+    )
+    _add_config_args(show)
+    show.add_argument("--no-marks", action="store_true", help="do not mark the keys you set")
+    validate = cfg_sub.add_parser(
+        "validate", help="check a config; exit 0 when valid, 1 otherwise", allow_abbrev=False
+    )
+    _add_config_args(validate)
+    cfg_sub.add_parser("schema", help="print the JSON Schema of run YAML files (for editors)")
+    return parser
+
+
+def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.command == "config":
+        from telescope_cli.commands import config as config_cmd
+
+        if args.config_command is None:
+            parser.parse_args(["config", "--help"])
+        return config_cmd.run(args)
+    parser.print_help()
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``telescope`` command; returns the process exit code."""
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras and not getattr(args, "takes_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    args.overrides = extras
+    from telescope_cli._logging import configure_logging
+
+    configure_logging(debug=args.debug)
+    try:
+        return _dispatch(args, parser)
+    except KeyboardInterrupt:
+        print("telescope: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # the last line of defence: no traceback for users
+        if args.debug:
+            raise
+        print(
+            f"telescope: internal error: {type(exc).__name__}: {exc}\n"
+            "This is a bug in Telescope. Run the same command with --debug for the traceback, "
+            "and report it with that output.",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+def entry() -> None:
+    """Console-script wrapper: exit with ``main``'s code."""
+    sys.exit(main())

