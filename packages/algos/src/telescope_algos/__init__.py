@@ -1,0 +1,71 @@
+"""telescope-algos: Telescope's RL math as small pure torch functions.
+
+Advantages (``compute_advantages`` and one function per estimator), the policy loss of every
+algorithm with its modifiers (``compute_loss`` and one function per policy term and modifier),
+chunked token log-probabilities and entropy, sequence packing into micro-batches, and output
+filters. Depends on torch and numpy only; imports no other telescope package.
+
+Every per-token tensor is ``[rows, seq]`` and aligned with ``input_ids``: the value at position t
+describes token t, predicted from positions < t (see ``token_logprobs_and_entropy``).
+"""
+
+from telescope_algos.__about__ import __version__
+from telescope_algos._advantages import (
+    ALGORITHMS,
+    center_advantages,
+    compute_advantages,
+    dr_grpo_advantages,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    whiten_advantages,
+)
+from telescope_algos._filters import is_gibberish, is_overlong, is_repetitive, overlong_penalty
+from telescope_algos._loss import compute_loss
+from telescope_algos._losses import (
+    cispo_policy_loss,
+    gspo_policy_loss,
+    ppo_clip_policy_loss,
+    reinforce_policy_loss,
+    sapo_policy_loss,
+)
+from telescope_algos._modifiers import dual_clip, kl_penalty, seq_is_mask, tis_weights
+from telescope_algos._packing import MicroBatch, Sample, first_fit_decreasing, pack_samples
+from telescope_algos._segments import Segments, find_segments, segment_ids_from_position_ids
+from telescope_algos._tokens import token_entropy, token_logprobs, token_logprobs_and_entropy
+
+__all__ = [
+    "ALGORITHMS",
+    "MicroBatch",
+    "Sample",
+    "Segments",
+    "__version__",
+    "center_advantages",
+    "cispo_policy_loss",
+    "compute_advantages",
+    "compute_loss",
+    "dr_grpo_advantages",
+    "dual_clip",
+    "find_segments",
+    "first_fit_decreasing",
+    "grpo_advantages",
+    "gspo_policy_loss",
+    "is_gibberish",
+    "is_overlong",
+    "is_repetitive",
+    "kl_penalty",
+    "overlong_penalty",
+    "pack_samples",
+    "ppo_clip_policy_loss",
+    "reinforce_policy_loss",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
+    "sapo_policy_loss",
+    "segment_ids_from_position_ids",
+    "seq_is_mask",
+    "tis_weights",
+    "token_entropy",
+    "token_logprobs",
+    "token_logprobs_and_entropy",
+    "whiten_advantages",
+]

@@ -1,0 +1,186 @@
+"""Sequence packing: samples → padded micro-batches of at most ``seq_len`` tokens → balanced ranks.
+
+Spec §1.7, steps 3-7:
+
+1. Each :class:`Sample` becomes one token sequence ``prompt_ids + completion_ids`` with
+   ``loss_mask = 0 … 0 (prompt) + completion_mask`` and rollout logprobs ``0.0 … 0.0 (prompt) +
+   rollout_logprobs`` (padded with 0.0 or cut to the completion length; None → 0.0), cut to
+   ``seq_len``. Its first token is never a loss token (nothing predicts it).
+2. First-fit-decreasing: longest first, each into the first micro-batch with room, else a new one.
+3. ``position_ids`` restart at 0 for every sample (varlen attention and the loss find the sample
+   boundaries from them); each micro-batch is padded to a multiple of ``pad_to_multiple_of`` with
+   ``pad_token_id``, mask 0, advantage 0, logprob 0 and positions restarting at 0 (a ghost segment).
+   Pass ``math.lcm`` of the config's multiple and the context-parallel needs (CP for Megatron,
+   2·CP for FSDP ring attention): the caller knows the config, this function does not.
+4. If the count is not a multiple of ``num_ranks``, dummy micro-batches (copies of the first one
+   with an all-zero mask and advantages, ``num_samples = num_tokens = 0``) are appended; then the
+   micro-batches are sorted by length and dealt zig-zag (0,1,…,R−1,R−1,…,0,…) so every rank gets the
+   same number and similar token totals.
+
+Tensors are ``[1, L]`` in the layout :func:`telescope_algos.compute_loss` and the trainers consume
+(aligned with ``input_ids``, see ``_tokens``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+__all__ = ["MicroBatch", "Sample", "first_fit_decreasing", "pack_samples"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion ready for training.
+
+    Attributes:
+        prompt_ids: prompt tokens (never trained on).
+        completion_ids: completion tokens; multi-turn: model and environment tokens interleaved.
+        advantage: the sample's advantage, broadcast to its tokens.
+        rollout_logprobs: the inference engine's logprob of each completion token (None entries → 0.0).
+        completion_mask: 1 for model tokens, 0 for environment/template tokens and filtered samples;
+            None means all 1.
+    """
+
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+    advantage: float
+    rollout_logprobs: Sequence[float | None] | None = None
+    completion_mask: Sequence[int] | None = None
+
+
+@dataclass
+class MicroBatch:
+    """One packed row. Tensors are ``[1, L]``; ``L`` is a multiple of ``pad_to_multiple_of``.
+
+    Attributes:
+        input_ids: long. position_ids: long, restarting at 0 per sample and for the padding.
+        loss_mask: bool. advantages: float32. rollout_logprobs: float32.
+        num_samples: real samples packed in (0 for a dummy micro-batch).
+        num_tokens: loss tokens (``loss_mask.sum()``); the step total is ``compute_loss(num_tokens=…)``.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    num_samples: int
+    num_tokens: int
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[-1]
+
+
+@dataclass
+class _Prepared:
+    ids: np.ndarray
+    mask: np.ndarray
+    logprobs: np.ndarray
+    advantage: float
+
+
+def _prepare(sample: Sample, seq_len: int) -> _Prepared:
+    n_prompt, n_comp = len(sample.prompt_ids), len(sample.completion_ids)
+    if n_prompt + n_comp == 0:
+        raise ValueError("a sample needs at least one token")
+    comp_mask = (
+        np.ones(n_comp, dtype=bool) if sample.completion_mask is None else np.asarray(sample.completion_mask)
+    )
+    if comp_mask.shape != (n_comp,):
+        raise ValueError(f"completion_mask has {comp_mask.size} entries for {n_comp} completion tokens")
+    lps = np.zeros(n_prompt + n_comp, dtype=np.float32)
+    given = list(sample.rollout_logprobs or [])[:n_comp]
+    lps[n_prompt : n_prompt + len(given)] = [0.0 if x is None else x for x in given]
+    ids = np.asarray([*sample.prompt_ids, *sample.completion_ids], dtype=np.int64)
+    mask = np.concatenate([np.zeros(n_prompt, dtype=bool), comp_mask.astype(bool)])
+    mask[0] = False  # nothing predicts the first token
+    return _Prepared(ids[:seq_len], mask[:seq_len], lps[:seq_len], float(sample.advantage))
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bin packing: indices of ``lengths`` grouped into bins of total ≤ ``capacity``, longest first.
+
+    Ties keep input order, so the result is deterministic. An item longer than ``capacity`` gets a bin
+    of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+    return bins
+
+
+def _build(parts: list[_Prepared], multiple: int, pad_token_id: int) -> MicroBatch:
+    length = sum(p.ids.size for p in parts)
+    pad = -length % multiple
+    ids = np.concatenate([*(p.ids for p in parts), np.full(pad, pad_token_id, dtype=np.int64)])
+    pos = np.concatenate([*(np.arange(p.ids.size) for p in parts), np.arange(pad)])
+    mask = np.concatenate([*(p.mask for p in parts), np.zeros(pad, dtype=bool)])
+    adv = np.concatenate(
+        [*(np.full(p.ids.size, p.advantage, dtype=np.float32) for p in parts), np.zeros(pad, np.float32)]
+    )
+    lps = np.concatenate([*(p.logprobs for p in parts), np.zeros(pad, dtype=np.float32)])
+    return MicroBatch(
+        input_ids=torch.from_numpy(ids)[None],
+        position_ids=torch.from_numpy(pos.astype(np.int64))[None],
+        loss_mask=torch.from_numpy(mask)[None],
+        advantages=torch.from_numpy(adv)[None],
+        rollout_logprobs=torch.from_numpy(lps)[None],
+        num_samples=len(parts),
+        num_tokens=int(mask.sum()),
+    )
+
+
+def _zigzag(micro_batches: list[MicroBatch], num_ranks: int) -> list[list[MicroBatch]]:
+    ordered = sorted(micro_batches, key=lambda mb: -len(mb))
+    ranks: list[list[MicroBatch]] = [[] for _ in range(num_ranks)]
+    for i, mb in enumerate(ordered):
+        row, col = divmod(i, num_ranks)
+        ranks[col if row % 2 == 0 else num_ranks - 1 - col].append(mb)
+    return ranks
+
+
+def pack_samples(
+    samples: Sequence[Sample],
+    *,
+    seq_len: int,
+    pad_to_multiple_of: int = 1,
+    num_ranks: int = 1,
+    pad_token_id: int = 0,
+) -> list[list[MicroBatch]]:
+    """Pack a training step's samples into micro-batches, per data-parallel rank (module docstring).
+
+    Returns:
+        ``num_ranks`` lists of equal length (empty lists when there are no samples).
+    """
+    if seq_len < 1 or pad_to_multiple_of < 1 or num_ranks < 1:
+        raise ValueError(
+            "seq_len, pad_to_multiple_of and num_ranks must be >= 1, "
+            f"got {seq_len}, {pad_to_multiple_of}, {num_ranks}"
+        )
+    prepared = [_prepare(s, seq_len) for s in samples]
+    bins = first_fit_decreasing([p.ids.size for p in prepared], seq_len)
+    micro_batches = [_build([prepared[i] for i in b], pad_to_multiple_of, pad_token_id) for b in bins]
+    if micro_batches and len(micro_batches) % num_ranks:
+        first = micro_batches[0]
+        dummy = replace(
+            first,
+            loss_mask=torch.zeros_like(first.loss_mask),
+            advantages=torch.zeros_like(first.advantages),
+            num_samples=0,
+            num_tokens=0,
+        )
+        micro_batches += [replace(dummy) for _ in range(-len(micro_batches) % num_ranks)]
+    return _zigzag(micro_batches, num_ranks)

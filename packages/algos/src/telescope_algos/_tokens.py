@@ -1,0 +1,137 @@
+"""Log-probabilities of the taken tokens and full-vocabulary entropy, from logits at a temperature.
+
+Shift convention (used by every tensor in this package): all per-token tensors are **aligned with
+``input_ids``**. ``logprobs[b, t] = log π(input_ids[b, t] | input_ids[b, :t])``, computed from
+``logits[b, t-1] / temperature``; ``entropy[b, t]`` is the entropy of that same distribution. Column 0
+has no prediction and holds 0. In a packed row the value at the first token of a sample is computed
+from the previous sample's last logit: it is meaningless, and :func:`telescope_algos.compute_loss`
+masks the first token of every sample for that reason. This is the upstream "after shift" layout
+(``logits[:, :-1]`` against ``input_ids[:, 1:]``) shifted back by one, so that ``loss_mask``,
+``advantages`` and ``rollout_logprobs`` share the index of the token they describe.
+
+Memory: the work runs over chunks of ``chunk_size`` positions in a custom autograd function that
+saves only the log-normaliser and the entropy per position and recomputes the softmax in backward,
+so the peak beyond the logits and their gradient is about ``chunk_size × vocab`` floats instead of
+several ``tokens × vocab`` tensors (log_softmax output, its exp, their product, and their grads).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+__all__ = ["token_entropy", "token_logprobs", "token_logprobs_and_entropy"]
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(
+            f"temperature must be > 0 to scale logits, got {temperature}; greedy decoding (temperature 0) "
+            "has no log-probabilities to train on"
+        )
+
+
+class _ChunkedLogprobEntropy(torch.autograd.Function):
+    """Per row i of ``logits [N, V]``: ``log softmax(z_i)[label_i]`` and ``H(softmax(z_i))``; z = logits/T.
+
+    Gradients, with p = softmax(z), log p = z − lse: d log p_y / dz = onehot(y) − p and
+    dH/dz = −p · (log p + H); both are multiplied by 1/T for the logits.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature, chunk):
+        n = logits.shape[0]
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        logprobs = torch.empty(n, dtype=dtype, device=logits.device)
+        entropy = torch.empty_like(logprobs)
+        lse = torch.empty_like(logprobs)
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            logp = logits[s:e].to(dtype) / temperature  # a fresh chunk x vocab buffer
+            lse[s:e] = torch.logsumexp(logp, dim=-1)
+            logp.sub_(lse[s:e, None])
+            logprobs[s:e] = logp.gather(1, labels[s:e, None]).squeeze(1)
+            entropy[s:e] = -(logp.exp() * logp).sum(dim=-1)
+        ctx.save_for_backward(logits, labels, lse, entropy)
+        ctx.temperature = temperature
+        ctx.chunk = chunk
+        ctx.set_materialize_grads(False)
+        return logprobs, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_logprobs, grad_entropy):
+        if grad_logprobs is None and grad_entropy is None:
+            return None, None, None, None
+        logits, labels, lse, entropy = ctx.saved_tensors
+        temperature, chunk = ctx.temperature, ctx.chunk
+        n = logits.shape[0]
+        grad_logits = torch.empty_like(logits)
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            logp = logits[s:e].to(lse.dtype) / temperature
+            logp.sub_(lse[s:e, None])
+            p = logp.exp()
+            if grad_entropy is not None:
+                # dH/dz = -p (log p + H), plus -p * g_lp from the log-probability: one buffer, reused.
+                g = logp.add_(entropy[s:e, None]).mul_(-grad_entropy[s:e, None])
+                if grad_logprobs is not None:
+                    g.sub_(grad_logprobs[s:e, None])
+                g.mul_(p)
+            else:
+                g = p.mul_(-grad_logprobs[s:e, None])
+            if grad_logprobs is not None:
+                g.scatter_add_(1, labels[s:e, None], grad_logprobs[s:e, None])
+            grad_logits[s:e] = g.div_(temperature)
+        return grad_logits, None, None, None
+
+
+def token_logprobs_and_entropy(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of the taken tokens and the full-vocabulary entropy, both differentiable.
+
+    Args:
+        logits: ``[batch, seq, vocab]`` model output (computed in float32, or float64 for float64 input).
+        input_ids: ``[batch, seq]`` long, the tokens the logits were computed on.
+        temperature: > 0; the logits are divided by it (the sampling temperature of the rollouts).
+        chunk_size: positions per chunk (config ``entropy_chunk_size``); ≤ 0 processes everything at once.
+
+    Returns:
+        ``(logprobs, entropy)``, both ``[batch, seq]`` float32 (float64 for float64 logits), aligned with
+        ``input_ids`` (column 0 is 0; see the module docstring). Backpropagate through either or both.
+    """
+    _check_temperature(temperature)
+    if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
+        raise ValueError(
+            f"expected logits [batch, seq, vocab] and input_ids [batch, seq], got {tuple(logits.shape)} "
+            f"and {tuple(input_ids.shape)}"
+        )
+    b, t, v = logits.shape
+    # Position t predicts input_ids[t+1]; the last position has no label (its outputs are dropped).
+    labels = torch.zeros_like(input_ids)
+    labels[:, :-1] = input_ids[:, 1:]
+    chunk = chunk_size if chunk_size > 0 else max(b * t, 1)
+    flat = logits.reshape(b * t, v)  # a view for contiguous logits: no copy
+    lp, ent = _ChunkedLogprobEntropy.apply(flat, labels.reshape(-1), float(temperature), chunk)
+    pad = lp.new_zeros(b, 1)
+    lp = torch.cat([pad, lp.view(b, t)[:, :-1]], dim=1)
+    ent = torch.cat([pad, ent.view(b, t)[:, :-1]], dim=1)
+    return lp, ent
+
+
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = 1024
+) -> torch.Tensor:
+    """``[batch, seq]`` log-probabilities of the taken tokens; see :func:`token_logprobs_and_entropy`."""
+    return token_logprobs_and_entropy(logits, input_ids, temperature=temperature, chunk_size=chunk_size)[0]
+
+
+def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = 1024) -> torch.Tensor:
+    """``[batch, seq]`` entropy of the distribution predicting each token (aligned; column 0 is 0)."""
+    ids = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)
+    return token_logprobs_and_entropy(logits, ids, temperature=temperature, chunk_size=chunk_size)[1]

@@ -1,0 +1,153 @@
+"""Sequence packing (spec §1.7): FFD, sample boundaries, padding, dummy micro-batches, zig-zag ranks."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import telescope_algos as ta
+
+
+def sample(n_prompt, n_comp, adv=1.0, **kw):
+    return ta.Sample(
+        prompt_ids=list(range(100, 100 + n_prompt)),
+        completion_ids=list(range(200, 200 + n_comp)),
+        advantage=adv,
+        **kw,
+    )
+
+
+def test_first_fit_decreasing():
+    # sorted: 7(i1), 5(i0), 4(i3), 3(i2), 2(i4), capacity 10:
+    # 7 → bin0 (room 3); 5 → bin1 (room 5); 4 → bin1 (room 1); 3 → bin0 (room 0); 2 → bin2
+    assert ta.first_fit_decreasing([5, 7, 3, 4, 2], 10) == [[1, 2], [0, 3], [4]]
+    assert ta.first_fit_decreasing([], 10) == []
+    assert ta.first_fit_decreasing([12], 10) == [[0]]
+
+
+def test_layout_of_one_micro_batch():
+    # sample a: prompt 2 + completion 3 (rollout logprobs −0.1, −0.2, −0.3); sample b: 1 + 2 (mask [1, 0])
+    a = sample(2, 3, adv=0.5, rollout_logprobs=[-0.1, -0.2, -0.3])
+    b = sample(1, 2, adv=-1.0, rollout_logprobs=[-0.4, None], completion_mask=[1, 0])
+    [[mb]] = ta.pack_samples([b, a], seq_len=16, pad_to_multiple_of=6)
+    assert mb.input_ids.shape == (1, 12)  # 5 + 3 = 8 tokens, padded to the next multiple of 6
+    # the longer sample comes first (FFD order); padding restarts positions at 0 (ghost segment)
+    assert mb.input_ids.tolist() == [[100, 101, 200, 201, 202, 100, 200, 201, 0, 0, 0, 0]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]]
+    assert mb.loss_mask.tolist() == [
+        [False, False, True, True, True, False, True, False, False, False, False, False]
+    ]
+    assert_close(mb.advantages, torch.tensor([[0.5] * 5 + [-1.0] * 3 + [0.0] * 4]))
+    # rollout logprob of completion token i sits at index len(prompt) + i; prompt and None → 0.0
+    assert_close(mb.rollout_logprobs, torch.tensor([[0, 0, -0.1, -0.2, -0.3, 0, -0.4, 0, 0, 0, 0, 0]]))
+    assert (mb.num_samples, mb.num_tokens) == (2, 4)
+    assert mb.loss_mask.dtype == torch.bool
+    assert mb.input_ids.dtype == torch.long
+    assert mb.advantages.dtype == torch.float32
+
+
+def test_truncation_and_first_token_and_logprob_length():
+    # prompt 0 tokens: the first completion token cannot be predicted, so it is not a loss token.
+    s = ta.Sample(
+        prompt_ids=[], completion_ids=[1, 2, 3, 4, 5, 6], advantage=1.0, rollout_logprobs=[-1.0] * 9
+    )
+    [[mb]] = ta.pack_samples([s], seq_len=4)
+    assert mb.input_ids.tolist() == [[1, 2, 3, 4]]  # cut to seq_len
+    assert mb.loss_mask.tolist() == [[False, True, True, True]]
+    assert_close(mb.rollout_logprobs, torch.tensor([[-1.0] * 4]))  # extra logprobs dropped
+    short = sample(1, 3, rollout_logprobs=[-1.0])  # missing logprobs → 0.0
+    [[mb]] = ta.pack_samples([short], seq_len=8)
+    assert_close(mb.rollout_logprobs, torch.tensor([[0.0, -1.0, 0.0, 0.0]]))
+
+
+def test_ranks_get_equal_counts_dummies_and_zigzag():
+    # lengths 9, 8, 7, 6, 5 with seq_len 10 → five micro-batches; three ranks → one dummy (a copy of
+    # the first, length 9, mask 0). Sorted 9, 9(dummy), 8, 7, 6, 5 dealt 0 1 2 | 2 1 0.
+    samples = [sample(2, n - 2, adv=float(n)) for n in (5, 9, 7, 6, 8)]
+    ranks = ta.pack_samples(samples, seq_len=10, num_ranks=3)
+    assert [len(r) for r in ranks] == [2, 2, 2]
+    assert [[len(mb) for mb in r] for r in ranks] == [[9, 5], [9, 6], [8, 7]]
+    dummies = [mb for r in ranks for mb in r if mb.num_samples == 0]
+    assert len(dummies) == 1
+    assert dummies[0].num_tokens == 0
+    assert not dummies[0].loss_mask.any()
+    assert not dummies[0].advantages.any()
+    assert sum(mb.num_samples for r in ranks for mb in r) == 5
+
+
+def test_padding_multiple_and_empty_input():
+    [[mb]] = ta.pack_samples([sample(3, 4)], seq_len=64, pad_to_multiple_of=16)
+    assert len(mb) == 16
+    assert mb.position_ids[0, 7:].tolist() == list(range(9))
+    assert ta.pack_samples([], seq_len=8, num_ranks=2) == [[], []]
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="at least one token"):
+        ta.pack_samples([ta.Sample([], [], 0.0)], seq_len=8)
+    with pytest.raises(ValueError, match="completion_mask"):
+        ta.pack_samples([sample(1, 3, completion_mask=[1, 1])], seq_len=8)
+    with pytest.raises(ValueError, match=">= 1"):
+        ta.pack_samples([sample(1, 3)], seq_len=0)
+
+
+def test_packed_micro_batches_match_the_padded_computation_end_to_end():
+    # A toy "model" whose logits at a position depend only on that token and its position inside its
+    # sample, so packing cannot change them: logits = E[token] + P[position].
+    torch.manual_seed(0)
+    vocab, n = 300, 12
+    emb, pos_emb = torch.randn(vocab, vocab), torch.randn(64, vocab)
+    samples = []
+    for i in range(n):
+        p, c = 1 + i % 3, 2 + (5 * i) % 11
+        samples.append(
+            ta.Sample(
+                prompt_ids=torch.randint(0, vocab, (p,)).tolist(),
+                completion_ids=torch.randint(0, vocab, (c,)).tolist(),
+                advantage=float(torch.randn(())),
+                rollout_logprobs=(-torch.rand(c) * 5).tolist(),
+            )
+        )
+    config = {"algorithm": "gspo", "clip_low": 0.2, "clip_high": 0.2, "use_tis": True, "kl_penalty_tau": 0.01}
+
+    def run(batch_ids, position_ids, **kw):
+        logits = (emb[batch_ids] + pos_emb[position_ids]).requires_grad_()
+        logprobs, entropy = ta.token_logprobs_and_entropy(logits, batch_ids, temperature=0.8, chunk_size=7)
+        return logprobs, entropy
+
+    ranks = ta.pack_samples(samples, seq_len=24, pad_to_multiple_of=8, num_ranks=2)
+    total_tokens = sum(mb.num_tokens for r in ranks for mb in r)
+    packed_loss = 0.0
+    for r in ranks:
+        for mb in r:
+            logprobs, entropy = run(mb.input_ids, mb.position_ids)
+            loss, _ = ta.compute_loss(
+                logprobs,
+                advantages=mb.advantages,
+                loss_mask=mb.loss_mask,
+                rollout_logprobs=mb.rollout_logprobs,
+                entropy=entropy,
+                position_ids=mb.position_ids,
+                num_tokens=total_tokens,
+                **config,
+            )
+            packed_loss = packed_loss + loss
+    # padded: one sample per row, right padding
+    t = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    ids = torch.zeros(n, t, dtype=torch.long)
+    mask = torch.zeros(n, t, dtype=torch.bool)
+    rollout = torch.zeros(n, t)
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        ids[i, : p + c] = torch.tensor([*s.prompt_ids, *s.completion_ids])
+        mask[i, p : p + c] = True
+        rollout[i, p : p + c] = torch.tensor(s.rollout_logprobs)
+    logprobs, entropy = run(ids, torch.arange(t).expand(n, t))
+    padded_loss, _ = ta.compute_loss(
+        logprobs,
+        advantages=torch.tensor([s.advantage for s in samples]),
+        loss_mask=mask,
+        rollout_logprobs=rollout,
+        entropy=entropy,
+        **config,
+    )
+    assert_close(packed_loss, padded_loss)
