@@ -16,7 +16,6 @@ from telescope_cli._presets import default_run_config
 
 def run(args: argparse.Namespace) -> int:
     """Run one ``telescope config`` action."""
-    import structlog
 
     from telescope_config import ConfigError, json_schema, load_config
 
@@ -29,9 +28,6 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(str(err), file=sys.stderr)
         return EXIT_INVALID
-    log = structlog.get_logger("telescope.config")
-    for note in resolved.notes:
-        log.warning(note)
     if args.config_command == "show":
         sys.stdout.write(resolved.to_yaml(mark_user_keys=not args.no_marks))
     else:

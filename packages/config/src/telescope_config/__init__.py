@@ -1,0 +1,30 @@
+"""Telescope's run configuration: one flat, strictly validated schema with packaged defaults.
+
+A run resolves three layers, later winning: the packaged ``defaults.yaml``, the run YAML
+(``--config FILE``) and command-line overrides (``--learning_rate 5e-7``). ``load_config``
+returns a ``ResolvedConfig`` or raises one ``ConfigError`` that lists every problem found.
+"""
+
+from telescope_config.__about__ import __version__
+from telescope_config._entries import EnvironmentEntry, EvalEntry
+from telescope_config._errors import ConfigError, Problem
+from telescope_config._load import ResolvedConfig, load_config
+from telescope_config._overrides import parse_overrides
+from telescope_config._render import json_schema
+from telescope_config._schema import TelescopeConfig, num_inference_servers
+from telescope_config._yaml import defaults
+
+__all__ = [
+    "ConfigError",
+    "EnvironmentEntry",
+    "EvalEntry",
+    "Problem",
+    "ResolvedConfig",
+    "TelescopeConfig",
+    "__version__",
+    "defaults",
+    "json_schema",
+    "load_config",
+    "num_inference_servers",
+    "parse_overrides",
+]

@@ -1,0 +1,222 @@
+"""Cross-field rules: combinations of individually valid values that cannot run.
+
+Each rule names the fields it reads, so ``load_config`` can still run the rules whose fields
+all validated when other fields failed, and report everything in one pass. A rule yields
+``Violation``s; ``adjustments`` holds the one rule that repairs instead of failing (REINFORCE++
+needs batch normalisation, and is switched to it with a warning).
+
+Rules 1 to 8 are those of the original Telescope (spec §2.3), with rule 6 turned into an
+adjustment; the last four close gaps the original left open (spec §12 item 14).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+
+if TYPE_CHECKING:
+    from telescope_config._schema import TelescopeConfig
+
+__all__ = ["RULE_FIELDS", "Adjustment", "Violation", "adjustments", "check"]
+
+_log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A broken rule, reported against its main ``field``."""
+
+    field: str
+    value: object
+    rule: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    """A value the rules changed, with the note that explains why."""
+
+    field: str
+    value: object
+    note: str
+
+
+_Rule = Callable[["TelescopeConfig"], Iterator[Violation]]
+_RULES: list[tuple[frozenset[str], _Rule]] = []
+
+
+def _rule(*fields: str) -> Callable[[_Rule], _Rule]:
+    def register(fn: _Rule) -> _Rule:
+        _RULES.append((frozenset(fields), fn))
+        return fn
+
+    return register
+
+
+def check(cfg: TelescopeConfig, skip: frozenset[str] = frozenset()) -> list[Violation]:
+    """Every violation of every rule that reads none of the ``skip`` fields."""
+    return [v for fields, rule in _RULES if not fields & skip for v in rule(cfg)]
+
+
+def adjustments(cfg: TelescopeConfig) -> list[Adjustment]:
+    """The values to change before checking; each change is logged as a warning."""
+    found = []
+    if cfg.algorithm == "reinforce_pp" and cfg.advantage_norm == "group":
+        found.append(
+            Adjustment(
+                "advantage_norm",
+                "batch",
+                "advantage_norm switched from 'group' to 'batch': REINFORCE++ (algorithm reinforce_pp) "
+                "normalises advantages over the whole batch. Set advantage_norm: batch to silence this.",
+            )
+        )
+    for adj in found:
+        _log.warning(adj.note, field=adj.field, new_value=adj.value)
+    return found
+
+
+@_rule("environments")
+def _needs_an_environment(c: TelescopeConfig) -> Iterator[Violation]:  # rule 1
+    if not c.environments:
+        yield Violation(
+            "environments",
+            c.environments,
+            "a run needs at least one training environment",
+            "add one to the run YAML, e.g. environments: [{name: countdown}], or pass "
+            '--environments \'[{"name": "countdown"}]\'',
+        )
+
+
+@_rule("use_tis", "use_ppo_clip", "ppo_clip_ref_logprobs")
+def _no_double_importance_correction(c: TelescopeConfig) -> Iterator[Violation]:  # rule 2
+    if c.use_tis and c.use_ppo_clip and c.ppo_clip_ref_logprobs == "rollout":
+        yield Violation(
+            "ppo_clip_ref_logprobs",
+            c.ppo_clip_ref_logprobs,
+            "with use_tis and use_ppo_clip both true, a PPO ratio against the rollout logprobs corrects for "
+            "the sampler twice",
+            "set ppo_clip_ref_logprobs: batch, or turn off use_tis or use_ppo_clip",
+        )
+
+
+@_rule("use_ppo_clip", "algorithm")
+def _ppo_clip_only_for_plain_objectives(c: TelescopeConfig) -> Iterator[Violation]:  # rule 3
+    if c.use_ppo_clip and c.algorithm in ("cispo", "gspo", "sapo"):
+        yield Violation(
+            "use_ppo_clip",
+            c.use_ppo_clip,
+            f"algorithm {c.algorithm} bounds its update on its own and cannot take PPO clipping on top",
+            "set use_ppo_clip: false, or choose algorithm grpo, rloo, reinforce_pp or dr_grpo",
+        )
+
+
+@_rule("clip_ratio_c", "use_ppo_clip", "algorithm")
+def _dual_clip_needs_a_clipped_objective(c: TelescopeConfig) -> Iterator[Violation]:  # rule 4
+    if c.clip_ratio_c is not None and not (c.use_ppo_clip or c.algorithm in ("cispo", "gspo")):
+        yield Violation(
+            "clip_ratio_c",
+            c.clip_ratio_c,
+            f"dual clipping applies only with use_ppo_clip or algorithm cispo or gspo (algorithm is "
+            f"{c.algorithm}, use_ppo_clip is false)",
+            "set clip_ratio_c: null, or use_ppo_clip: true",
+        )
+
+
+@_rule("advantage_norm", "algorithm")
+def _group_norm_for_group_baselines(c: TelescopeConfig) -> Iterator[Violation]:  # rule 5
+    if c.advantage_norm == "batch" and c.algorithm in ("rloo", "dr_grpo"):
+        yield Violation(
+            "advantage_norm",
+            c.advantage_norm,
+            f"algorithm {c.algorithm} defines its advantages within each prompt group",
+            "set advantage_norm: group",
+        )
+
+
+@_rule("inference_num_workers", "inference_tensor_parallel_size")
+def _whole_inference_servers(c: TelescopeConfig) -> Iterator[Violation]:  # rule 7
+    if c.inference_num_workers % c.inference_tensor_parallel_size:
+        yield Violation(
+            "inference_num_workers",
+            c.inference_num_workers,
+            f"inference_num_workers must be a multiple of inference_tensor_parallel_size "
+            f"({c.inference_tensor_parallel_size}) so that every vLLM server gets the same number of GPUs",
+            f"use a multiple of {c.inference_tensor_parallel_size} for inference_num_workers, or change "
+            "inference_tensor_parallel_size",
+        )
+
+
+@_rule("fsdp_context_parallel_size", "train_backend", "seq_len")
+def _fsdp_context_parallel(c: TelescopeConfig) -> Iterator[Violation]:  # rule 8
+    cp = c.fsdp_context_parallel_size
+    if cp <= 1:
+        return
+    if c.train_backend != "fsdp":
+        yield Violation(
+            "fsdp_context_parallel_size",
+            cp,
+            f"FSDP context parallelism needs train_backend fsdp (it is {c.train_backend})",
+            "set fsdp_context_parallel_size: 1, or use megatron_context_parallel_size with Megatron",
+        )
+    if c.seq_len % (2 * cp):
+        yield Violation(
+            "seq_len",
+            c.seq_len,
+            f"with fsdp_context_parallel_size {cp}, seq_len must be divisible by {2 * cp} "
+            "(two chunks per rank)",
+            f"use a multiple of {2 * cp}, e.g. seq_len: {(c.seq_len // (2 * cp) + 1) * 2 * cp}",
+        )
+
+
+@_rule("max_tokens", "max_model_len")
+def _room_for_a_prompt(c: TelescopeConfig) -> Iterator[Violation]:  # new
+    if c.max_tokens >= c.max_model_len:
+        yield Violation(
+            "max_tokens",
+            c.max_tokens,
+            f"max_tokens must be smaller than max_model_len ({c.max_model_len}) to leave room for the prompt",
+            f"lower max_tokens below {c.max_model_len} or raise max_model_len",
+        )
+
+
+@_rule("evals", "max_model_len")
+def _eval_room_for_a_prompt(c: TelescopeConfig) -> Iterator[Violation]:  # new
+    for i, ev in enumerate(c.evals):
+        if ev.max_tokens is not None and ev.max_tokens >= c.max_model_len:
+            yield Violation(
+                f"evals[{i}].max_tokens",
+                ev.max_tokens,
+                f"an eval's max_tokens must be smaller than max_model_len ({c.max_model_len}) to leave room "
+                "for the prompt",
+                f"lower evals[{i}].max_tokens below {c.max_model_len}, or remove it to use max_tokens",
+            )
+
+
+@_rule("seq_len", "max_model_len")
+def _micro_batch_holds_a_sample(c: TelescopeConfig) -> Iterator[Violation]:  # new
+    if c.seq_len < c.max_model_len:
+        yield Violation(
+            "seq_len",
+            c.seq_len,
+            f"seq_len must be at least max_model_len ({c.max_model_len}) so a full-length sample fits in "
+            "a micro-batch instead of being truncated",
+            f"set seq_len: {c.max_model_len} or more, or lower max_model_len",
+        )
+
+
+@_rule("evals", "eval_num_servers", "inference_num_workers", "inference_tensor_parallel_size")
+def _training_keeps_a_server(c: TelescopeConfig) -> Iterator[Violation]:  # new
+    servers = c.inference_num_workers // c.inference_tensor_parallel_size
+    if c.evals and c.eval_num_servers >= servers:
+        yield Violation(
+            "eval_num_servers",
+            c.eval_num_servers,
+            f"periodic evals would take all {servers} inference server(s) and leave none for training",
+            f"set eval_num_servers below {servers} (0 disables periodic evals), or add inference workers",
+        )
+
+
+RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))

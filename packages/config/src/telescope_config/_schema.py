@@ -1,0 +1,696 @@
+"""The run configuration schema: one flat ``TelescopeConfig`` (its list entries are in ``_entries``).
+
+Every top-level field is required and has no Python default: the packaged ``defaults.yaml`` is
+the one source of default values, and ``load_config`` layers the user's file and flags over it.
+Each field carries its type, its range and a description (unit, range, why); the YAML comments
+of ``defaults.yaml`` are rendered from these descriptions. Cross-field rules live in
+``_rules``; the model's validator runs them so that a directly built config is checked too.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
+
+from telescope_config import _rules
+from telescope_config._entries import EnvironmentEntry, EvalEntry
+from telescope_config._errors import rule_error
+
+__all__ = ["SKIP_RULES", "TelescopeConfig", "num_inference_servers"]
+
+# Context key that makes ``model_validate`` skip the cross-field rules: ``load_config`` runs
+# them itself so it can report them next to field errors.
+SKIP_RULES = "telescope_skip_rules"
+
+
+def _checkpoint_every(value: object) -> object:
+    if value is True:
+        raise rule_error(
+            "true is ambiguous for a checkpoint interval",
+            "use an integer N to save every N steps, e.g. 1 for every step; false or 0 disables checkpoints",
+        )
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if value is False or (isinstance(value, int) and value >= 0):
+        return value
+    raise rule_error(
+        "must be false, 0 or a whole number of steps >= 1",
+        "e.g. checkpoint_every: 100 saves every 100 steps and at the last step; false disables checkpoints",
+    )
+
+
+def _resume_from_checkpoint(value: object) -> object:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or (isinstance(value, int) and value >= 1):
+        return value
+    raise rule_error(
+        "must be true, false or a checkpoint step >= 1",
+        "true resumes from the latest checkpoint, an integer N from step_N, false starts fresh",
+    )
+
+
+Dtype = Literal["float32", "float16", "bfloat16"]
+PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+Algorithm = Literal["grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo"]
+CheckpointEvery = Annotated[Annotated[int, Field(ge=0)] | Literal[False], BeforeValidator(_checkpoint_every)]
+ResumeFrom = Annotated[bool | Annotated[int, Field(ge=1)], BeforeValidator(_resume_from_checkpoint)]
+
+
+def num_inference_servers(cfg: TelescopeConfig) -> int:
+    """How many vLLM servers a run starts: inference GPUs divided by GPUs per server."""
+    return cfg.inference_num_workers // cfg.inference_tensor_parallel_size
+
+
+class TelescopeConfig(BaseModel):
+    """Every setting of a training run, flat; defaults come from the packaged ``defaults.yaml``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, title="Telescope run configuration")
+
+    # General and model
+    debug: bool = Field(
+        description="Verbose mode: detailed console logs, third-party logs kept, Ray worker logs forwarded "
+        "and W&B not silenced. Turn it on to diagnose a run."
+    )
+    model: str = Field(
+        min_length=1,
+        description="Model to train: a Hugging Face hub id or a local directory. The trainer, the vLLM "
+        "servers and the tokenizer all load it.",
+    )
+    model_dtype: Dtype = Field(
+        description="Dtype of the master weights the FSDP trainer loads. float32 keeps optimizer updates "
+        "exact; Megatron always uses bfloat16."
+    )
+    mixed_precision_dtype: Dtype | None = Field(
+        description="FSDP2 compute dtype of parameters (gradients are still reduced in float32); null turns"
+        " mixed precision off and computes in model_dtype."
+    )
+
+    # Ray
+    ray_address: str = Field(
+        description="Ray cluster to join: 'auto' looks for a running cluster, 'host:port' names one, an "
+        "empty string always starts a local head."
+    )
+    ray_auto_start_local: bool = Field(
+        description="When ray_address is 'auto' and no cluster is running, start a local Ray head instead "
+        "of failing."
+    )
+    ray_namespace: str = Field(
+        min_length=1,
+        description="Ray namespace of the run's actors; distinct namespaces keep concurrent runs on one "
+        "cluster apart.",
+    )
+    ray_log_to_driver: bool = Field(
+        description="Forward Ray worker logs to the driver console. Only honoured when debug is true, to "
+        "keep the console readable."
+    )
+    ray_runtime_env: dict[str, Any] | None = Field(
+        description="Extra Ray runtime_env (env_vars, working_dir, ...) merged over the built-in one; null "
+        "adds nothing. One entry can be set from the command line: "
+        "--ray_runtime_env.env_vars.NAME value."
+    )
+    ray_disable_runtime_env_hook: bool = Field(
+        description="Unset RAY_RUNTIME_ENV_HOOK before starting Ray, so workers reuse the driver's "
+        "environment instead of each building a uv environment."
+    )
+    ray_pin_py_executable: bool = Field(
+        description="Run Ray workers with the driver's Python interpreter, so both sides import the same "
+        "packages."
+    )
+    ray_propagate_active_venv: bool = Field(
+        description="Pass VIRTUAL_ENV and UV_PROJECT_ENVIRONMENT to the workers so they use the driver's "
+        "virtual environment."
+    )
+    ray_propagate_run_dir: bool = Field(
+        description="Pass TELESCOPE_RUN_DIR to the workers so every process writes into the same run "
+        "directory."
+    )
+    ray_broadcast_init_timeout_s: int = Field(
+        ge=1,
+        description="Seconds (>= 1) to wait for the weight-broadcast group of trainer rank 0 and every vLLM"
+        " server to form.",
+    )
+    ray_broadcast_prefer_loopback_if_single_node: bool = Field(
+        description="On a single node, bootstrap the broadcast group over 127.0.0.1 rather than the node's "
+        "address; avoids firewall and network-interface surprises."
+    )
+    ray_shutdown_on_exit: bool = Field(
+        description="Shut Ray down when the process exits. Only the standalone eval honours it; training "
+        "leaves the cluster running."
+    )
+    ray_inference_cpus_per_worker: float = Field(
+        ge=0, description="CPUs (>= 0) reserved next to each inference GPU in the Ray placement group."
+    )
+    ray_trainer_cpus_per_worker: float = Field(
+        ge=0,
+        description="CPUs (>= 0) reserved next to each trainer GPU; batch preparation and packing run on "
+        "them.",
+    )
+    ray_inference_placement_strategy: PlacementStrategy = Field(
+        description="Ray placement strategy of the inference GPUs: PACK fills one node before the next, "
+        "SPREAD spreads over nodes, the STRICT_ variants fail rather than deviate."
+    )
+    ray_trainer_placement_strategy: PlacementStrategy = Field(
+        description="Ray placement strategy of the trainer GPUs; same choices as for inference."
+    )
+    ray_placement_timeout_s: int = Field(
+        ge=1,
+        description="Seconds (>= 1) to wait for the GPUs to be reserved and for the vLLM servers to start. "
+        "Raise it for large models that load slowly.",
+    )
+
+    # Workers
+    inference_num_workers: int = Field(
+        ge=1,
+        description="GPUs given to vLLM inference, >= 1. They form inference_num_workers / "
+        "inference_tensor_parallel_size servers.",
+    )
+    inference_tensor_parallel_size: int = Field(
+        ge=1,
+        description="GPUs per vLLM server (tensor parallelism), >= 1; must divide inference_num_workers. "
+        "Raise it when the model does not fit on one GPU.",
+    )
+    trainer_num_workers: int = Field(ge=1, description="GPUs (ranks) of the trainer, >= 1.")
+
+    # Environments
+    environments: list[EnvironmentEntry] = Field(
+        description="Training environments, sampled by weight. Each entry has name (a registered "
+        "environment), weight (> 0, default 1.0), reward_min and reward_max (only scale the UI "
+        "charts) and kwargs (passed to the environment). A run needs at least one."
+    )
+
+    # Orchestrator
+    max_concurrent_prompts_per_server: int = Field(
+        ge=1,
+        description="Prompt groups in flight per vLLM server, >= 1; a server has this times group_size lane"
+        " slots. More keeps GPUs busier; fewer keeps samples fresher.",
+    )
+    prompts_batch_size_for_trainer: int = Field(
+        ge=1,
+        description="Prompt groups per training step, >= 1; a step trains on this times group_size "
+        "completions.",
+    )
+    number_of_steps: int = Field(ge=1, description="Training steps of the run, >= 1.")
+    max_async_rollout: int = Field(
+        ge=0,
+        description="Training steps inference may run ahead of the trainer, >= 0. 0 is fully synchronous "
+        "(on-policy); more overlaps generation with training but trains on older samples.",
+    )
+    discard_group_zero_advantage: bool = Field(
+        description="Drop a group whose completions all got the same reward: every advantage is zero, so it"
+        " carries no learning signal."
+    )
+    enable_prompt_prefetch: bool = Field(
+        description="Format prompts (chat template, tokenization) in the background so lanes never wait for"
+        " them."
+    )
+    prompt_prefetch_buffer_size: int = Field(
+        ge=0, description="Prompts the prefetcher keeps ready, >= 0; 0 disables the buffer."
+    )
+    enable_individual_sample_lanes: bool = Field(
+        description="Give each completion its own lane slot instead of one slot per group, so a finished "
+        "completion frees capacity without waiting for its siblings."
+    )
+    max_off_policy_steps: int = Field(
+        ge=-1,
+        description="Cancel a group once an in-flight sample of it has seen more than this many weight "
+        "updates; -1 never cancels. Bounds how stale a sample can get.",
+    )
+    free_lane_after_generation: bool = Field(
+        description="Release a lane as soon as generation ends, before the reward is computed; helps when "
+        "rewards are slow (sandboxes). Needs enable_individual_sample_lanes."
+    )
+    eager_prepare_resources: bool = Field(
+        description="Call prepare_resources() on every environment before the rollout loop starts, e.g. to "
+        "warm a sandbox pool before the first request."
+    )
+
+    # Trainer
+    learning_rate: float = Field(
+        gt=0,
+        description="Peak learning rate of the Adam optimizer, > 0. RL fine-tuning of LLMs uses small "
+        "values, about 1e-7 to 1e-5.",
+    )
+    weight_decay: float = Field(ge=0, description="Decoupled (AdamW) weight decay, >= 0; 0 disables it.")
+    grad_clip: float = Field(
+        ge=0,
+        description="Largest global gradient norm, >= 0; larger gradients are scaled down to it. 0 disables"
+        " clipping.",
+    )
+    lr_scheduler: Literal["none", "constant", "linear", "cosine"] = Field(
+        description="Learning-rate schedule: none (fixed), constant (warmup, then flat), linear or cosine "
+        "(warmup, then decay to min_lr_ratio times learning_rate at the last step)."
+    )
+    warmup_steps: int = Field(
+        ge=0,
+        description="Steps of linear warmup from 0 to learning_rate, >= 0; 0 starts at the peak. The none "
+        "schedule ignores it.",
+    )
+    min_lr_ratio: float = Field(
+        ge=0,
+        le=1,
+        description="Final learning rate of the linear and cosine schedules as a fraction of learning_rate,"
+        " in [0, 1].",
+    )
+    train_backend: Literal["fsdp", "megatron"] = Field(
+        description="Trainer implementation: fsdp (PyTorch FSDP2, any Hugging Face model) or megatron "
+        "(Megatron-core, with tensor, pipeline and expert parallelism for large and MoE "
+        "models)."
+    )
+    fsdp_context_parallel_size: int = Field(
+        ge=1,
+        description="FSDP context parallelism (ring attention), >= 1: each sequence is split over this many"
+        " ranks. 1 disables it; more needs train_backend fsdp and seq_len divisible by twice "
+        "this value.",
+    )
+
+    # Megatron
+    megatron_tensor_parallel_size: int = Field(
+        ge=1, description="Megatron tensor parallelism, >= 1: splits each layer's matrices over GPUs."
+    )
+    megatron_pipeline_parallel_size: int = Field(
+        ge=1, description="Megatron pipeline parallelism, >= 1: splits the layers into stages."
+    )
+    megatron_context_parallel_size: int = Field(
+        ge=1,
+        description="Megatron context parallelism, >= 1: splits each sequence over GPUs (needs Transformer "
+        "Engine).",
+    )
+    megatron_expert_parallel_size: int = Field(
+        ge=1,
+        description="Megatron expert parallelism for mixture-of-experts models, >= 1; must divide the "
+        "number of experts.",
+    )
+    megatron_global_batch_size: int | None = Field(
+        ge=1,
+        description="Accepted for compatibility and not used: the batch is prompts_batch_size_for_trainer "
+        "times group_size. null or an integer >= 1.",
+    )
+    megatron_disable_unified_memory_jit: bool = Field(
+        description="Skip a slow just-in-time build that Megatron runs at import for unified memory, which "
+        "RL training does not use."
+    )
+    megatron_optimizer_cpu_offload: bool = Field(
+        description="Keep the optimizer state in CPU memory and step it there: frees GPU memory, costs speed."
+    )
+    megatron_optimizer_offload_fraction: float = Field(
+        ge=0,
+        le=1,
+        description="Fraction of the optimizer state moved to the CPU when megatron_optimizer_cpu_offload "
+        "is on, in [0, 1].",
+    )
+    megatron_overlap_cpu_optimizer_d2h_h2d: bool = Field(
+        description="Overlap the GPU-to-CPU and CPU-to-GPU copies of the offloaded optimizer with compute."
+    )
+    megatron_use_precision_aware_optimizer: bool = Field(
+        description="Use Megatron's precision-aware optimizer, which can hold main parameters, gradients "
+        "and Adam moments in the dtypes below."
+    )
+    megatron_main_grads_dtype: Dtype = Field(
+        description="Dtype of the main gradients with the precision-aware optimizer."
+    )
+    megatron_main_params_dtype: Dtype = Field(
+        description="Dtype of the main (master) parameters with the precision-aware optimizer."
+    )
+    megatron_exp_avg_dtype: Dtype = Field(
+        description="Dtype of Adam's first moment with the precision-aware optimizer."
+    )
+    megatron_exp_avg_sq_dtype: Dtype = Field(
+        description="Dtype of Adam's second moment with the precision-aware optimizer."
+    )
+    megatron_grad_reduce_in_fp32: bool = Field(
+        description="Keep the data-parallel gradient buffer and its all-reduce in float32; false halves "
+        "that buffer (bfloat16) at some cost in precision."
+    )
+    megatron_gradient_checkpointing: bool = Field(
+        description="Recompute activations in the backward pass instead of storing them: much less "
+        "activation memory for roughly a third more compute."
+    )
+    megatron_sequence_parallel: bool = Field(
+        description="Shard LayerNorm and dropout activations along the sequence over the tensor-parallel "
+        "group; only has an effect when megatron_tensor_parallel_size > 1."
+    )
+    megatron_use_distributed_optimizer: bool = Field(
+        description="Shard the optimizer state over data-parallel ranks (ZeRO-1); saves memory when there "
+        "is more than one data-parallel rank."
+    )
+    megatron_overlap_grad_reduce: bool = Field(
+        description="Overlap the gradient all-reduce with the backward pass."
+    )
+    megatron_use_transformer_engine: bool = Field(
+        description="Build the layers from NVIDIA Transformer Engine (fused attention, FP8-capable); needed"
+        " for megatron_context_parallel_size > 1 and for megatron_fp8."
+    )
+    megatron_fp8: bool = Field(
+        description="Run matrix multiplies in FP8; needs megatron_use_transformer_engine and a Hopper or "
+        "newer GPU."
+    )
+
+    # Algorithm and loss
+    algorithm: Algorithm = Field(
+        description="Policy-gradient objective: grpo; rloo (leave-one-out baseline); reinforce_pp "
+        "(REINFORCE++, batch-normalised advantages); dr_grpo (no std division, no length bias);"
+        " cispo (clipped importance weights); gspo (sequence-level ratio); sapo (soft gate "
+        "instead of a hard clip)."
+    )
+    number_of_minibatches: int = Field(
+        ge=1,
+        description="Optimizer steps per training step, >= 1: the batch is split into this many "
+        "minibatches. With more than 1 the later minibatches are off-policy; pair it with "
+        "use_ppo_clip.",
+    )
+    use_ppo_clip: bool = Field(
+        description="Replace the plain policy-gradient term by PPO's clipped surrogate, which keeps the "
+        "ratio within [1 - clip_low, 1 + clip_high]. Not for cispo, gspo or sapo, which bound "
+        "the update themselves."
+    )
+    ppo_clip_ref_logprobs: Literal["rollout", "batch"] = Field(
+        description="Denominator of the PPO ratio: rollout takes the logprobs vLLM returned; batch "
+        "recomputes them with the trainer before the first update (one more forward pass, no "
+        "sampler/learner mismatch)."
+    )
+    clip_low: float = Field(
+        ge=0,
+        le=1,
+        description="Lower clip margin, in [0, 1]: ratios below 1 - clip_low are clipped (PPO, CISPO, GSPO).",
+    )
+    clip_high: float = Field(
+        ge=0,
+        description="Upper clip margin, >= 0: ratios above 1 + clip_high are clipped. A wider upper than "
+        "lower margin (clip-higher) keeps exploration alive.",
+    )
+    clip_ratio_c: float | None = Field(
+        gt=1,
+        description="Dual-clip constant, > 1: bounds the loss of tokens with negative advantage by "
+        "clip_ratio_c times the advantage. null disables it; it needs use_ppo_clip or algorithm"
+        " cispo or gspo.",
+    )
+    sapo_tau_pos: float = Field(
+        gt=0, description="SAPO gate temperature for tokens with positive advantage, > 0 (sapo only)."
+    )
+    sapo_tau_neg: float = Field(
+        gt=0, description="SAPO gate temperature for tokens with zero or negative advantage, > 0 (sapo only)."
+    )
+    dr_grpo_loss_agg_mode: Literal["token_mean", "token_sum_norm"] = Field(
+        description="Loss aggregation of dr_grpo: token_mean averages over tokens; token_sum_norm sums and "
+        "divides by a constant, which removes the preference for short answers."
+    )
+    advantage_norm: Literal["group", "batch"] = Field(
+        description="Where advantages are normalised: group (within each prompt's group) or batch (over the"
+        " training batch). rloo and dr_grpo need group; reinforce_pp needs batch and is "
+        "switched to it."
+    )
+    use_tis: bool = Field(
+        description="Truncated importance sampling: weight each token by its trainer/vLLM probability "
+        "ratio, capped at tis_cap, to correct for the gap between sampler and learner."
+    )
+    tis_cap: float = Field(gt=0, description="Largest importance weight, > 0.")
+    tis_logprob_clamp: float = Field(
+        gt=0,
+        description="Bound on the log-ratio before it is exponentiated, > 0; keeps weights finite when the "
+        "two logprobs disagree wildly.",
+    )
+    tis_mode: Literal["truncate", "icepop"] = Field(
+        description="Weights outside [tis_floor, tis_cap]: truncate clamps them; icepop drops those tokens."
+    )
+    tis_floor: float = Field(
+        ge=0, description="Smallest importance weight kept in icepop mode, >= 0; 0 means no lower bound."
+    )
+    kl_penalty_tau: float = Field(
+        ge=0,
+        description="Weight of a KL penalty toward the sampling policy added to the loss, >= 0; 0 disables "
+        "it.",
+    )
+    kl_estimator: Literal["k2", "k3"] = Field(
+        description="Estimator of the KL penalty: k2 (squared log-ratio) or k3 (ratio - 1 - log-ratio; "
+        "never negative, lower variance)."
+    )
+    entropy_coef: float = Field(
+        ge=0,
+        description="Entropy bonus, >= 0: subtracts this times the mean token entropy from the loss to slow"
+        " entropy collapse. 0 disables it.",
+    )
+    entropy_chunk_size: int = Field(
+        description="Rows per chunk when the token entropy metric is computed; bounds peak memory with "
+        "large vocabularies. 0 or less computes it in one piece."
+    )
+    seq_is_masking: bool = Field(
+        description="Drop whole sequences whose geometric-mean importance ratio lies outside "
+        "[seq_is_mask_low, seq_is_mask_high], i.e. samples that drifted far off-policy."
+    )
+    seq_is_mask_low: float = Field(
+        gt=0, lt=1, description="Lower bound of the sequence importance ratio, in (0, 1); on-policy is 1."
+    )
+    seq_is_mask_high: float = Field(
+        gt=1, description="Upper bound of the sequence importance ratio, > 1; on-policy is 1."
+    )
+
+    # Filters and reward shaping
+    filter_overlong: bool = Field(
+        description="Leave out of the loss completions cut off at max_tokens (no end-of-sequence token), "
+        "whose reward is often misleading."
+    )
+    overlong_penalty_factor: float = Field(
+        ge=0,
+        description="Largest reward penalty for long completions, >= 0; it grows linearly over the last "
+        "overlong_buffer_tokens before max_tokens. 0 disables it.",
+    )
+    overlong_buffer_tokens: int = Field(
+        ge=1, description="Width in tokens of the ramp of the overlong penalty, >= 1."
+    )
+    filter_gibberish: bool = Field(
+        description="Leave out of the loss completions containing rare tokens generated at very low "
+        "probability, a sign of degenerate output."
+    )
+    gibberish_token_threshold: int = Field(ge=1, description="Token ids above this count as rare, >= 1.")
+    gibberish_logprob_offset: float = Field(
+        gt=0,
+        description="A rare token is flagged when its logprob is below -log(vocab size) minus this, > 0.",
+    )
+    filter_repetition: bool = Field(
+        description="Leave out of the loss completions that repeat themselves, found by a high zlib "
+        "compression ratio."
+    )
+    repetition_compression_threshold: float = Field(
+        gt=1, description="zlib compression ratio above which a completion counts as repetitive, > 1."
+    )
+
+    # Weight synchronisation
+    weight_broadcast_mode: Literal["flattened_bucket", "per_tensor"] = Field(
+        description="How new weights reach vLLM: flattened_bucket packs tensors into large buffers (fewer, "
+        "larger transfers); per_tensor sends them one by one (less memory)."
+    )
+    weight_broadcast_bucket_mb: int = Field(
+        ge=1,
+        description="Bucket size of flattened_bucket in MiB, >= 1; larger is faster but needs more free GPU"
+        " memory.",
+    )
+    weight_broadcast_cpu_staging: bool = Field(
+        description="Stage gathered weights in CPU memory before broadcasting: saves GPU memory, costs time."
+    )
+    weight_broadcast_pin_memory: bool = Field(
+        description="Stage in pinned CPU memory, for faster copies back to the GPU."
+    )
+    weight_broadcast_free_grad_buffers: bool = Field(
+        description="Free Megatron's gradient buffers during the broadcast to make room for it; they are "
+        "rebuilt for the next step."
+    )
+
+    # Packing
+    seq_len: int = Field(
+        ge=1,
+        description="Token capacity of one packed micro-batch, >= 1; longer samples are truncated. Must be "
+        "at least max_model_len so that a full-length sample fits.",
+    )
+    pad_to_multiple_of: int = Field(
+        ge=1,
+        description="Pad each micro-batch's length to a multiple of this, >= 1; regular shapes suit the "
+        "kernels.",
+    )
+
+    # Inference server
+    inference_host: str = Field(min_length=1, description="Address the vLLM servers listen on.")
+    inference_base_port: int = Field(
+        ge=1,
+        le=65535,
+        description="Port of the standalone inference server command, 1 to 65535. Training on Ray picks "
+        "free ports and ignores it.",
+    )
+    gpu_memory_utilization: float = Field(
+        gt=0,
+        le=1,
+        description="Fraction of each inference GPU's memory that vLLM may take for weights and KV cache, "
+        "in (0, 1].",
+    )
+    max_model_len: int = Field(
+        ge=1,
+        description="Context length of the vLLM servers in tokens (prompt plus completion), >= 1. A prompt "
+        "too long to leave max_tokens gets a smaller completion budget.",
+    )
+    max_num_seqs: int | None = Field(
+        ge=1, description="Most sequences one vLLM server runs at once, >= 1; null lets vLLM choose."
+    )
+    max_num_batched_tokens: int | None = Field(
+        ge=1,
+        description="Most tokens one vLLM scheduler step processes (prefill plus decode), >= 1; null lets "
+        "vLLM choose.",
+    )
+    vllm_scheduling_policy: Literal["priority", "fcfs"] = Field(
+        description="vLLM request order: priority serves later turns of multi-turn episodes first so "
+        "episodes finish; fcfs serves requests as they arrive."
+    )
+    enable_thinking: bool = Field(
+        description="Value of enable_thinking given to the chat template (e.g. Qwen3's thinking mode)."
+    )
+    chat_template: str | None = Field(
+        description="Jinja2 chat template replacing the tokenizer's own; null keeps the tokenizer's. Needed"
+        " for base models that ship without one."
+    )
+
+    # Rollout and sampling
+    group_size: int = Field(
+        ge=1,
+        description="Completions sampled per prompt, >= 1. Advantages compare completions of one group, so "
+        "learning needs at least 2.",
+    )
+    temperature: float = Field(
+        gt=0,
+        description="Sampling temperature, > 0. The trainer divides its logits by the same value so its "
+        "logprobs match the sampler's; 0 (greedy) would divide by zero.",
+    )
+    max_tokens: int = Field(
+        ge=1,
+        description="Most tokens generated per request (per turn in multi-turn environments), >= 1; must be"
+        " below max_model_len to leave room for the prompt.",
+    )
+    top_p: float | None = Field(
+        gt=0,
+        le=1,
+        description="Nucleus sampling threshold, in (0, 1]; null disables it. The trainer's logprobs ignore"
+        " it, so values below 1 make training slightly off-policy.",
+    )
+    interleaved_rollouts: bool = Field(
+        description="In multi-turn episodes, reuse the exact token ids of earlier turns instead of "
+        "re-tokenizing the conversation, so the trainer sees exactly what was generated."
+    )
+
+    # Checkpoints
+    checkpoint_every: CheckpointEvery = Field(
+        description="Save a checkpoint every N steps and at the last step: an integer N >= 1; false or 0 "
+        "disables checkpoints. true is rejected as ambiguous: write 1 for every step."
+    )
+    checkpoint_save_training_state: bool = Field(
+        description="Also save optimizer, scheduler, random and orchestrator state so the run can resume; "
+        "false saves the weights only."
+    )
+    resume_from_checkpoint: ResumeFrom = Field(
+        description="Resume a run: false starts fresh, true resumes from the latest checkpoint in "
+        "checkpoint_dir, an integer N >= 1 from step N."
+    )
+    checkpoint_dir: str | None = Field(
+        min_length=1, description="Directory of the checkpoints; null means <run directory>/checkpoints."
+    )
+    checkpoint_keep_last: int | None = Field(
+        ge=1, description="Keep only the N most recent checkpoints, >= 1; null keeps all."
+    )
+    checkpoint_keep_every: int | None = Field(
+        ge=1,
+        description="Also keep every checkpoint whose step is a multiple of N (e.g. 100), >= 1; null turns "
+        "this off.",
+    )
+
+    # Logging and W&B
+    use_wandb: bool = Field(
+        description="Also log the run to Weights & Biases (metrics, tables, code, logs). The local run "
+        "directory is the primary record; W&B is opt-in."
+    )
+    wandb_project: str = Field(
+        min_length=1, description="W&B project; the WANDB_PROJECT environment variable overrides it."
+    )
+    wandb_run_name: str = Field(
+        min_length=1, description="W&B run name; the WANDB_RUN_NAME environment variable overrides it."
+    )
+    wandb_tags: list[str] = Field(
+        description="W&B tags of the run; WANDB_TAGS (comma-separated) replaces them. The Telescope UI "
+        "finds runs by the telescope tag."
+    )
+    wandb_upload_code: bool = Field(
+        description="Upload a zip of the source tree, filtered by wandb_code_exclude_patterns and "
+        "wandb_code_max_file_size_mb."
+    )
+    wandb_upload_logs: bool = Field(description="Upload the standard log lines as a table.")
+    wandb_upload_logs_detailed: bool = Field(description="Also upload the detailed (debug-level) log lines.")
+    wandb_upload_logs_stdout: bool = Field(description="Also upload the raw standard output of every worker.")
+    wandb_code_max_file_size_mb: float = Field(
+        gt=0, description="Files larger than this many MiB (> 0) are left out of the code upload."
+    )
+    wandb_code_exclude_patterns: list[str] = Field(
+        description="fnmatch patterns of directory and file names left out of the code upload."
+    )
+    system_metrics_collection_interval_seconds: float = Field(
+        gt=0, description="Seconds between samples of GPU and CPU metrics on the driver node, > 0."
+    )
+    torch_memory_sample_interval_seconds: float = Field(
+        gt=0, description="Seconds between samples of the trainer's torch allocator memory, > 0."
+    )
+    event_tail_window_seconds: int = Field(
+        ge=1, description="Seconds of recent events uploaded for the live timeline, >= 1."
+    )
+    event_block_duration_seconds: int = Field(
+        ge=1, description="Seconds of timeline events per archived block, >= 1."
+    )
+    event_upload_interval_seconds: int = Field(ge=1, description="Seconds between event uploads, >= 1.")
+    metrics_logger_interval_seconds: float = Field(
+        gt=0, description="Seconds between polls of the cluster-wide Ray node metrics, > 0."
+    )
+    ray_torch_memory_drain_interval_seconds: float = Field(
+        gt=0, description="Seconds between collections of torch memory samples from the Ray actors, > 0."
+    )
+    rollout_block_size: int = Field(ge=1, description="Training steps per archived block of samples, >= 1.")
+    track_gpu_events: bool = Field(
+        description="Record trainer timeline events (forward, backward, optimizer step, weight sync)."
+    )
+
+    # Evals and tracing
+    eval_before_training: bool = Field(
+        description="Run the evals before the first step as a baseline (step 0); skipped when resuming."
+    )
+    eval_after_training: bool = Field(
+        description="Run the evals after the last step, unless they already ran at that step."
+    )
+    eval_num_servers: int = Field(
+        ge=0,
+        description="vLLM servers taken from training while a periodic eval runs, >= 0; 0 disables periodic"
+        " evals. At least one server must stay with training.",
+    )
+    eval_start_end_use_all_servers: bool = Field(
+        description="Run the baseline and final evals on every server, since no training runs then."
+    )
+    evals: list[EvalEntry] = Field(
+        description="Evals run during training. Each entry has name (a registered eval or environment), "
+        "eval_every (steps, default 10), pass_k, num_samples (-1 = all), separate_eval_samples,"
+        " kwargs, and temperature, top_p, max_tokens (null = the training value)."
+    )
+    enable_vllm_tracing: bool = Field(
+        description="Collect per-request timings from vLLM over OpenTelemetry (OTLP) for the timeline."
+    )
+    otlp_receiver_port: int = Field(
+        ge=1, le=65535, description="Port of the local OTLP receiver of the vLLM traces, 1 to 65535."
+    )
+
+    @property
+    def num_inference_servers(self) -> int:
+        """How many vLLM servers the run starts (inference_num_workers // inference_tensor_parallel_size)."""
+        return num_inference_servers(self)
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self, info: ValidationInfo) -> TelescopeConfig:
+        if info.context and info.context.get(SKIP_RULES):
+            return self
+        for adj in _rules.adjustments(self):
+            object.__setattr__(self, adj.field, adj.value)  # the model is frozen; this is its own validator
+        violations = _rules.check(self)
+        if violations:
+            raise ValueError("\n".join(f"{v.field}: {v.rule}; fix: {v.fix}" for v in violations))
+        return self

@@ -1,0 +1,238 @@
+"""Every cross-field rule, both sides: a config that passes and one that fails with a useful message."""
+
+from __future__ import annotations
+
+import pytest
+import structlog
+from pydantic import ValidationError
+
+from telescope_config import TelescopeConfig, defaults, num_inference_servers
+
+
+def test_rule1_needs_an_environment(run, problems, only):
+    p = only(problems({"environments": []}), "environments")
+    assert p.value == []
+    assert "at least one" in p.rule
+    assert "environments: [{name: countdown}]" in p.fix
+    assert len(run({"environments": [{"name": "countdown"}]}).config.environments) == 1
+
+
+def test_rule2_no_double_importance_correction(run, problems, only):
+    bad = {"use_tis": True, "use_ppo_clip": True, "ppo_clip_ref_logprobs": "rollout"}
+    p = only(problems(bad), "ppo_clip_ref_logprobs")
+    assert p.value == "rollout"
+    assert "use_tis" in p.rule
+    assert "use_ppo_clip" in p.rule
+    assert "ppo_clip_ref_logprobs: batch" in p.fix
+    assert run({**bad, "ppo_clip_ref_logprobs": "batch"}).config.use_tis
+    assert run({**bad, "use_tis": False}).config.use_ppo_clip
+
+
+@pytest.mark.parametrize("algorithm", ["cispo", "gspo", "sapo"])
+def test_rule3_no_ppo_clip_on_self_bounding_objectives(algorithm, run, problems, only):
+    p = only(problems({"use_ppo_clip": True, "algorithm": algorithm}), "use_ppo_clip")
+    assert algorithm in p.rule
+    assert "use_ppo_clip: false" in p.fix
+    assert run({"use_ppo_clip": False, "algorithm": algorithm}).config.algorithm == algorithm
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_pp", "dr_grpo"])
+def test_rule3_ppo_clip_fine_on_plain_objectives(algorithm, run):
+    assert run({"use_ppo_clip": True, "algorithm": algorithm}).config.use_ppo_clip
+
+
+def test_rule4_dual_clip_needs_a_clipped_objective(run, problems, only):
+    p = only(problems({"clip_ratio_c": 3.0}), "clip_ratio_c")
+    assert p.value == 3.0
+    assert "use_ppo_clip" in p.rule
+    assert "clip_ratio_c: null" in p.fix
+    assert run({"clip_ratio_c": 3.0, "use_ppo_clip": True}).config.clip_ratio_c == 3.0
+    assert run({"clip_ratio_c": 3.0, "algorithm": "cispo"}).config.clip_ratio_c == 3.0
+    assert run({"clip_ratio_c": 3.0, "algorithm": "gspo"}).config.clip_ratio_c == 3.0
+    assert run({"clip_ratio_c": None}).config.clip_ratio_c is None
+
+
+@pytest.mark.parametrize("value", [1.0, 0.5])
+def test_rule4_dual_clip_constant_above_one(value, problems, only):
+    p = only(problems({"clip_ratio_c": value, "use_ppo_clip": True}), "clip_ratio_c")
+    assert "greater than 1" in p.rule
+    assert "greater than 1" in p.fix
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "dr_grpo"])
+def test_rule5_group_baselines_need_group_norm(algorithm, run, problems, only):
+    p = only(problems({"advantage_norm": "batch", "algorithm": algorithm}), "advantage_norm")
+    assert p.value == "batch"
+    assert algorithm in p.rule
+    assert "advantage_norm: group" in p.fix
+    assert run({"advantage_norm": "group", "algorithm": algorithm}).config.advantage_norm == "group"
+    assert run({"advantage_norm": "batch", "algorithm": "grpo"}).config.advantage_norm == "batch"
+
+
+def test_rule6_reinforce_pp_switches_to_batch_norm_with_a_warning(run):
+    with structlog.testing.capture_logs() as logs:
+        resolved = run({"algorithm": "reinforce_pp"})
+    assert resolved.config.advantage_norm == "batch"
+    assert len(resolved.notes) == 1
+    assert "advantage_norm" in resolved.notes[0]
+    assert "batch" in resolved.notes[0]
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert len(warnings) == 1
+    assert "reinforce_pp" in warnings[0]["event"]
+
+
+def test_rule6_explicit_batch_norm_needs_no_note(run):
+    with structlog.testing.capture_logs() as logs:
+        resolved = run({"algorithm": "reinforce_pp", "advantage_norm": "batch"})
+    assert resolved.config.advantage_norm == "batch"
+    assert resolved.notes == ()
+    assert logs == []
+
+
+def test_rule7_whole_inference_servers(run, problems, only):
+    p = only(
+        problems({"inference_num_workers": 3, "inference_tensor_parallel_size": 2}), "inference_num_workers"
+    )
+    assert p.value == 3
+    assert "multiple of inference_tensor_parallel_size" in p.rule
+    assert "multiple of 2" in p.fix
+    cfg = run({"inference_num_workers": 4, "inference_tensor_parallel_size": 2}).config
+    assert num_inference_servers(cfg) == 2 == cfg.num_inference_servers
+
+
+def test_rule8_fsdp_context_parallel_needs_fsdp(run, problems, only):
+    p = only(
+        problems({"fsdp_context_parallel_size": 2, "train_backend": "megatron"}), "fsdp_context_parallel_size"
+    )
+    assert "train_backend fsdp" in p.rule
+    assert "fsdp_context_parallel_size: 1" in p.fix
+    assert run({"fsdp_context_parallel_size": 2}).config.fsdp_context_parallel_size == 2
+    # CP 1 is "off", so any backend is fine
+    assert (
+        run({"fsdp_context_parallel_size": 1, "train_backend": "megatron"}).config.train_backend == "megatron"
+    )
+
+
+def test_rule8_seq_len_divisible_by_twice_cp(run, problems, only):
+    # 4098 = 4 * 1024 + 2 is not a multiple of 2 * 2 = 4; the next multiple is 4100
+    p = only(problems({"fsdp_context_parallel_size": 2, "seq_len": 4098}), "seq_len")
+    assert "divisible by 4" in p.rule
+    assert "seq_len: 4100" in p.fix
+    assert run({"fsdp_context_parallel_size": 4, "seq_len": 4096}).config.seq_len == 4096
+
+
+@pytest.mark.parametrize("value", [0, -0.5])
+def test_temperature_must_be_positive(value, run, problems, only):
+    p = only(problems({"temperature": value}), "temperature")
+    assert "greater than 0" in p.rule
+    assert "greater than 0" in p.fix
+    assert run({"temperature": 0.1}).config.temperature == 0.1
+
+
+def test_max_tokens_leaves_room_for_a_prompt(run, problems, only):
+    p = only(problems({"max_tokens": 4096, "max_model_len": 4096}), "max_tokens")
+    assert p.value == 4096
+    assert "smaller than max_model_len (4096)" in p.rule
+    assert "below 4096" in p.fix
+    assert run({"max_tokens": 4095, "max_model_len": 4096}).config.max_tokens == 4095
+
+
+def test_eval_max_tokens_leaves_room_for_a_prompt(run, problems, only):
+    evals = [{"name": "math500"}, {"name": "aime_2024", "max_tokens": 5000}]
+    p = only(problems({"evals": evals}), "evals[1].max_tokens")
+    assert p.value == 5000
+    assert "max_model_len" in p.rule
+    evals[1]["max_tokens"] = 3000
+    assert run({"evals": evals}).config.evals[1].max_tokens == 3000
+
+
+def test_seq_len_holds_a_full_sample(run, problems, only):
+    p = only(problems({"seq_len": 2048}), "seq_len")
+    assert p.value == 2048
+    assert "at least max_model_len (4096)" in p.rule
+    assert "seq_len: 4096" in p.fix
+    assert run({"seq_len": 8192}).config.seq_len == 8192
+
+
+def test_eval_servers_leave_a_training_server(run, problems, only):
+    evals = [{"name": "math500"}]
+    # 4 workers / TP 2 = 2 servers; reserving 2 for evals leaves none for training
+    values = {
+        "evals": evals,
+        "inference_num_workers": 4,
+        "inference_tensor_parallel_size": 2,
+        "eval_num_servers": 2,
+    }
+    p = only(problems(values), "eval_num_servers")
+    assert p.value == 2
+    assert "all 2 inference server" in p.rule
+    assert "below 2" in p.fix
+    assert run({**values, "eval_num_servers": 1}).config.eval_num_servers == 1
+    assert run({**values, "eval_num_servers": 0}).config.eval_num_servers == 0
+    # without evals the setting is unused, so it is not checked
+    assert run({**values, "evals": []}).config.eval_num_servers == 2
+
+
+def test_checkpoint_every_true_is_rejected(problems, only):
+    p = only(problems({"checkpoint_every": True}), "checkpoint_every")
+    assert p.value is True
+    assert "ambiguous" in p.rule
+    assert "integer N" in p.fix
+    assert "1 for every step" in p.fix
+
+
+@pytest.mark.parametrize("value", [False, 0, 1, 100])
+def test_checkpoint_every_accepts_false_zero_and_intervals(value, run):
+    got = run({"checkpoint_every": value}).config.checkpoint_every
+    assert got == value
+    assert type(got) is type(value)
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, "often", [1]])
+def test_checkpoint_every_rejects_other_values(value, problems, only):
+    p = only(problems({"checkpoint_every": value}), "checkpoint_every")
+    assert "whole number of steps" in p.rule
+    assert "checkpoint_every: 100" in p.fix
+
+
+@pytest.mark.parametrize("value", [True, False, 1, 250])
+def test_resume_from_checkpoint_accepts_bool_and_steps(value, run):
+    got = run({"resume_from_checkpoint": value}).config.resume_from_checkpoint
+    assert got == value
+    assert type(got) is type(value)
+
+
+@pytest.mark.parametrize("value", [0, -3, "latest"])
+def test_resume_from_checkpoint_rejects_other_values(value, problems, only):
+    p = only(problems({"resume_from_checkpoint": value}), "resume_from_checkpoint")
+    assert "step >= 1" in p.rule
+    assert "latest checkpoint" in p.fix
+
+
+def test_rules_still_run_when_unrelated_fields_fail(problems):
+    found = problems({"learning_rate": -1, "max_tokens": 5000, "nonsense": 1})
+    assert {p.field for p in found} == {"learning_rate", "max_tokens", "nonsense"}
+    assert "max_model_len" in next(p.rule for p in found if p.field == "max_tokens")
+
+
+def test_a_rule_is_skipped_when_its_own_field_fails(problems, only):
+    # max_tokens is not a number, so the max_tokens < max_model_len rule cannot be judged
+    p = only(problems({"max_tokens": "lots"}), "max_tokens")
+    assert "integer" in p.rule
+    # a broken environment entry does not also claim "no environments"
+    found = problems({"environments": [{"name": "countdown", "weight": 0}]})
+    assert [p.field for p in found] == ["environments[0].weight"]
+
+
+def test_a_directly_built_config_is_checked_too():
+    values = defaults()
+    with pytest.raises(ValidationError, match="at least one training environment"):
+        TelescopeConfig.model_validate(values)
+    values["environments"] = [{"name": "countdown"}]
+    values["algorithm"] = "reinforce_pp"
+    with structlog.testing.capture_logs() as logs:
+        cfg = TelescopeConfig.model_validate(values)
+    assert cfg.advantage_norm == "batch"
+    assert [e["log_level"] for e in logs] == ["warning"]
+    with pytest.raises(ValidationError, match="max_tokens must be smaller"):
+        TelescopeConfig.model_validate({**values, "max_tokens": 9000})
