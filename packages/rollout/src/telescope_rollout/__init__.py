@@ -1,0 +1,84 @@
+"""telescope-rollout: environments, rewards, chat templates, tool calls and multi-env sampling.
+
+It never imports torch, vllm or transformers, so other stacks can embed it; jinja2 and
+tokenizers are imported only when a template is compiled or a tokenizer loaded.
+"""
+
+from telescope_rollout.__about__ import __version__
+from telescope_rollout._env import Environment, MultiTurnEnvironment, SingleTurnEnvironment
+from telescope_rollout._math import verify_math_answer
+from telescope_rollout._multiturn import MultiTurnTokens, TokenTrajectory, TurnTokenizer
+from telescope_rollout._registry import (
+    BuiltEnvironment,
+    UnknownEnvironmentError,
+    build_environments,
+    get_environment,
+    list_environments,
+)
+from telescope_rollout._rubric import Rubric
+from telescope_rollout._sampler import MultiEnvSampler, SamplerEntry
+from telescope_rollout._sandbox import RunResult, RunResultLike, SandboxLike
+from telescope_rollout._template import ChatTemplate, TemplateError
+from telescope_rollout._tokens import Tokenizer
+from telescope_rollout._toolcalls import ToolCall, parse_tool_calls
+from telescope_rollout._tools import ToolEnvironment
+from telescope_rollout._toolschema import func_to_tool_schema
+from telescope_rollout._types import (
+    EvalMetricsResult,
+    Message,
+    RewardResult,
+    RolloutState,
+    Sample,
+    TrajectoryStep,
+)
+from telescope_rollout.parsers import (
+    extract_answer_tags,
+    extract_boxed_answer,
+    extract_code_block,
+    extract_last_number,
+    extract_xml_tag,
+    strip_think_tags,
+    verify_exact_match,
+)
+
+__all__ = [
+    "BuiltEnvironment",
+    "ChatTemplate",
+    "Environment",
+    "EvalMetricsResult",
+    "Message",
+    "MultiEnvSampler",
+    "MultiTurnEnvironment",
+    "MultiTurnTokens",
+    "RewardResult",
+    "RolloutState",
+    "Rubric",
+    "RunResult",
+    "RunResultLike",
+    "Sample",
+    "SamplerEntry",
+    "SandboxLike",
+    "SingleTurnEnvironment",
+    "TemplateError",
+    "TokenTrajectory",
+    "Tokenizer",
+    "ToolCall",
+    "ToolEnvironment",
+    "TrajectoryStep",
+    "TurnTokenizer",
+    "UnknownEnvironmentError",
+    "__version__",
+    "build_environments",
+    "extract_answer_tags",
+    "extract_boxed_answer",
+    "extract_code_block",
+    "extract_last_number",
+    "extract_xml_tag",
+    "func_to_tool_schema",
+    "get_environment",
+    "list_environments",
+    "parse_tool_calls",
+    "strip_think_tags",
+    "verify_exact_match",
+    "verify_math_answer",
+]

@@ -1,0 +1,99 @@
+"""Data types shared by environments, rewards and the rollout loop (spec §4.1).
+
+Plain dataclasses and dicts only: these cross process boundaries and land in parquet tables, so
+they carry no behaviour beyond small conveniences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+"""A chat message: ``role``, ``content``, optionally ``turn_type`` (env messages: ``env_response``,
+``tool_result``, ``feedback``, ``context``)."""
+
+
+@dataclass
+class Sample:
+    """One task instance: a prompt (text or messages), a reference answer, free-form metadata.
+
+    The sampler adds ``metadata["_env_name"]`` (the config entry name) so that the reward is
+    computed by the sample's own environment.
+    """
+
+    prompt: str | list[Message]
+    answer: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RewardResult:
+    """The score of one completion: the total reward and everything shown next to it.
+
+    ``sample_metrics`` are per-sample numbers (averaged per step by the UI), ``golden_answers``
+    the reference per metric, ``info_turns`` extra text rows (keys ``turn_order``, ``info_key``,
+    ``info_value``, ``info_type``) and ``sample_tags`` categorical labels.
+    """
+
+    total_reward: float
+    sample_metrics: dict[str, float] = field(default_factory=dict)
+    golden_answers: dict[str, str | None] = field(default_factory=dict)
+    info_turns: list[dict[str, Any]] = field(default_factory=list)
+    sample_tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class EvalMetricsResult:
+    """Metrics of one completion under evaluation (no total reward needed)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    golden_answers: dict[str, str | None] = field(default_factory=dict)
+    info_turns: list[dict[str, Any]] = field(default_factory=list)
+    sample_tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TrajectoryStep:
+    """One model turn of a multi-turn rollout: what it saw and what it produced."""
+
+    prompt: list[Message]
+    completion: list[Message]
+    prompt_token_ids: list[int] = field(default_factory=list)
+    completion_token_ids: list[int] = field(default_factory=list)
+    completion_logprobs: list[float] = field(default_factory=list)
+    is_truncated: bool = False
+
+
+@dataclass
+class RolloutState:
+    """Everything a multi-turn environment knows about one rollout in progress.
+
+    ``custom`` is the environment's own scratch space (game state, tool records, ...), private to
+    this rollout, so concurrent rollouts never share state.
+    """
+
+    sample: Sample
+    env_name: str = ""
+    trajectory: list[TrajectoryStep] = field(default_factory=list)
+    is_completed: bool = False
+    stop_reason: str | None = None
+    error: str | None = None
+    custom: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.trajectory)
+
+    @property
+    def last_completion_text(self) -> str:
+        """The text of the model's last message, or "" before the first turn."""
+        if not self.trajectory or not self.trajectory[-1].completion:
+            return ""
+        return str(self.trajectory[-1].completion[-1].get("content") or "")
+
+    def get_full_completion_ids(self) -> list[int]:
+        return [t for step in self.trajectory for t in step.completion_token_ids]
+
+    def get_full_logprobs(self) -> list[float]:
+        return [lp for step in self.trajectory for lp in step.completion_logprobs]

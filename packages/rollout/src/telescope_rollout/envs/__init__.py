@@ -1,0 +1,1 @@
+"""Built-in environments; each module is registered under ``telescope.environments``."""

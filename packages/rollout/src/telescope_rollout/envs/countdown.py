@@ -1,0 +1,137 @@
+"""countdown: reach a target number with the given numbers and + - * / (spec §4.7).
+
+Reward (max 2.0) = ``_format_reward`` (1.0 for ``<think>…</think><answer>…</answer>`` whose
+answer holds only arithmetic characters, 0.5 if it holds others; a leading ``<think>`` is
+assumed present) + ``_equation_reward`` (1.0 when the last answer uses exactly the given
+numbers and evaluates within 1e-5 of the target; golden answer = the target).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from typing import Any, ClassVar
+
+from telescope_rollout._env import SingleTurnEnvironment
+from telescope_rollout._rubric import Rubric
+from telescope_rollout._types import RewardResult, Sample
+from telescope_rollout.envs._data import BUNDLED, bundled_rows, hub_rows, take
+from telescope_rollout.parsers import extract_answer_tags, strip_eos
+
+_FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>(.*?)</answer>\s*$", re.S)
+_ARITH = re.compile(r"^[\d+\-*/().\s]+$")
+_OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div)
+
+
+def safe_eval(expr: str) -> float | None:
+    """Evaluate ``+ - * /`` over number literals and parentheses; None for anything else."""
+    if len(expr) > 200 or not _ARITH.match(expr):
+        return None
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+    def ev(node: ast.AST) -> float:
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, int | float)
+            and not isinstance(node.value, bool)
+        ):
+            return float(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            v = ev(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.BinOp) and isinstance(node.op, _OPS):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Add):
+                return a + b
+            if isinstance(node.op, ast.Sub):
+                return a - b
+            if isinstance(node.op, ast.Mult):
+                return a * b
+            return a / b
+        raise ValueError("not arithmetic")
+
+    try:
+        return ev(tree.body)
+    except (ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        return None
+
+
+def format_reward(completion: str) -> float:
+    m = _FORMAT.match("<think>" + completion)
+    if not m:
+        return 0.0
+    return 1.0 if _ARITH.match(m.group(1)) else 0.5
+
+
+def equation_reward(completion: str, nums: list[int], target: float) -> float:
+    answer = extract_answer_tags(completion)
+    if answer is None or len(answer) > 200:
+        return 0.0
+    used = [int(x) for x in re.findall(r"\d+", answer)]
+    if Counter(used) != Counter(int(n) for n in nums):
+        return 0.0
+    value = safe_eval(answer)
+    return 1.0 if value is not None and abs(value - float(target)) < 1e-5 else 0.0
+
+
+class CountdownEnv(SingleTurnEnvironment):
+    """Kwargs: ``dataset`` (hub name, or ``"bundled"``), ``subset``, ``split``."""
+
+    system_prompt = (
+        "You are a helpful assistant. You first think about the reasoning process in your mind and then "
+        "provide the user with the answer."
+    )
+    instruction_prompt = (
+        "Show your work in <think> </think> tags. And return the final equation in <answer> </answer> tags, "
+        "for example <answer> (1 + 2) / 3 </answer>."
+    )
+    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {
+        "_format_reward": {"min": 0.0, "max": 1.0, "invert": False},
+        "_equation_reward": {"min": 0.0, "max": 1.0, "invert": False},
+    }
+    optional: ClassVar[tuple[str, ...]] = ("datasets",)
+    reward_min = 0.0
+    reward_max = 2.0
+    dataset: str = "Jiayi-Pan/Countdown-Tasks-3to4"
+    subset: str | None = None
+    split: str = "train"
+
+    def __init__(self, dataset_name: str | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        if dataset_name:
+            self.dataset = dataset_name
+        self.rubric = Rubric()
+        self.rubric.add_reward(self._format_reward, range_min=0.0, range_max=1.0)
+        self.rubric.add_reward(self._equation_reward, range_min=0.0, range_max=1.0)
+
+    @staticmethod
+    def question(nums: list[int], target: int) -> str:
+        return (
+            f"Using the numbers {list(nums)}, create an equation that equals {target}. You can use basic "
+            "arithmetic operations (+, -, *, /) and each number can only be used once."
+        )
+
+    def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
+        rows = (
+            bundled_rows("countdown.jsonl")
+            if self.dataset == BUNDLED
+            else hub_rows(self.dataset, self.subset, self.split)
+        )
+        samples = [
+            Sample(self.question(r["nums"], r["target"]), str(r["target"]), {"nums": list(r["nums"])})
+            for r in take(rows, num_samples)
+        ]
+        return self._set_samples(samples, num_samples)
+
+    def _format_reward(self, completion: str, eos_token: str = "") -> float:
+        return format_reward(strip_eos(completion, eos_token))
+
+    def _equation_reward(self, completion: str, sample: Sample) -> tuple[float, str]:
+        return equation_reward(completion, sample.metadata["nums"], float(sample.answer)), sample.answer
+
+    async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        return await self.rubric.score(completion, sample, eos_token=eos_token or self.eos_token)

@@ -1,0 +1,62 @@
+"""Shared fixtures: a tiny ChatML byte-level BPE tokenizer built in memory (no downloads)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests never touch the network, even where `datasets` is installed.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    "{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_TEXT = (
+    "The quick brown fox jumps over the lazy dog. What is 12 + 30? The answer is 42.\n"
+    "You are a helpful assistant. I am a user. Guess a five letter word: <guess>crane</guess>\n"
+    'Tool call: <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call> résumé 東京 🙂\n'
+)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        show_progress=False,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([_TEXT] * 20, trainer=trainer)
+    out = tmp_path_factory.mktemp("tiny_model")
+    tok.save(str(out / "tokenizer.json"))
+    cfg = {
+        "chat_template": CHATML,
+        "eos_token": "<|im_end|>",
+        "bos_token": None,
+        "pad_token": "<|endoftext|>",
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path):
+    from telescope_rollout import Tokenizer
+
+    return Tokenizer.from_pretrained(model_dir)
