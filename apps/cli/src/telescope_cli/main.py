@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(validate)
     cfg_sub.add_parser("schema", help="print the JSON Schema of run YAML files (for editors)")
+
+    envs = sub.add_parser("envs", help="the environments Telescope can train on", allow_abbrev=False)
+    envs_sub = envs.add_subparsers(dest="envs_command", metavar="ACTION")
+    envs_sub.add_parser("list", help="every registered environment, its kind and what it needs")
     return parser
 
 
@@ -61,6 +65,12 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.config_command is None:
             parser.parse_args(["config", "--help"])
         return config_cmd.run(args)
+    if args.command == "envs":
+        from telescope_cli.commands import envs as envs_cmd
+
+        if args.envs_command is None:
+            parser.parse_args(["envs", "--help"])
+        return envs_cmd.run(args)
     parser.print_help()
     return EXIT_OK
 
