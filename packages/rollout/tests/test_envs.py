@@ -273,3 +273,21 @@ async def test_i3_code_sandbox_errors_and_missing_sandbox():
     assert r.sample_metrics["retry_count"] == 1
     with pytest.raises(RuntimeError, match="sandbox"):
         await get_environment("i3_code").prepare_resources()
+
+
+def test_i3_code_reads_the_hub_row_layout():
+    import json
+
+    from telescope_rollout.envs.i3_code import _tests_from_row
+
+    # INTELLECT-3-RL code rows: `info` is a JSON string whose `tests` is a JSON string again.
+    stdin_row = {
+        "question": "q",
+        "info": json.dumps({"tests": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})}),
+    }
+    assert _tests_from_row(stdin_row) == [{"input": "1 2\n", "output": "3\n"}]
+    fn_row = {
+        "question": "q",
+        "info": json.dumps({"tests": json.dumps({"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]})}),
+    }
+    assert _tests_from_row(fn_row) == []  # function-call tests are skipped, never graded as stdin
