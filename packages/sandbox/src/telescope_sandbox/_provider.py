@@ -1,0 +1,209 @@
+"""The provider interface every sandbox implements, and the validated request it executes.
+
+A ``Sandbox`` is something that runs programs: ``run`` (source code in a language) and
+``run_command`` (an argv) both build an ``ExecRequest`` and hand it to the provider's one
+abstract method, ``_execute``. Providers differ in what a sandbox *is*: the local provider is
+stateless (each run gets a fresh namespace and work directory, so one object serves any number
+of concurrent runs), while a remote provider's object is one remote machine whose files persist
+between runs. ``stateless`` tells the pool which kind it holds.
+
+Paths in ``files`` and ``files_out`` are relative to the work directory; absolute paths and
+``..`` are bad requests.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import ClassVar, Self
+
+from telescope_sandbox._errors import SandboxRequestError
+from telescope_sandbox._limits import Limits
+from telescope_sandbox._result import ExecResult
+
+__all__ = ["LANGUAGES", "ExecRequest", "Sandbox", "check_relative_path"]
+
+LANGUAGES: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        # language: (file the code is written to, interpreter; "python" means the provider's Python)
+        "python": ("main.py", "python"),
+        "bash": ("main.sh", "bash"),
+        "sh": ("main.sh", "sh"),
+    }
+)
+"""Languages ``run`` understands: the file the code goes to and the interpreter that runs it."""
+
+
+def check_relative_path(path: str) -> str:
+    """Normalise a work-directory path; reject absolute paths, ``..`` and empty names."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise SandboxRequestError(f"file path must be a non-empty string, got {path!r}")
+    if path.startswith("/"):
+        raise SandboxRequestError(f"file path {path!r} must be relative to the work directory")
+    norm = posixpath.normpath(path)
+    if norm == "." or norm.startswith("../") or norm == "..":
+        raise SandboxRequestError(f"file path {path!r} leaves the work directory")
+    return norm
+
+
+@dataclass(frozen=True, slots=True)
+class ExecRequest:
+    """One program to run: argv, stdin, environment, files in and out, limits. Validated on creation."""
+
+    argv: tuple[str, ...]
+    stdin: bytes = b""
+    env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    files_out: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if not self.argv or not all(isinstance(a, str) and "\0" not in a for a in self.argv):
+            raise SandboxRequestError(
+                f"argv must be a non-empty list of strings without NUL, got {self.argv!r}"
+            )
+        if not isinstance(self.stdin, bytes):
+            raise SandboxRequestError("stdin must be str or bytes")
+        for key, value in self.env.items():
+            if not (isinstance(key, str) and isinstance(value, str)) or not key or "=" in key:
+                raise SandboxRequestError(f"bad environment variable {key!r}={value!r}")
+            if "\0" in key or "\0" in value:
+                raise SandboxRequestError(f"environment variable {key!r} contains NUL")
+        files = {}
+        for path, content in self.files.items():
+            if not isinstance(content, bytes | bytearray | memoryview):
+                raise SandboxRequestError(f"content of {path!r} must be bytes or str")
+            files[check_relative_path(path)] = bytes(content)
+        object.__setattr__(self, "files", MappingProxyType(files))
+        object.__setattr__(self, "files_out", tuple(check_relative_path(p) for p in self.files_out))
+        size = sum(len(c) for c in files.values())
+        if size > self.limits.disk_mb << 20:
+            raise SandboxRequestError(f"files total {size} bytes, more than disk_mb={self.limits.disk_mb}")
+        if any(len(c) > self.limits.max_file_mb << 20 for c in files.values()):
+            raise SandboxRequestError(f"a file is larger than max_file_mb={self.limits.max_file_mb}")
+
+
+def _as_bytes(data: str | bytes, what: str) -> bytes:
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    raise SandboxRequestError(f"{what} must be str or bytes, got {type(data).__name__}")
+
+
+class Sandbox(abc.ABC):
+    """A place to run untrusted programs. Use as ``async with``; ``close`` releases it.
+
+    Subclasses implement ``_execute``; ``run`` and ``run_command`` are shared.
+    """
+
+    name: ClassVar[str] = "sandbox"
+    """The provider's registry name."""
+    stateless: ClassVar[bool] = False
+    """True when runs share nothing (one object may serve concurrent runs)."""
+
+    def __init__(self, *, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        """Defaults for every limit except ``timeout_s`` and ``memory_mb`` (those are per call)."""
+        self.closed = False
+
+    async def run(
+        self,
+        code: str,
+        *,
+        language: str = "python",
+        stdin: str | bytes = "",
+        timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        files_out: Sequence[str] = (),
+        limits: Limits | None = None,
+    ) -> ExecResult:
+        """Run ``code`` written in ``language`` (``python``, ``bash`` or ``sh``) and return its result.
+
+        The code is saved as ``main.py`` / ``main.sh`` in the work directory and run there with
+        ``args``. ``files`` are written to the work directory first; ``files_out`` are read back
+        into ``ExecResult.files``. ``limits`` sets every limit other than ``timeout_s`` and
+        ``memory_mb``, which always come from their own arguments. Never raises for what the
+        program does (see ``ExecResult.killed_by``); raises ``SandboxRequestError`` for a bad
+        request and ``SandboxInfraError`` when the sandbox itself fails.
+        """
+        if language not in LANGUAGES:
+            raise SandboxRequestError(f"unknown language {language!r}; known: {', '.join(LANGUAGES)}")
+        if not isinstance(code, str):
+            raise SandboxRequestError("code must be a string")
+        filename, interpreter = LANGUAGES[language]
+        all_files = dict(files or {})
+        if filename in all_files:
+            raise SandboxRequestError(f"files may not contain {filename!r}: the code is written there")
+        all_files[filename] = code
+        argv = [self._interpreter(interpreter), filename, *args]
+        return await self.run_command(
+            argv,
+            stdin=stdin,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            env=env,
+            files=all_files,
+            files_out=files_out,
+            limits=limits,
+        )
+
+    async def run_command(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: str | bytes = "",
+        timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        env: Mapping[str, str] | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        files_out: Sequence[str] = (),
+        limits: Limits | None = None,
+    ) -> ExecResult:
+        """Run ``argv`` (looked up on the sandbox's ``PATH``) in the work directory; as ``run``."""
+        if self.closed:
+            raise SandboxRequestError(f"{type(self).__name__} is closed")
+        if isinstance(argv, str):
+            raise SandboxRequestError("argv must be a list of strings, not one string")
+        base = limits or self.limits
+        request = ExecRequest(
+            argv=tuple(argv),
+            stdin=_as_bytes(stdin, "stdin"),
+            env=dict(env or {}),
+            files={
+                path: _as_bytes(content, f"content of {path!r}") for path, content in (files or {}).items()
+            },
+            files_out=tuple(files_out),
+            limits=dataclasses.replace(base, timeout_s=timeout_s, memory_mb=memory_mb),
+        )
+        return await self._execute(request)
+
+    def _interpreter(self, name: str) -> str:
+        """The command for interpreter ``name``; providers map ``"python"`` to their Python."""
+        return "python3" if name == "python" else name
+
+    @abc.abstractmethod
+    async def _execute(self, request: ExecRequest) -> ExecResult:
+        """Run one validated request."""
+
+    async def close(self) -> None:
+        """Release the sandbox; later runs raise ``SandboxRequestError``."""
+        self.closed = True
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
