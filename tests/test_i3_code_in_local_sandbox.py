@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from telescope_rollout import SandboxLike, get_environment
+import json
+
+from telescope_rollout import Sample, SandboxLike, get_environment
+from telescope_rollout.envs.i3_code import _tests_from_row
 from telescope_sandbox import LocalSandbox
 
 SUM = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
@@ -24,3 +27,28 @@ async def test_bundled_problem_graded_in_bubblewrap():
         escape = await env.score(ESCAPE, add)
         assert escape.total_reward == 0.0
         assert escape.sample_metrics["num_errors"] >= 1  # /etc/shadow does not exist inside
+
+
+TOP_LEVEL = "```python\ndef add(a, b):\n    return a + b\n```"
+METHOD = (
+    "```python\nclass Solution:\n    def add(self, a, b):\n        print('noise')\n        return a + b\n```"
+)
+OFF_BY_ONE = "```python\ndef add(a, b):\n    return a + b + 1\n```"
+
+
+async def test_function_call_tests_graded_in_bubblewrap():
+    row = {
+        "question": "Write add(a, b).",
+        "info": json.dumps(
+            {"tests": json.dumps({"fn_name": "add", "inputs": [[1, 2], [-3, 3]], "outputs": [3, 0]})}
+        ),
+    }
+    sample = Sample(row["question"], "", {"tests": _tests_from_row(row)})
+    async with LocalSandbox() as sandbox:
+        env = get_environment("i3_code", dataset="bundled", sandbox=sandbox)
+        for code in (TOP_LEVEL, METHOD):
+            result = await env.score(code, sample)
+            assert result.total_reward == 1.0, result.info_turns
+        wrong = await env.score(OFF_BY_ONE, sample)
+        assert wrong.total_reward == 0.0
+        assert wrong.sample_metrics["pass_rate"] == 0.0

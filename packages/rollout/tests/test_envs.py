@@ -290,4 +290,15 @@ def test_i3_code_reads_the_hub_row_layout():
         "question": "q",
         "info": json.dumps({"tests": json.dumps({"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]})}),
     }
-    assert _tests_from_row(fn_row) == []  # function-call tests are skipped, never graded as stdin
+    assert _tests_from_row(fn_row) == [{"input": "[1, 2]", "output": "3", "fn_name": "add"}]
+
+
+def test_function_call_results_compare_as_json():
+    from telescope_rollout.envs.i3_code import call_result_matches
+
+    assert call_result_matches("debug print\n\n[1, 2]\n", "[1, 2]")
+    assert call_result_matches("\n3\n", "[3]")  # a result wrapped in a one-item list
+    assert not call_result_matches("\n[2, 1]\n", "[1, 2]")
+    assert not call_result_matches("", "3")
+    assert not call_result_matches("not json", "3")
+    assert not call_result_matches("\n3\n", "{broken")

@@ -1,4 +1,10 @@
-"""i3_code: competitive-programming problems graded by running stdin/stdout tests in a sandbox.
+"""i3_code: competitive-programming problems graded by running tests in a sandbox.
+
+Two kinds of test, as in INTELLECT-3-RL: stdin/stdout tests feed ``input`` to the program and
+compare its output line by line; function-call tests (rows with ``fn_name``) append a small
+harness that reads the JSON argument list from stdin, calls the function (a top-level def or a
+method of ``class Solution``) and prints the JSON result on the last line, which must equal the
+expected JSON value.
 
 The environment never imports telescope_sandbox: the composition root passes any
 :class:`~telescope_rollout.SandboxLike` as ``sandbox=`` (or sets ``env.sandbox``) before the
@@ -30,20 +36,63 @@ def outputs_match(got: str, expected: str) -> bool:
     return a == b
 
 
+# Appended to the model's code for a function-call test; the name is inserted with repr().
+_CALL_HARNESS = """
+
+import json as _tl_json, sys as _tl_sys
+_tl_args = _tl_json.loads(_tl_sys.stdin.read())
+_tl_fn = globals().get({name!r})
+if _tl_fn is None and "Solution" in globals():
+    _tl_fn = getattr(Solution(), {name!r})
+_tl_result = _tl_fn(*_tl_args) if isinstance(_tl_args, list) else _tl_fn(_tl_args)
+print()
+print(_tl_json.dumps(_tl_result))
+"""
+
+
+def call_result_matches(stdout: str, expected_json: str) -> bool:
+    """The last stdout line, read as JSON, equals the expected JSON value (or its one-item list)."""
+    lines = [line for line in stdout.strip().splitlines() if line.strip()]
+    if not lines:
+        return False
+    try:
+        got = json.loads(lines[-1])
+        expected = json.loads(expected_json)
+    except ValueError:
+        return False
+    return expected in (got, [got])
+
+
 def _tests_from_row(row: dict[str, Any]) -> list[dict[str, str]]:
     info = row.get("verification_info") or row.get("info") or {}
     info = json.loads(info) if isinstance(info, str) else info
     tests = row.get("tests") or info.get("tests") or info.get("test_cases") or []
     tests = json.loads(tests) if isinstance(tests, str) else tests
     if isinstance(tests, dict) and tests.get("fn_name"):
-        return []  # function-call tests (fn_name) are not supported yet: the row is skipped
+        name = str(tests["fn_name"])
+        return [
+            {"input": _as_json(i), "output": _as_json(o), "fn_name": name}
+            for i, o in zip(tests.get("inputs", []), tests.get("outputs", []), strict=False)
+        ]
     if isinstance(tests, dict) and "inputs" in tests:
         tests = [{"input": i, "output": o} for i, o in zip(tests["inputs"], tests["outputs"], strict=False)]
     return [
         {"input": str(t.get("input", "")), "output": str(t.get("output", ""))}
+        | ({"fn_name": str(t["fn_name"])} if t.get("fn_name") else {})
         for t in tests
         if isinstance(t, dict)
     ]
+
+
+def _as_json(value: Any) -> str:
+    """A function-call argument list or result as JSON text (rows may hold it parsed or as text)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return json.dumps(value)
+        return value
+    return json.dumps(value)
 
 
 class I3CodeEnv(SingleTurnEnvironment):
@@ -109,16 +158,22 @@ class I3CodeEnv(SingleTurnEnvironment):
     async def _run_test(self, code: str, test: dict[str, str], sem: asyncio.Semaphore) -> dict[str, Any]:
         assert self.sandbox is not None
         err = "no attempt made"
+        fn_name = test.get("fn_name")
+        program = code + _CALL_HARNESS.format(name=fn_name) if fn_name else code
         async with sem:
             for attempt in range(self.max_retries):
                 try:
                     res = await self.sandbox.run(
-                        code, stdin=test["input"], timeout_s=self.timeout_per_test, memory_mb=self.memory_mb
+                        program,
+                        stdin=test["input"],
+                        timeout_s=self.timeout_per_test,
+                        memory_mb=self.memory_mb,
                     )
                 except Exception as exc:
                     err = f"{type(exc).__name__}: {exc}"
                     continue
-                ok = not res.timed_out and res.exit_code == 0 and outputs_match(res.stdout, test["output"])
+                matches = call_result_matches if fn_name else outputs_match
+                ok = not res.timed_out and res.exit_code == 0 and matches(res.stdout, test["output"])
                 return {
                     "ok": ok,
                     "timeout": res.timed_out,
