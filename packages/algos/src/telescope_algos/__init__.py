@@ -33,12 +33,14 @@ from telescope_algos._modifiers import dual_clip, kl_penalty, seq_is_mask, tis_w
 from telescope_algos._packing import MicroBatch, Sample, first_fit_decreasing, pack_samples
 from telescope_algos._segments import Segments, find_segments, segment_ids_from_position_ids
 from telescope_algos._tokens import token_entropy, token_logprobs, token_logprobs_and_entropy
+from telescope_algos._trainer import TrainerBackend
 
 __all__ = [
     "ALGORITHMS",
     "MicroBatch",
     "Sample",
     "Segments",
+    "TrainerBackend",
     "__version__",
     "center_advantages",
     "cispo_policy_loss",

