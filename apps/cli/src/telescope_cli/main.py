@@ -52,6 +52,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(validate)
     cfg_sub.add_parser("schema", help="print the JSON Schema of run YAML files (for editors)")
 
+    train = sub.add_parser(
+        "train",
+        help="train a model (no --config: ./configs/run.yaml, else the CPU quickstart)",
+        allow_abbrev=False,
+    )
+    _add_config_args(train)
+    train.add_argument(
+        "--run-dir", metavar="DIR", help="run directory (default: runs/<wandb_run_name or time>)"
+    )
+    train.add_argument("--quiet", action="store_true", help="no progress bar or phase lines")
+
+    doctor = sub.add_parser(
+        "doctor", help="what this machine can run; with --config, a memory estimate", allow_abbrev=False
+    )
+    _add_config_args(doctor)
+
+    convert = sub.add_parser(
+        "convert", help="turn a checkpoint into a Hugging Face safetensors folder", allow_abbrev=False
+    )
+    convert.add_argument("checkpoint", help="a checkpoint folder (…/checkpoints/step_N)")
+    convert.add_argument("output", help="the folder to write (config, safetensors, tokenizer)")
+
     envs = sub.add_parser("envs", help="the environments Telescope can train on", allow_abbrev=False)
     envs_sub = envs.add_subparsers(dest="envs_command", metavar="ACTION")
     envs_sub.add_parser("list", help="every registered environment, its kind and what it needs")
@@ -65,6 +87,10 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.config_command is None:
             parser.parse_args(["config", "--help"])
         return config_cmd.run(args)
+    if args.command in ("train", "doctor", "convert"):
+        import importlib
+
+        return importlib.import_module(f"telescope_cli.commands.{args.command}").run(args)
     if args.command == "envs":
         from telescope_cli.commands import envs as envs_cmd
 

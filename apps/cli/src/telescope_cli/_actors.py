@@ -1,0 +1,168 @@
+"""The two Ray actors of a run: one per vLLM server, one per trainer rank.
+
+``InferenceServerActor`` holds a server's placement bundle and runs the vLLM command that
+telescope-rollout builds, as a child process in its own session (so stopping it kills vLLM's
+engine processes too). ``TrainerActor`` is one rank of the trainer world: it creates the backend
+named by ``train_backend`` through the ``telescope.trainers`` entry points, runs its collective
+calls, and on the broadcast rank owns the weight publisher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import ray
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class InferenceServerActor:
+    """Runs one vLLM server process (command and environment given by the driver)."""
+
+    def __init__(self, index: int, cmd: list[str], env: dict[str, str], log_path: str) -> None:
+        self.index = index
+        self.cmd, self.env, self.log_path = cmd, env, log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> int:
+        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as fh:
+            self.proc = subprocess.Popen(
+                self.cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                start_new_session=True,
+            )  # fmt: skip
+        return self.proc.pid
+
+    def node_ip(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class TrainerActor:
+    """One trainer rank: backend from the ``telescope.trainers`` entry point, plus weight publishing."""
+
+    def __init__(
+        self, rank: int, world_size: int, config_dict: dict[str, Any], model_path: str, log_dir: str
+    ) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.config_dict, self.model_path = config_dict, model_path
+        self.log_dir = Path(log_dir)
+        self.master: tuple[str, int] | None = None
+        self.trainer: Any = None
+        self.publisher: Any = None
+        self._setup_logging()
+
+    def _setup_logging(self) -> None:
+        import logging
+        import sys
+
+        import structlog
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        fh = open(self.log_dir / f"rank_{self.rank}.log", "a", buffering=1)  # noqa: SIM115 (lives with the actor)
+        sys.stdout = sys.stderr = fh
+        logging.basicConfig(level=logging.INFO, stream=fh, force=True)
+        structlog.configure(
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso"),
+                structlog.processors.JSONRenderer(),
+            ],
+            logger_factory=structlog.PrintLoggerFactory(file=fh),
+        )
+
+    def master_address(self) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def set_master(self, addr: str, port: int) -> None:
+        self.master = (addr, port)
+
+    def setup(self) -> dict[str, int]:
+        from importlib.metadata import entry_points
+
+        from telescope_config import TelescopeConfig
+
+        assert self.master is not None, "set_master must run before setup"
+        os.environ.update(
+            RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+            MASTER_ADDR=self.master[0], MASTER_PORT=str(self.master[1]),
+        )  # fmt: skip
+        config = TelescopeConfig.model_validate(self.config_dict)
+        found = {ep.name: ep for ep in entry_points(group="telescope.trainers")}
+        if config.train_backend not in found:
+            raise RuntimeError(
+                f"train_backend {config.train_backend!r} is not installed; "
+                f"installed: {', '.join(sorted(found))}"
+            )
+        backend = found[config.train_backend].load()
+        self.trainer = backend.create_trainer(config, model_path=self.model_path)
+        t = self.trainer
+        return {"rank": t.rank, "dp_rank": t.dp_rank, "dp_world_size": t.dp_world_size,
+                "broadcast": int(t.is_broadcast_rank)}  # fmt: skip
+
+    def connect_weights(self, groups: dict[str, list[str]], settings: dict[str, Any]) -> bool:
+        """Join the weight-sync group(s) with the servers (broadcast rank only)."""
+        if not self.trainer.is_broadcast_rank:
+            return False
+        from telescope_weightsync import PublisherSettings, WeightPublisher
+
+        urls = sorted({u for members in groups.values() for u in members})
+        self.publisher = WeightPublisher(urls, PublisherSettings(**settings))
+        self.publisher.connect(groups)
+        return True
+
+    def train_step(self, micro_batches: list[Any], step: int) -> dict[str, float]:
+        return self.trainer.train_step(micro_batches, step=step)
+
+    def publish(self, version: int, group: str = "full") -> dict[str, float]:
+        """Send the current weights to the servers (collective: every rank walks ``hf_weights``)."""
+        weights = self.trainer.hf_weights()
+        if self.publisher is None:
+            for _ in weights:
+                pass
+            return {}
+        return self.publisher.publish(weights, version=version, group=group)
+
+    def save_checkpoint(self, directory: str, step: int, extra_state: dict[str, Any]) -> str:
+        return str(self.trainer.save_checkpoint(directory, step=step, extra_state=extra_state))
+
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        return self.trainer.load_checkpoint(directory)
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            with contextlib.suppress(Exception):
+                self.publisher.close()
+        if self.trainer is not None:
+            with contextlib.suppress(Exception):
+                self.trainer.close()

@@ -1,0 +1,180 @@
+"""The training loop: scored groups in, one optimizer step and one weight update out, per step.
+
+    batch   = await engine.next_batch()              # telescope-rollout (runs ahead by max_async_rollout)
+    samples = to_train_samples(batch)                # + batch-level advantage whitening (telescope-algos)
+    shards  = pack_samples(samples, ...)             # one list of micro-batches per data-parallel rank
+    metrics = train_step on every rank               # trainer backend, through Ray
+    publish weights (version = step index)           # telescope-weightsync, servers keep generating
+    engine.weights_updated(version)                  # resumes paused dispatch, counts off-policy steps
+
+Steps are counted from 1 in metrics, rollouts and checkpoints (``step_N`` holds N finished steps);
+the weight version after step N is N - 1, the base model is -1 (as the original).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from telescope_cli._rundir import RunDir, rollout_rows, write_rollouts
+
+__all__ = ["LoopContext", "to_train_samples", "training_loop"]
+
+log = structlog.get_logger()
+
+
+@dataclass
+class LoopContext:
+    """Everything the loop needs; built by ``_train`` after the start-up phases."""
+
+    config: Any
+    engine: Any
+    trainers: list[Any]
+    dp_ranks: list[int]
+    dp_world_size: int
+    run: RunDir
+    console: Any
+    checkpoint_root: Any
+    start_step: int = 0
+    pad_token_id: int = 0
+    wandb: Any = None
+    extra_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def to_train_samples(batch: Any, config: Any) -> list[Any]:
+    """Kept samples of a batch → telescope_algos.Sample (batch whitening when the config asks)."""
+    from telescope_algos import Sample, whiten_advantages
+
+    kept = [s for g in batch.groups for s in g.samples]
+    advantages = [float(s.advantage) for s in kept]
+    if kept and (config.advantage_norm == "batch" or config.algorithm == "reinforce_pp"):
+        advantages = whiten_advantages(advantages).tolist()
+    return [
+        Sample(
+            prompt_ids=s.prompt_ids,
+            completion_ids=s.completion_ids,
+            advantage=a,
+            rollout_logprobs=s.completion_logprobs,
+            completion_mask=s.completion_mask,
+        )
+        for s, a in zip(kept, advantages, strict=True)
+    ]
+
+
+def _pad_multiple(config: Any) -> int:
+    multiple = math.lcm(config.pad_to_multiple_of, 1)
+    if config.train_backend == "megatron":
+        multiple = math.lcm(multiple, config.megatron_context_parallel_size)
+    else:
+        multiple = math.lcm(multiple, 2 * config.fsdp_context_parallel_size)
+    return multiple
+
+
+def reward_metrics(batch: Any) -> dict[str, float]:
+    """reward/mean overall and per environment, over the kept samples of the step."""
+    per_env: dict[str, list[float]] = defaultdict(list)
+    for group in batch.groups:
+        for s in group.samples:
+            per_env[s.env_name].append(float(s.reward))
+    every = [r for rs in per_env.values() for r in rs]
+    out = {"reward/mean": sum(every) / len(every) if every else float("nan")}
+    for env, rs in sorted(per_env.items()):
+        out[f"reward/{env}/mean"] = sum(rs) / len(rs)
+    return out
+
+
+def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """The trainer's metrics (identical on every rank by contract; rank 0's copy is used)."""
+    return dict(per_rank[0]) if per_rank else {}
+
+
+async def _gather(refs: list[Any]) -> list[Any]:
+    return list(await asyncio.gather(*refs))
+
+
+def _should_checkpoint(config: Any, step: int) -> bool:
+    every = config.checkpoint_every
+    if not every:
+        return False
+    return step % int(every) == 0 or step == config.number_of_steps
+
+
+async def training_loop(ctx: LoopContext) -> None:
+    """Run steps ``start_step + 1 .. number_of_steps``; the engine is started and stopped here."""
+    from telescope_algos import pack_samples
+
+    cfg, engine = ctx.config, ctx.engine
+    ctx.console.start_training(ctx.start_step)
+    async with engine:
+        for index in range(ctx.start_step, cfg.number_of_steps):
+            step = index + 1
+            t0 = time.monotonic()
+            batch = await engine.next_batch()
+            t_rollout = time.monotonic() - t0
+            samples = to_train_samples(batch, cfg)
+            shards = pack_samples(
+                samples,
+                seq_len=cfg.seq_len,
+                pad_to_multiple_of=_pad_multiple(cfg),
+                num_ranks=ctx.dp_world_size,
+                pad_token_id=ctx.pad_token_id,
+            )
+            t1 = time.monotonic()
+            per_rank = await _gather(
+                [
+                    a.train_step.remote(shards[dp], step)
+                    for a, dp in zip(ctx.trainers, ctx.dp_ranks, strict=True)
+                ]
+            )
+            t2 = time.monotonic()
+            sync = await _gather([a.publish.remote(index) for a in ctx.trainers])
+            engine.weights_updated(index)
+            t3 = time.monotonic()
+
+            num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+            metrics: dict[str, Any] = {"step": step, **reward_metrics(batch), **_mean_metrics(per_rank)}
+            metrics.update({f"weight_sync/{k}": v for k, v in (sync[0] or {}).items()})
+            metrics.update({f"rollout/{k}": v for k, v in (getattr(batch, "metrics", {}) or {}).items()})
+            metrics.update(
+                {
+                    "async_level": getattr(batch, "metrics", {}).get("async_level", 0),
+                    "groups/kept": len(batch.groups),
+                    "groups/discarded": len(getattr(batch, "discarded", []) or []),
+                    "groups/cancelled": len(getattr(batch, "cancelled", []) or []),
+                    "throughput/tokens_per_s": num_tokens / max(t2 - t1, 1e-9),
+                    "timing/rollout_wait_s": t_rollout,
+                    "timing/train_s": t2 - t1,
+                    "timing/weight_sync_s": t3 - t2,
+                    "timing/step_s": time.monotonic() - t0,
+                }
+            )
+            _write_step(ctx, step, batch, metrics)
+            if _should_checkpoint(cfg, step):
+                await save_checkpoint(ctx, step)
+
+
+def _write_step(ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any]) -> None:
+    rows = [r for g in batch.groups for r in rollout_rows(step, "kept", None, g.samples)]
+    for status in ("discarded", "cancelled"):
+        for g in getattr(batch, status, []) or []:
+            rows += rollout_rows(step, status, getattr(g, "reason", None), g.samples)
+    write_rollouts(ctx.run, step, rows)
+    ctx.run.append_metrics(metrics)
+    if ctx.wandb is not None:
+        ctx.wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=step)
+    ctx.console.step(metrics)
+    log.info("step done", **{k: v for k, v in metrics.items() if not k.startswith("rollout/")})
+
+
+async def save_checkpoint(ctx: LoopContext, step: int) -> None:
+    """Every rank saves (collective); the engine's state rides along as extra_state."""
+    directory = str(ctx.checkpoint_root)
+    extra = {"engine": ctx.engine.state_dict(), "step": step}
+    paths = await _gather([a.save_checkpoint.remote(directory, step, extra) for a in ctx.trainers])
+    log.info("checkpoint saved", step=step, path=paths[0])

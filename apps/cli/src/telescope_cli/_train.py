@@ -1,0 +1,219 @@
+"""``telescope train``: start-up phases, then the loop, then a clean stop, whatever happens.
+
+Phases (one console line each): run directory → model → Ray → vLLM servers and trainer ranks
+(placed concurrently) → environments and the rollout engine → weight-sync group → resume → loop.
+Every process the run starts is stopped on the way out: normal end, error, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from telescope_cli._rundir import RunDir, choose_run_dir
+
+__all__ = ["TrainError", "train"]
+
+log = structlog.get_logger()
+WEIGHTSYNC_EXTENSION = "telescope_weightsync.vllm_worker.WeightReceiver"
+
+
+class TrainError(RuntimeError):
+    """A run could not start or continue; the message says what to do."""
+
+
+def _sigterm_to_interrupt() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _publisher_settings(cfg: Any) -> dict[str, Any]:
+    return {
+        "mode": cfg.weight_broadcast_mode,
+        "bucket_mb": cfg.weight_broadcast_bucket_mb,
+        "cpu_staging": cfg.weight_broadcast_cpu_staging,
+        "pin_memory": cfg.weight_broadcast_pin_memory,
+        "init_timeout_s": float(cfg.ray_broadcast_init_timeout_s),
+    }
+
+
+def _latest_checkpoint(root: Path, wanted: Any) -> Path:
+    steps = sorted(
+        (int(p.name.split("_")[1]), p)
+        for p in root.glob("step_*")
+        if p.is_dir() and p.name.split("_")[1].isdigit()
+    )
+    if not steps:
+        raise TrainError(f"resume_from_checkpoint is set but {root} holds no step_N checkpoint")
+    if wanted is True:
+        return steps[-1][1]
+    for n, p in steps:
+        if n == int(wanted):
+            return p
+    raise TrainError(
+        f"no checkpoint step_{int(wanted)} in {root}; found: {', '.join(p.name for _, p in steps)}"
+    )
+
+
+def _setup_file_logging(run: RunDir, debug: bool) -> None:
+    """Structured JSON logs of the driver into the run directory; the console keeps phases only."""
+    import logging
+
+    import structlog
+
+    fh = run.log_file.open("a", encoding="utf-8", buffering=1)
+    level = logging.DEBUG if debug else logging.INFO
+    logging.basicConfig(level=level, stream=fh, force=True)
+    for noisy in ("ray", "vllm", "httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.JSONRenderer(default=str),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=fh),
+        cache_logger_on_first_use=False,
+    )
+
+
+def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, quiet: bool = False) -> Path:
+    """Run a whole training job from a resolved config; returns the run directory."""
+    from telescope_cli._cluster import Cluster
+    from telescope_cli._models import resolve_model
+    from telescope_cli._progress import Console
+
+    cfg = resolved.config
+    resuming = bool(cfg.resume_from_checkpoint)
+    run_name = cfg.wandb_run_name if "wandb_run_name" in resolved.user_keys else None
+    run = RunDir(choose_run_dir(explicit=run_dir, run_name=run_name, resuming=resuming))
+    run.write_config(resolved.to_yaml())
+    _setup_file_logging(run, debug)
+    console = Console(cfg.number_of_steps, enabled=not quiet)
+    console.info(f"run directory: {run.path}")
+    _sigterm_to_interrupt()
+    cluster = Cluster(cfg)
+    wandb_run = None
+    try:
+        with console.phase("model"):
+            model_path = resolve_model(cfg.model)
+        env_for_actors = {
+            "TELESCOPE_RUN_DIR": str(run.path),
+            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", ""),
+        }
+        with console.phase("Ray"):
+            cluster.start(run_env={k: v for k, v in env_for_actors.items() if v})
+        servers, trainers, infos = _start_workers(cluster, resolved, model_path, run, console)
+        with console.phase("environments and rollout engine"):
+            engine, pad_id = _build_engine(cfg, model_path, [s["url"] for s in servers])
+        with console.phase("weight-sync group"):
+            import ray
+
+            settings = _publisher_settings(cfg)
+            urls = [s["url"] for s in servers]
+            ray.get([a.connect_weights.remote({"full": urls}, settings) for a in trainers])
+        start_step = 0
+        ckpt_root = run.checkpoints(cfg.checkpoint_dir)
+        if resuming:
+            with console.phase("resume from checkpoint"):
+                start_step = _resume(cfg, ckpt_root, trainers, engine, run)
+        if cfg.use_wandb:
+            wandb_run = _start_wandb(cfg, resolved, run)
+        from telescope_cli._loop import LoopContext, training_loop
+
+        ctx = LoopContext(
+            config=cfg, engine=engine, trainers=trainers, dp_ranks=[i["dp_rank"] for i in infos],
+            dp_world_size=infos[0]["dp_world_size"], run=run, console=console, checkpoint_root=ckpt_root,
+            start_step=start_step, pad_token_id=pad_id, wandb=wandb_run,
+        )  # fmt: skip
+        asyncio.run(training_loop(ctx))
+        console.close()
+        console.info(f"[green]finished[/green] {cfg.number_of_steps} steps; records in {run.path}")
+        return run.path
+    finally:
+        console.close()
+        with contextlib.suppress(Exception):
+            if wandb_run is not None:
+                wandb_run.finish()
+        with console.phase("stopping every process of the run"):
+            cluster.close()
+
+
+def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, console: Any):
+    """Place the vLLM servers and the trainer ranks, start them concurrently, wait for both."""
+    import ray
+
+    from telescope_rollout import ServerSettings, server_command, wait_healthy
+
+    cfg = resolved.config
+    count = cfg.inference_num_workers // cfg.inference_tensor_parallel_size
+    settings = ServerSettings.from_config(cfg)
+    device = "cuda" if cluster.gpu else "cpu"
+    ports = [cfg.inference_base_port + i for i in range(count)]
+    logs = [str(run.path / "logs" / "inference" / f"server_{i}.log") for i in range(count)]
+    launches = []
+    for port, log_path in zip(ports, logs, strict=True):
+        cmd, env = server_command(
+            settings, model=model_path, port=port, extension_cls=WEIGHTSYNC_EXTENSION, device=device
+        )
+        launches.append({"cmd": cmd, "env": env, "log_path": log_path})
+    with console.phase(f"{count} vLLM server(s) and {cfg.trainer_num_workers} trainer rank(s)"):
+        actors = cluster.place_servers(launches)
+        ray.get([a.start.remote() for a in actors])
+        trainers = cluster.place_trainers(resolved.to_dict(), model_path, str(run.path / "logs" / "trainer"))
+        setup_refs = [a.setup.remote() for a in trainers]  # loads the model while vLLM boots
+        ips = ray.get([a.node_ip.remote() for a in actors])
+        urls = [f"http://{ip}:{port}" for ip, port in zip(ips, ports, strict=True)]
+        wait_healthy(urls, timeout_s=cfg.ray_placement_timeout_s, logs=logs)
+        infos = ray.get(setup_refs)
+    return [{"url": u, "log": lg} for u, lg in zip(urls, logs, strict=True)], trainers, infos
+
+
+def _build_engine(cfg: Any, model_path: str, urls: list[str]):
+    from telescope_rollout import build_engine_from_config
+
+    return build_engine_from_config(cfg, model_path=model_path, server_urls=urls)
+
+
+def _resume(cfg: Any, root: Path, trainers: list[Any], engine: Any, run: RunDir) -> int:
+    import ray
+
+    path = _latest_checkpoint(root, cfg.resume_from_checkpoint)
+    states = ray.get([a.load_checkpoint.remote(str(path)) for a in trainers])
+    extra = states[0] or {}
+    if "engine" not in extra:
+        raise TrainError(
+            f"{path} holds weights only (checkpoint_save_training_state was false): it cannot resume a run. "
+            "Start a new run from it with --model <converted folder> instead (telescope convert)."
+        )
+    engine.load_state_dict(extra["engine"])
+    step = int(extra["step"])
+    ray.get([a.publish.remote(step - 1) for a in trainers])
+    engine.weights_updated(step - 1)
+    run.truncate_metrics(step)
+    log.info("resumed", checkpoint=str(path), step=step, at=time.time())
+    return step
+
+
+def _start_wandb(cfg: Any, resolved: Any, run: RunDir) -> Any:
+    try:
+        import wandb
+    except ImportError as exc:
+        raise TrainError("use_wandb is true but wandb is not installed: pip install wandb") from exc
+    return wandb.init(
+        project=os.environ.get("WANDB_PROJECT", cfg.wandb_project),
+        name=os.environ.get("WANDB_RUN_NAME", cfg.wandb_run_name),
+        tags=os.environ["WANDB_TAGS"].split(",") if os.environ.get("WANDB_TAGS") else list(cfg.wandb_tags),
+        config=resolved.to_dict(),
+        dir=str(run.path),
+    )
