@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-__all__ = ["SMOLLM2_ID", "cache_dir", "resolve_model"]
+__all__ = ["SMOLLM2_ID", "cache_dir", "hf_cache_file", "resolve_model", "smollm2_gguf"]
 
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,13 +30,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TELESCOPE_CACHE") or Path.home() / ".cache" / "telescope")
 
 
-def _in_hf_cache(model_id: str) -> bool:
+def hf_cache_file(model_id: str, filename: str) -> Path | None:
+    """A file of a hub model from the local Hugging Face cache, or None (no network, never raises)."""
     try:
         from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return False
-    hit = try_to_load_from_cache(model_id, "config.json")
-    return isinstance(hit, str)
+
+        hit = try_to_load_from_cache(model_id, filename)
+    except (ImportError, ValueError):  # not installed, or not a valid repo id
+        return None
+    return Path(hit) if isinstance(hit, str) else None
 
 
 def smollm2_gguf() -> Path | None:
@@ -71,7 +73,7 @@ def resolve_model(model: str) -> str:
     """The path or id that vLLM and the trainer should load for the config's ``model``."""
     if Path(model).expanduser().is_dir():
         return str(Path(model).expanduser().resolve())
-    if model != SMOLLM2_ID or _in_hf_cache(model):
+    if model != SMOLLM2_ID or hf_cache_file(model, "config.json") is not None:
         return model
     gguf = smollm2_gguf()
     if gguf is None:

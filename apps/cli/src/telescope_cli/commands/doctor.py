@@ -97,14 +97,12 @@ def _model_config(model: str) -> dict[str, Any] | None:
     candidates = [local / "config.json"]
     if model == SMOLLM2_ID and smollm2_gguf():
         candidates.append(cache_dir() / "models" / "SmolLM2-135M-Instruct" / "config.json")
-    try:
-        from huggingface_hub import try_to_load_from_cache
+    if not local.is_dir():
+        from telescope_cli._models import hf_cache_file
 
-        hit = try_to_load_from_cache(model, "config.json")
-        if isinstance(hit, str):
-            candidates.append(Path(hit))
-    except ImportError:
-        pass
+        hit = hf_cache_file(model, "config.json")
+        if hit is not None:
+            candidates.append(hit)
     for c in candidates:
         if c.is_file():
             return json.loads(c.read_text(encoding="utf-8"))
