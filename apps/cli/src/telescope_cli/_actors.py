@@ -20,6 +20,14 @@ from typing import Any
 import ray
 
 
+def _die_with_parent() -> None:
+    """Child-process hook (Linux): get SIGTERM when the actor that started us dies, even by SIGKILL."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -40,7 +48,7 @@ class InferenceServerActor:
         with open(self.log_path, "ab") as fh:
             self.proc = subprocess.Popen(
                 self.cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
-                start_new_session=True,
+                start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 (one prctl syscall)
             )  # fmt: skip
         return self.proc.pid
 

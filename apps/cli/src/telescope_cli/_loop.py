@@ -47,24 +47,54 @@ class LoopContext:
     extra_metrics: dict[str, float] = field(default_factory=dict)
 
 
-def to_train_samples(batch: Any, config: Any) -> list[Any]:
-    """Kept samples of a batch → telescope_algos.Sample (batch whitening when the config asks)."""
+def _filtered(s: Any, config: Any) -> dict[str, bool]:
+    """Which output filters (spec §3.8) flag a sample; flagged samples stay, with zero loss."""
+    from telescope_algos import is_gibberish, is_overlong, is_repetitive
+
+    return {
+        "overlong": bool(config.filter_overlong)
+        and (bool(getattr(s, "is_truncated", False)) or is_overlong(s.finish_reason)),
+        "gibberish": bool(config.filter_gibberish)
+        and is_gibberish(
+            s.completion_ids,
+            s.completion_logprobs,
+            token_threshold=config.gibberish_token_threshold,
+            logprob_offset=config.gibberish_logprob_offset,
+        ),
+        "repetition": bool(config.filter_repetition)
+        and is_repetitive(s.completion_text or "", threshold=config.repetition_compression_threshold),
+    }
+
+
+def to_train_samples(batch: Any, config: Any) -> tuple[list[Any], dict[str, float]]:
+    """Kept samples → telescope_algos.Sample, with output filters and batch whitening applied.
+
+    Returns the samples and ``filter/<name>_frac`` metrics.
+    """
     from telescope_algos import Sample, whiten_advantages
 
     kept = [s for g in batch.groups for s in g.samples]
     advantages = [float(s.advantage) for s in kept]
     if kept and (config.advantage_norm == "batch" or config.algorithm == "reinforce_pp"):
         advantages = whiten_advantages(advantages).tolist()
-    return [
-        Sample(
-            prompt_ids=s.prompt_ids,
-            completion_ids=s.completion_ids,
-            advantage=a,
-            rollout_logprobs=s.completion_logprobs,
-            completion_mask=s.completion_mask,
+    counts = {"overlong": 0, "gibberish": 0, "repetition": 0}
+    samples = []
+    for s, a in zip(kept, advantages, strict=True):
+        flags = _filtered(s, config)
+        for name, hit in flags.items():
+            counts[name] += int(hit)
+        mask = [0] * len(s.completion_ids) if any(flags.values()) else s.completion_mask
+        samples.append(
+            Sample(
+                prompt_ids=s.prompt_ids,
+                completion_ids=s.completion_ids,
+                advantage=a,
+                rollout_logprobs=s.completion_logprobs,
+                completion_mask=mask,
+            )
         )
-        for s, a in zip(kept, advantages, strict=True)
-    ]
+    stats = {f"filter/{k}_frac": v / len(kept) if kept else 0.0 for k, v in counts.items()}
+    return samples, stats
 
 
 def _pad_multiple(config: Any) -> int:
@@ -117,7 +147,7 @@ async def training_loop(ctx: LoopContext) -> None:
             t0 = time.monotonic()
             batch = await engine.next_batch()
             t_rollout = time.monotonic() - t0
-            samples = to_train_samples(batch, cfg)
+            samples, filter_stats = to_train_samples(batch, cfg)
             shards = pack_samples(
                 samples,
                 seq_len=cfg.seq_len,
@@ -138,7 +168,9 @@ async def training_loop(ctx: LoopContext) -> None:
             t3 = time.monotonic()
 
             num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-            metrics: dict[str, Any] = {"step": step, **reward_metrics(batch), **_mean_metrics(per_rank)}
+            metrics: dict[str, Any] = {"step": step, "time": time.time(), **reward_metrics(batch)}
+            metrics.update(_mean_metrics(per_rank))
+            metrics.update(filter_stats)
             metrics.update({f"weight_sync/{k}": v for k, v in (sync[0] or {}).items()})
             metrics.update({f"rollout/{k}": v for k, v in (getattr(batch, "metrics", {}) or {}).items()})
             metrics.update(
