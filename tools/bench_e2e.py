@@ -91,9 +91,8 @@ def run_telescope(cfg: dict, async_level: int, work: Path) -> float:
     run = train(resolved, run_dir=str(work / f"run_async{async_level}"), quiet=True)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     rate = _steps_per_s([m["time"] for m in lines])
-    print(
-        f"telescope async={async_level}: {rate:.3f} steps/s, reward {[round(m['reward/mean'], 2) for m in lines]}"
-    )
+    rewards = [round(m["reward/mean"], 2) for m in lines]
+    print(f"telescope async={async_level}: {rate:.3f} steps/s, reward {rewards}")
     return rate
 
 
@@ -112,7 +111,8 @@ def run_trl(cfg: dict) -> float:
 
     def reward(completions, answer, **kwargs):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [env.compute_reward(t, type(samples[0])("", a)).total_reward for t, a in zip(texts, answer)]
+        pairs = zip(texts, answer, strict=True)
+        return [env.compute_reward(t, type(samples[0])("", a)).total_reward for t, a in pairs]
 
     times: list[float] = []
 
