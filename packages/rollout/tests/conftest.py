@@ -60,3 +60,28 @@ def tokenizer(model_dir: Path):
     from telescope_rollout import Tokenizer
 
     return Tokenizer.from_pretrained(model_dir)
+
+
+QWEN3_LIKE = (Path(__file__).parent / "fixtures" / "qwen3_like.jinja").read_text(encoding="utf-8")
+QWEN_ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
+
+@pytest.fixture(scope="session")
+def qwen_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny tokenizer with Qwen3's reasoning/tool tags as added tokens and a Qwen3-like template."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_ADDED])
+    out = tmp_path_factory.mktemp("qwen_like")
+    tok.save(str(out / "tokenizer.json"))
+    cfg = {"chat_template": QWEN3_LIKE, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(qwen_dir: Path):
+    from telescope_rollout import Tokenizer
+
+    return Tokenizer.from_pretrained(qwen_dir)

@@ -4,11 +4,11 @@
     samples = to_train_samples(batch)                # + batch-level advantage whitening (telescope-algos)
     shards  = pack_samples(samples, ...)             # one list of micro-batches per data-parallel rank
     metrics = train_step on every rank               # trainer backend, through Ray
-    publish weights (version = step index)           # telescope-weightsync, servers keep generating
+    publish weights (version = step)                 # telescope-weightsync, servers keep generating
     engine.weights_updated(version)                  # resumes paused dispatch, counts off-policy steps
 
 Steps are counted from 1 in metrics, rollouts and checkpoints (``step_N`` holds N finished steps);
-the weight version after step N is N - 1, the base model is -1 (as the original).
+the weight version after step N is N, the base model is version 0.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class LoopContext:
 
     config: Any
     engine: Any
+    client: Any
     trainers: list[Any]
     dp_ranks: list[int]
     dp_world_size: int
@@ -141,9 +142,10 @@ async def training_loop(ctx: LoopContext) -> None:
 
     cfg, engine = ctx.config, ctx.engine
     ctx.console.start_training(ctx.start_step)
-    async with engine:
-        for index in range(ctx.start_step, cfg.number_of_steps):
-            step = index + 1
+    if ctx.start_step:
+        engine.weights_updated(ctx.start_step)  # resumed: the servers hold that step's weights
+    async with ctx.client, engine:
+        for step in range(ctx.start_step + 1, cfg.number_of_steps + 1):
             t0 = time.monotonic()
             batch = await engine.next_batch()
             t_rollout = time.monotonic() - t0
@@ -163,8 +165,8 @@ async def training_loop(ctx: LoopContext) -> None:
                 ]
             )
             t2 = time.monotonic()
-            sync = await _gather([a.publish.remote(index) for a in ctx.trainers])
-            engine.weights_updated(index)
+            sync = await _gather([a.publish.remote(step) for a in ctx.trainers])
+            engine.weights_updated(step)
             t3 = time.monotonic()
 
             num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
@@ -172,13 +174,13 @@ async def training_loop(ctx: LoopContext) -> None:
             metrics.update(_mean_metrics(per_rank))
             metrics.update(filter_stats)
             metrics.update({f"weight_sync/{k}": v for k, v in (sync[0] or {}).items()})
-            metrics.update({f"rollout/{k}": v for k, v in (getattr(batch, "metrics", {}) or {}).items()})
+            metrics.update(batch.metrics)
             metrics.update(
                 {
-                    "async_level": getattr(batch, "metrics", {}).get("async_level", 0),
+                    "async_level": batch.metrics.get("rollout/async_level", 0),
                     "groups/kept": len(batch.groups),
-                    "groups/discarded": len(getattr(batch, "discarded", []) or []),
-                    "groups/cancelled": len(getattr(batch, "cancelled", []) or []),
+                    "groups/discarded": len(batch.discarded),
+                    "groups/cancelled": len(batch.cancelled),
                     "throughput/tokens_per_s": num_tokens / max(t2 - t1, 1e-9),
                     "timing/rollout_wait_s": t_rollout,
                     "timing/train_s": t2 - t1,
@@ -194,8 +196,8 @@ async def training_loop(ctx: LoopContext) -> None:
 def _write_step(ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any]) -> None:
     rows = [r for g in batch.groups for r in rollout_rows(step, "kept", None, g.samples)]
     for status in ("discarded", "cancelled"):
-        for g in getattr(batch, status, []) or []:
-            rows += rollout_rows(step, status, getattr(g, "reason", None), g.samples)
+        for dropped in getattr(batch, status):
+            rows += rollout_rows(step, status, dropped.reason, dropped.group.samples)
     write_rollouts(ctx.run, step, rows)
     ctx.run.append_metrics(metrics)
     if ctx.wandb is not None:

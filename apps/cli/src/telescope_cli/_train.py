@@ -115,7 +115,9 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
             cluster.start(run_env={k: v for k, v in env_for_actors.items() if v})
         servers, trainers, infos = _start_workers(cluster, resolved, model_path, run, console)
         with console.phase("environments and rollout engine"):
-            engine, pad_id = _build_engine(cfg, model_path, [s["url"] for s in servers])
+            from telescope_cli._rollout import build_engine
+
+            engine, client, pad_id = build_engine(cfg, model_path, [s["url"] for s in servers])
         with console.phase("weight-sync group"):
             import ray
 
@@ -132,7 +134,8 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
         from telescope_cli._loop import LoopContext, training_loop
 
         ctx = LoopContext(
-            config=cfg, engine=engine, trainers=trainers, dp_ranks=[i["dp_rank"] for i in infos],
+            config=cfg, engine=engine, client=client, trainers=trainers,
+            dp_ranks=[i["dp_rank"] for i in infos],
             dp_world_size=infos[0]["dp_world_size"], run=run, console=console, checkpoint_root=ckpt_root,
             start_step=start_step, pad_token_id=pad_id, wandb=wandb_run,
         )  # fmt: skip
@@ -179,12 +182,6 @@ def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, co
     return [{"url": u, "log": lg} for u, lg in zip(urls, logs, strict=True)], trainers, infos
 
 
-def _build_engine(cfg: Any, model_path: str, urls: list[str]):
-    from telescope_rollout import build_engine_from_config
-
-    return build_engine_from_config(cfg, model_path=model_path, server_urls=urls)
-
-
 def _resume(cfg: Any, root: Path, trainers: list[Any], engine: Any, run: RunDir) -> int:
     import ray
 
@@ -198,8 +195,7 @@ def _resume(cfg: Any, root: Path, trainers: list[Any], engine: Any, run: RunDir)
         )
     engine.load_state_dict(extra["engine"])
     step = int(extra["step"])
-    ray.get([a.publish.remote(step - 1) for a in trainers])
-    engine.weights_updated(step - 1)
+    ray.get([a.publish.remote(step) for a in trainers])  # the servers still hold the base model
     run.truncate_metrics(step)
     log.info("resumed", checkpoint=str(path), step=step, at=time.time())
     return step

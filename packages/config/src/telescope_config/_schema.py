@@ -192,6 +192,11 @@ class TelescopeConfig(BaseModel):
         "completions.",
     )
     number_of_steps: int = Field(ge=1, description="Training steps of the run, >= 1.")
+    seed: int = Field(
+        ge=0,
+        description="Seed of the prompt sampler and the trainer's random state, >= 0. New here: the original"
+        " has no seed (its sampler draws from an unseeded generator).",
+    )
     max_async_rollout: int = Field(
         ge=0,
         description="Training steps inference may run ahead of the trainer, >= 0. 0 is fully synchronous "

@@ -1,10 +1,20 @@
-"""telescope-rollout: environments, rewards, chat templates, tool calls and multi-env sampling.
+"""telescope-rollout: environments, rewards, chat templates, tool calls, multi-env sampling,
+the inference client, vLLM server management and the async rollout engine.
 
 It never imports torch, vllm or transformers, so other stacks can embed it; jinja2 and
 tokenizers are imported only when a template is compiled or a tokenizer loaded.
 """
 
 from telescope_rollout.__about__ import __version__
+from telescope_rollout._advantage import advantage_fn_for, is_zero_advantage
+from telescope_rollout._client import (
+    Completion,
+    InferenceClient,
+    InferenceError,
+    PromptTooLongError,
+    ServerUnavailableError,
+)
+from telescope_rollout._engine import RolloutEngine, RolloutError
 from telescope_rollout._env import Environment, MultiTurnEnvironment, SingleTurnEnvironment
 from telescope_rollout._math import verify_math_answer
 from telescope_rollout._multiturn import MultiTurnTokens, TokenTrajectory, TurnTokenizer
@@ -15,9 +25,22 @@ from telescope_rollout._registry import (
     get_environment,
     list_environments,
 )
+from telescope_rollout._results import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
 from telescope_rollout._rubric import Rubric
 from telescope_rollout._sampler import MultiEnvSampler, SamplerEntry
 from telescope_rollout._sandbox import RunResult, RunResultLike, SandboxLike
+from telescope_rollout._servers import (
+    ServerDiedError,
+    ServerGroup,
+    ServerHandle,
+    ServerSettings,
+    ServerStartError,
+    classify_failure,
+    launch_server,
+    server_command,
+    start_servers,
+)
+from telescope_rollout._settings import EngineSettings
 from telescope_rollout._template import ChatTemplate, TemplateError
 from telescope_rollout._tokens import Tokenizer
 from telescope_rollout._toolcalls import ToolCall, parse_tool_calls
@@ -44,13 +67,22 @@ from telescope_rollout.parsers import (
 __all__ = [
     "BuiltEnvironment",
     "ChatTemplate",
+    "Completion",
+    "DroppedGroup",
+    "EngineSettings",
     "Environment",
     "EvalMetricsResult",
+    "InferenceClient",
+    "InferenceError",
     "Message",
     "MultiEnvSampler",
     "MultiTurnEnvironment",
     "MultiTurnTokens",
+    "PromptTooLongError",
     "RewardResult",
+    "RolloutBatch",
+    "RolloutEngine",
+    "RolloutError",
     "RolloutState",
     "Rubric",
     "RunResult",
@@ -58,6 +90,14 @@ __all__ = [
     "Sample",
     "SamplerEntry",
     "SandboxLike",
+    "ScoredGroup",
+    "ScoredSample",
+    "ServerDiedError",
+    "ServerGroup",
+    "ServerHandle",
+    "ServerSettings",
+    "ServerStartError",
+    "ServerUnavailableError",
     "SingleTurnEnvironment",
     "TemplateError",
     "TokenTrajectory",
@@ -68,7 +108,9 @@ __all__ = [
     "TurnTokenizer",
     "UnknownEnvironmentError",
     "__version__",
+    "advantage_fn_for",
     "build_environments",
+    "classify_failure",
     "extract_answer_tags",
     "extract_boxed_answer",
     "extract_code_block",
@@ -76,8 +118,12 @@ __all__ = [
     "extract_xml_tag",
     "func_to_tool_schema",
     "get_environment",
+    "is_zero_advantage",
+    "launch_server",
     "list_environments",
     "parse_tool_calls",
+    "server_command",
+    "start_servers",
     "strip_think_tags",
     "verify_exact_match",
     "verify_math_answer",

@@ -97,6 +97,14 @@ class Environment(ABC):
     def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
         """Load (and store in ``self._samples``) the samples; ``num_samples=-1`` means all."""
 
+    def template_kwargs(self) -> dict[str, Any]:
+        """Extra chat-template variables for this environment's prompts (e.g. ``tools``).
+
+        The rollout engine merges them into the kwargs of every render of this environment's
+        conversations (first prompt and multi-turn framing alike); default none.
+        """
+        return {}
+
     async def prepare_resources(self) -> None:
         """Start expensive resources (sandbox pools, clients) before the first rollout."""
         return None
@@ -155,7 +163,7 @@ class SingleTurnEnvironment(Environment):
             tokenizer,
             self.build_messages(question),
             add_thinking_prefix=thinking,
-            chat_template_kwargs=chat_template_kwargs,
+            chat_template_kwargs={**self.template_kwargs(), **(chat_template_kwargs or {})},
         )
 
     @abstractmethod

@@ -83,20 +83,35 @@ def fallback_math_equal(prediction: str, ground_truth: str) -> bool:
     return fp is not None and fg is not None and fp == fg
 
 
+def braces_balanced(text: str) -> bool:
+    """Whether every ``}`` closes an earlier ``{`` and none is left open."""
+    depth = 0
+    for ch in text:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
+
+
 def verify_math_answer(
     prediction: str | None, ground_truth: str | None, *, use_math_verify: bool = True
 ) -> bool:
     """Whether ``prediction`` is mathematically the ground truth.
 
-    Empty or over-500-character predictions are wrong. With math-verify installed both sides are
-    parsed as ``\\boxed{...}`` (5 s timeouts); its errors fall back to :func:`fallback_math_equal`.
+    Empty or over-500-character predictions are wrong, and so are predictions with unbalanced
+    braces (math-verify would spend its whole 5 s timeout on ``{{{...``). With math-verify
+    installed both sides are parsed as ``\\boxed{...}`` (5 s timeouts); its errors count as wrong
+    after :func:`fallback_math_equal` had its say.
     """
     if not prediction or not ground_truth or len(prediction) > MAX_PREDICTION_CHARS:
         return False
     if fallback_math_equal(prediction, ground_truth):
         return True
     mv = _math_verify() if use_math_verify else None
-    if mv is None:
+    if mv is None or not braces_balanced(prediction):
         return False
     try:
         gold = mv.parse(f"\\boxed{{{ground_truth}}}", parsing_timeout=5)

@@ -8,10 +8,26 @@ slicing around a marker, so any template that renders messages independently wor
 
 The training sequence is the turn-1 prompt followed by a completion that interleaves model tokens
 (mask 1, their logprobs) and template/env tokens (mask 0, logprob 0).
+
+Where the ids differ from re-rendering the whole conversation (by design: the ids are what the
+model actually saw and produced, so they are the right thing to train on):
+
+* Reasoning templates (Qwen3 style) drop the ``<think>...</think>`` block of assistant turns
+  that come before the last user query when the conversation is re-rendered. Our ids keep the
+  model's reasoning tokens of every turn (mask 1).
+* With ``enable_thinking=False`` such templates end the generation prompt with an empty think
+  block; it stays in our ids (mask 0) before each model turn, while a re-rendering shows earlier
+  assistant turns without it.
+* The model's tokens are never re-tokenized, so a non-canonical tokenization the model sampled
+  (e.g. one token per character) stays as sampled; the decoded text is still the same.
+
+:meth:`MultiTurnTokens.prefix_status` tells these apart from a real mismatch.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +39,7 @@ from telescope_rollout._types import Message
 
 log = structlog.get_logger()
 _MARKER = "\u2063TELESCOPE_ASSISTANT_MARKER\u2063"
+_THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.S)
 _BASE: list[Message] = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "I am a user."},
@@ -51,6 +68,17 @@ class TurnTokenizer:
             )
         self.suffix_text = with_assistant[pos + len(_MARKER) :]
         self.suffix_ids = tokenizer.encode(self.suffix_text)
+
+    def for_kwargs(self, extra: dict[str, Any] | None) -> TurnTokenizer:
+        """This tokenizer with ``extra`` template variables merged in (e.g. an environment's
+        :meth:`~telescope_rollout.Environment.template_kwargs`); cached, ``self`` when empty."""
+        if not extra:
+            return self
+        key = json.dumps(extra, sort_keys=True, default=str)
+        cache = self.__dict__.setdefault("_derived", {})
+        if key not in cache:
+            cache[key] = TurnTokenizer(self.tokenizer, {**self.kwargs, **extra})
+        return cache[key]
 
     def _render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -127,17 +155,37 @@ class MultiTurnTokens:
         self.messages.extend(env_messages)
         return t.next_prompt_ids
 
-    def check_prefix(self) -> bool:
-        """Whether re-rendering the messages gives the same ids (logs a warning when not)."""
+    def prefix_status(self) -> str:
+        """How the next prompt compares with re-rendering ``self.messages`` with a generation prompt.
+
+        ``"exact"``: the same ids. ``"same_text"``: the same text, but the model sampled a
+        non-canonical tokenization (kept as sampled). ``"reasoning_dropped"``: the same text once
+        ``<think>`` blocks are removed, i.e. the template drops earlier turns' reasoning (see the
+        module docstring). ``"mismatch"``: anything else (a template that renders messages
+        differently in context, or a bug).
+        """
         expected = self.tt.prompt_ids(self.messages)
-        ok = expected == self.trajectory.next_prompt_ids
-        if not ok:
+        ours = self.trajectory.next_prompt_ids
+        if expected == ours:
+            return "exact"
+        decode = self.tt.tokenizer.decode
+        ours_text, expected_text = decode(ours), decode(expected)
+        if ours_text == expected_text:
+            return "same_text"
+        if _THINK_BLOCK.sub("", ours_text) == _THINK_BLOCK.sub("", expected_text):
+            return "reasoning_dropped"
+        return "mismatch"
+
+    def check_prefix(self) -> bool:
+        """False (and a warning) only when :meth:`prefix_status` is ``"mismatch"``."""
+        status = self.prefix_status()
+        if status == "mismatch":
             log.warning(
                 "multiturn_prefix_mismatch",
-                expected_len=len(expected),
+                expected_len=len(self.tt.prompt_ids(self.messages)),
                 got_len=len(self.trajectory.next_prompt_ids),
             )
-        return ok
+        return status != "mismatch"
 
 
 def _last_model_start(mask: list[int]) -> int:

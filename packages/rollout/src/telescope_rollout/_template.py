@@ -51,6 +51,15 @@ def _compile(source: str):
         raise TemplateError(f"chat template does not compile: {exc}") from exc
 
 
+@lru_cache(maxsize=32)
+def _reads_variable(source: str, name: str) -> bool:
+    from jinja2 import meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+    return name in meta.find_undeclared_variables(env.parse(source))
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
@@ -90,6 +99,11 @@ class ChatTemplate:
         self.eos_token = eos_token
         self.defaults = defaults
         """Keyword arguments passed on every render (e.g. ``enable_thinking``)."""
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the template reads the ``tools`` variable (Hermes/Qwen-style native tool calling)."""
+        return _reads_variable(self.source, "tools")
 
     @classmethod
     def from_pretrained(

@@ -165,6 +165,19 @@ def _from_python(name: str, raw: str) -> ToolCall:
     return ToolCall(name, args, raw=raw)
 
 
+def strip_tool_call_blocks(text: str) -> str:
+    """``text`` without its ``<tool_call>...</tool_call>`` blocks (an unclosed final one included)."""
+    out, pos = [], 0
+    for m in _OPEN.finditer(text):
+        if m.start() < pos:
+            continue
+        out.append(text[pos : m.start()])
+        close = _CLOSE.search(text, m.end())
+        pos = close.end() if close else len(text)
+    out.append(text[pos:])
+    return "".join(out).strip()
+
+
 def parse_tool_calls(
     text: str, tool_call_format: str = "xml", tool_names: list[str] | None = None
 ) -> list[ToolCall]:

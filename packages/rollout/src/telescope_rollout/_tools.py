@@ -5,6 +5,12 @@ system prompt; the model's calls are parsed (:mod:`._toolcalls`), executed one a
 their results or errors go back as one ``tool_result`` message. No malformed call ever raises out
 of the environment. Per-rollout records live in ``state.custom``, never on the environment, so
 concurrent rollouts do not share state.
+
+Native tool calling (``tools_in_template=True``; off by default, as in the original): the schemas
+are passed to the chat template's ``tools`` variable (see :meth:`ToolEnvironment.template_kwargs`)
+instead of the prompt text (set ``include_tool_schemas_in_prompt=True`` for both), results come back
+as one ``tool`` role message per call, and :meth:`ToolEnvironment.completion_message` gives the
+assistant message with OpenAI-style ``tool_calls`` for re-rendering a conversation.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from telescope_rollout._env import MultiTurnEnvironment
-from telescope_rollout._toolcalls import ToolCall, parse_tool_calls
+from telescope_rollout._toolcalls import MAX_CALLS, ToolCall, parse_tool_calls, strip_tool_call_blocks
 from telescope_rollout._toolschema import coerce_arguments, func_to_tool_schema
 from telescope_rollout._types import Message, RolloutState, Sample
 
@@ -73,9 +79,10 @@ class ToolEnvironment(MultiTurnEnvironment):
         *,
         max_turns: int = 10,
         tool_call_format: str = "xml",
-        include_tool_schemas_in_prompt: bool = True,
+        include_tool_schemas_in_prompt: bool | None = None,
         error_formatter: Callable[[BaseException], str] | None = None,
         system_prompt: str | None = None,
+        tools_in_template: bool = False,
         **kwargs: Any,
     ):
         super().__init__(max_turns=max_turns, system_prompt=system_prompt, **kwargs)
@@ -84,11 +91,27 @@ class ToolEnvironment(MultiTurnEnvironment):
         self.tool_schemas = [func_to_tool_schema(t) for t in self.tools]
         self._schema_by_name = {s["function"]["name"]: s for s in self.tool_schemas}
         self.tool_call_format = tool_call_format if tool_call_format in ("xml", "function") else "xml"
-        self.include_tool_schemas_in_prompt = include_tool_schemas_in_prompt
+        self.tools_in_template = bool(tools_in_template)
+        # Default: the text section unless the template shows the tools (``None`` = choose).
+        self.include_tool_schemas_in_prompt = (
+            not self.tools_in_template
+            if include_tool_schemas_in_prompt is None
+            else include_tool_schemas_in_prompt
+        )
         self.error_formatter = error_formatter or default_error_formatter
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """``{"tools": schemas}`` when ``tools_in_template``, else nothing."""
+        return {"tools": self.tool_schemas} if self.tools_in_template and self.tools else {}
 
     def get_initial_prompt(self, sample: Sample, tokenizer: Any = None) -> list[Message]:
         messages = super().get_initial_prompt(sample, tokenizer)
+        template = getattr(tokenizer, "template", None)
+        if self.tools_in_template and template is not None and not template.supports_tools:
+            raise ValueError(
+                f"{self.name}: tools_in_template=True but the chat template has no `tools` variable;"
+                " use a model/template with native tool calling or set tools_in_template: false"
+            )
         if not self.include_tool_schemas_in_prompt or not self.tools:
             return messages
         section = format_tool_section(self.tool_schemas, self.tool_call_format)
@@ -139,9 +162,43 @@ class ToolEnvironment(MultiTurnEnvironment):
             text = text[: self.max_result_chars] + f"... [truncated, {len(text)} characters]"
         return True, text
 
+    def completion_message(self, text: str) -> Message:
+        """The assistant message for a completion ``text``.
+
+        Native mode: the text outside ``<tool_call>`` blocks as ``content`` and the well-formed
+        calls as OpenAI-style ``tool_calls`` (ids ``call_0``, ``call_1``, ... in order), so the
+        template renders them its own way. Otherwise (or with no well-formed call) the raw text.
+        """
+        calls = [c for c in self.parse_tool_calls(text) if not c.error]
+        if not self.tools_in_template or not calls or self.tool_call_format != "xml":
+            return {"role": "assistant", "content": text}
+        return {
+            "role": "assistant",
+            "content": strip_tool_call_blocks(text),
+            "tool_calls": [_openai_call(i, c) for i, c in enumerate(calls)],
+        }
+
+    def _calls_of(self, message: Message) -> list[tuple[ToolCall, str]]:
+        """The calls of an assistant message with their ids: structured ``tool_calls`` keep their
+        ``id``; calls parsed from text are numbered as :meth:`completion_message` numbers them
+        (``call_0``, ... over well-formed calls; ``call_invalid_<i>`` for broken ones)."""
+        structured = message.get("tool_calls")
+        if isinstance(structured, list) and structured:
+            out = []
+            for i, entry in enumerate(structured[:MAX_CALLS]):
+                given = entry.get("id") if isinstance(entry, dict) else None
+                out.append((_structured_call(entry), str(given) if given else f"call_{i}"))
+            return out
+        calls = self.parse_tool_calls(str(message.get("content") or ""))
+        ids, good = [], 0
+        for i, call in enumerate(calls):
+            ids.append(f"call_invalid_{i}" if call.error else f"call_{good}")
+            good += 0 if call.error else 1
+        return list(zip(calls, ids, strict=True))
+
     async def env_response(self, messages: list[Message], state: RolloutState) -> list[Message]:
-        completion = str(messages[-1].get("content") or "") if messages else ""
-        calls = self.parse_tool_calls(completion)
+        calls_with_ids = self._calls_of(messages[-1]) if messages else []
+        calls = [c for c, _ in calls_with_ids]
         if not calls:
             state.custom["_final_answer"] = True
             return []
@@ -163,12 +220,25 @@ class ToolEnvironment(MultiTurnEnvironment):
                     "duration_s": time.perf_counter() - t0,
                 }
             )
+            if self.tools_in_template:
+                parts.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": calls_with_ids[i][1],
+                        "name": call.name[:100],
+                        "content": text if ok else f"Error: {text}",
+                        "turn_type": "tool_result",
+                    }
+                )
+                continue
             line = (
                 f"[{call.name[:100] or 'tool'}] {text}"
                 if ok
                 else f"[{call.name[:100] or 'tool'}] Error: {text}"
             )
             parts.append(f"Tool {i + 1}: {line}" if len(calls) > 1 else line)
+        if self.tools_in_template:
+            return parts
         return [{"role": self.tool_message_role, "content": "\n\n".join(parts), "turn_type": "tool_result"}]
 
     def is_done(self, state: RolloutState) -> tuple[bool, str | None]:
@@ -193,6 +263,27 @@ class ToolEnvironment(MultiTurnEnvironment):
         for n in set(names):
             metrics[f"{n}_calls"] = float(names.count(n))
         return metrics
+
+
+def _openai_call(i: int, call: ToolCall) -> dict[str, Any]:
+    function = {"name": call.name, "arguments": call.arguments}
+    return {"id": f"call_{i}", "type": "function", "function": function}
+
+
+def _structured_call(tc: Any) -> ToolCall:
+    """A :class:`ToolCall` from an OpenAI-style ``tool_calls`` entry (arguments a dict or JSON text)."""
+    fn = tc.get("function", tc) if isinstance(tc, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        return ToolCall("", raw=_to_text(tc)[:200], error="a tool call needs a function name")
+    args = fn.get("arguments") or {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError):
+            return ToolCall(fn["name"], raw=args[:200], error="`arguments` is a string that is not JSON")
+    if not isinstance(args, dict):
+        return ToolCall(fn["name"], raw=_to_text(args)[:200], error="`arguments` must be a JSON object")
+    return ToolCall(fn["name"], args, raw=_to_text(fn)[:2000])
 
 
 def _name_positional(args: dict[str, Any], names: list[str]) -> dict[str, Any]:

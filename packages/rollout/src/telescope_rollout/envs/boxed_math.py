@@ -1,8 +1,17 @@
 """Math word problems with a ``\\boxed{}`` final answer: hendrycks_math, dapo_math, deepscaler.
 
-The three differ only in their hub dataset and its columns. Metric ``correct`` ∈ {0, 1}: the
-think-stripped completion's last ``\\boxed{}`` checked with math-verify (extra ``math``) or the
-plain fallback; the golden answer is the ground truth.
+The three differ only in their hub dataset and its columns (checked against the original's
+loaders; ``row_to_sample`` maps one hub row and returns None for a row the original skips):
+
+* hendrycks_math, ``justus27/math-hendrycks-genesys-format``: ``prompt`` (str) and
+  ``verification_info``, a JSON string (or dict) whose ``ground_truth`` string is the answer.
+* dapo_math, ``BytedTsinghua-SIA/DAPO-Math-17k``: ``prompt`` is a chat list whose first
+  message's ``content`` is the question; ``reward_model`` (a dict or JSON string) holds
+  ``ground_truth``, which must be a non-empty string.
+* deepscaler, ``agentica-org/DeepScaleR-Preview-Dataset``: non-empty strings ``problem`` and ``answer``.
+
+Metric ``correct`` ∈ {0, 1}: the think-stripped completion's last ``\\boxed{}`` checked with
+math-verify (extra ``math``) or the plain fallback; the golden answer is the ground truth.
 """
 
 from __future__ import annotations
@@ -13,8 +22,13 @@ from typing import Any, ClassVar
 from telescope_rollout._env import SingleTurnEnvironment
 from telescope_rollout._math import verify_math_answer
 from telescope_rollout._types import RewardResult, Sample
-from telescope_rollout.envs._data import BUNDLED, bundled_rows, hub_rows, take
+from telescope_rollout.envs._data import BUNDLED, apply_dataset_kwargs, bundled_rows, hub_rows, take_samples
 from telescope_rollout.parsers import extract_boxed_answer, strip_eos, strip_think_tags
+
+SYSTEM_PROMPT = (
+    "You are a helpful assistant. You first think about the reasoning process in your mind and then "
+    "provide the user with the answer."
+)
 
 
 def score_math(completion: str, answer: str, eos_token: str = "") -> RewardResult:
@@ -24,10 +38,24 @@ def score_math(completion: str, answer: str, eos_token: str = "") -> RewardResul
     return RewardResult(float(ok), {"correct": float(ok)}, {"correct": answer})
 
 
+def _json_dict(value: Any) -> dict[str, Any] | None:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, dict) else None
+
+
 class MathEnv(SingleTurnEnvironment):
-    """Base for boxed-answer math tasks; subclasses name the hub dataset and map its rows."""
+    """Base for boxed-answer math tasks; subclasses name the hub dataset and map its rows.
+
+    Kwargs: ``dataset`` (hub name or ``"bundled"``; alias ``dataset_name``), ``subset``
+    (``dataset_subset``), ``split`` (``dataset_split``).
+    """
 
     optional: ClassVar[tuple[str, ...]] = ("math-verify", "datasets")
+    system_prompt = SYSTEM_PROMPT
     instruction_prompt = (
         "Solve the following math problem. Show your work, then put your final answer in \\boxed{}."
     )
@@ -40,19 +68,27 @@ class MathEnv(SingleTurnEnvironment):
     subset: str | None = None
     split: str = "train"
 
-    def row_to_sample(self, row: dict[str, Any]) -> Sample:
+    def __init__(
+        self,
+        dataset_name: str | None = None,
+        dataset_subset: str | None = None,
+        dataset_split: str | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        apply_dataset_kwargs(self, dataset_name, dataset_subset, dataset_split)
+
+    def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
         raise NotImplementedError
 
     def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
         if self.dataset == BUNDLED:
-            samples = [
-                Sample(r["problem"], str(r["answer"])) for r in take(bundled_rows("math.jsonl"), num_samples)
-            ]
+            samples = take_samples(
+                bundled_rows("math.jsonl"), lambda r: Sample(r["problem"], str(r["answer"])), num_samples
+            )
         else:
-            samples = [
-                self.row_to_sample(r)
-                for r in take(hub_rows(self.dataset, self.subset, self.split), num_samples)
-            ]
+            rows = hub_rows(self.dataset, self.subset, self.split)
+            samples = take_samples(rows, self.row_to_sample, num_samples)
         return self._set_samples(samples, num_samples)
 
     def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
@@ -62,21 +98,34 @@ class MathEnv(SingleTurnEnvironment):
 class HendrycksMathEnv(MathEnv):
     dataset = "justus27/math-hendrycks-genesys-format"
 
-    def row_to_sample(self, row: dict[str, Any]) -> Sample:
-        info = row["verification_info"]
-        info = json.loads(info) if isinstance(info, str) else info
-        return Sample(row["prompt"], str(info["ground_truth"]))
+    def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
+        info = _json_dict(row.get("verification_info"))
+        question = row.get("prompt")
+        if not isinstance(question, str) or info is None or not isinstance(info.get("ground_truth"), str):
+            return None
+        return Sample(question, info["ground_truth"], {"question": question, "task": "hendrycks-math"})
 
 
 class DapoMathEnv(MathEnv):
     dataset = "BytedTsinghua-SIA/DAPO-Math-17k"
 
-    def row_to_sample(self, row: dict[str, Any]) -> Sample:
-        return Sample(row["prompt"][0]["content"], str(row["reward_model"]["ground_truth"]))
+    def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
+        prompt = row.get("prompt")
+        if not (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
+            return None
+        question = prompt[0].get("content")
+        answer = (_json_dict(row.get("reward_model")) or {}).get("ground_truth")
+        if not isinstance(question, str) or not isinstance(answer, str) or not answer:
+            return None
+        meta = {"question": question, "data_source": row.get("data_source") or "", "task": "dapo-math"}
+        return Sample(question, answer, meta)
 
 
 class DeepScalerEnv(MathEnv):
     dataset = "agentica-org/DeepScaleR-Preview-Dataset"
 
-    def row_to_sample(self, row: dict[str, Any]) -> Sample:
-        return Sample(row["problem"], str(row["answer"]))
+    def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
+        question, answer = row.get("problem"), row.get("answer")
+        if not (isinstance(question, str) and question and isinstance(answer, str) and answer):
+            return None
+        return Sample(question, answer, {"question": question, "task": "deepscaler"})

@@ -4,6 +4,9 @@ Reward (max 2.0) = ``_format_reward`` (1.0 for ``<think>…</think><answer>…</
 answer holds only arithmetic characters, 0.5 if it holds others; a leading ``<think>`` is
 assumed present) + ``_equation_reward`` (1.0 when the last answer uses exactly the given
 numbers and evaluates within 1e-5 of the target; golden answer = the target).
+
+Hub rows (``Jiayi-Pan/Countdown-Tasks-3to4``, as the original reads them): ``nums`` (a list of
+ints) and ``target`` (an int); see :meth:`CountdownEnv.row_to_sample`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, ClassVar
 from telescope_rollout._env import SingleTurnEnvironment
 from telescope_rollout._rubric import Rubric
 from telescope_rollout._types import RewardResult, Sample
-from telescope_rollout.envs._data import BUNDLED, bundled_rows, hub_rows, take
+from telescope_rollout.envs._data import BUNDLED, apply_dataset_kwargs, bundled_rows, hub_rows, take_samples
 from telescope_rollout.parsers import extract_answer_tags, strip_eos
 
 _FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>(.*?)</answer>\s*$", re.S)
@@ -79,7 +82,8 @@ def equation_reward(completion: str, nums: list[int], target: float) -> float:
 
 
 class CountdownEnv(SingleTurnEnvironment):
-    """Kwargs: ``dataset`` (hub name, or ``"bundled"``), ``subset``, ``split``."""
+    """Kwargs: ``dataset`` (hub name, or ``"bundled"``; alias ``dataset_name``), ``subset``
+    (``dataset_subset``), ``split`` (``dataset_split``)."""
 
     system_prompt = (
         "You are a helpful assistant. You first think about the reasoning process in your mind and then "
@@ -100,10 +104,15 @@ class CountdownEnv(SingleTurnEnvironment):
     subset: str | None = None
     split: str = "train"
 
-    def __init__(self, dataset_name: str | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        dataset_name: str | None = None,
+        dataset_subset: str | None = None,
+        dataset_split: str | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
-        if dataset_name:
-            self.dataset = dataset_name
+        apply_dataset_kwargs(self, dataset_name, dataset_subset, dataset_split)
         self.rubric = Rubric()
         self.rubric.add_reward(self._format_reward, range_min=0.0, range_max=1.0)
         self.rubric.add_reward(self._equation_reward, range_min=0.0, range_max=1.0)
@@ -115,17 +124,22 @@ class CountdownEnv(SingleTurnEnvironment):
             "arithmetic operations (+, -, *, /) and each number can only be used once."
         )
 
+    def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
+        """One hub row (``nums``, ``target``) as a Sample; None for a malformed row."""
+        nums, target = row.get("nums"), row.get("target")
+        if not isinstance(nums, list | tuple) or not all(_is_int(n) for n in nums) or not _is_int(target):
+            return None
+        nums = [int(n) for n in nums]
+        question = self.question(nums, int(target))
+        return Sample(question, str(int(target)), {"question": question, "nums": nums, "target": int(target)})
+
     def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
         rows = (
             bundled_rows("countdown.jsonl")
             if self.dataset == BUNDLED
             else hub_rows(self.dataset, self.subset, self.split)
         )
-        samples = [
-            Sample(self.question(r["nums"], r["target"]), str(r["target"]), {"nums": list(r["nums"])})
-            for r in take(rows, num_samples)
-        ]
-        return self._set_samples(samples, num_samples)
+        return self._set_samples(take_samples(rows, self.row_to_sample, num_samples), num_samples)
 
     def _format_reward(self, completion: str, eos_token: str = "") -> float:
         return format_reward(strip_eos(completion, eos_token))
@@ -135,3 +149,7 @@ class CountdownEnv(SingleTurnEnvironment):
 
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         return await self.rubric.score(completion, sample, eos_token=eos_token or self.eos_token)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

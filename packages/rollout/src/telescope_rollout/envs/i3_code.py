@@ -1,10 +1,7 @@
 """i3_code: competitive-programming problems graded by running tests in a sandbox.
 
-Two kinds of test, as in INTELLECT-3-RL: stdin/stdout tests feed ``input`` to the program and
-compare its output line by line; function-call tests (rows with ``fn_name``) append a small
-harness that reads the JSON argument list from stdin, calls the function (a top-level def or a
-method of ``class Solution``) and prints the JSON result on the last line, which must equal the
-expected JSON value.
+Two kinds of test, as in INTELLECT-3-RL: stdin/stdout tests and function-call tests (rows with
+``fn_name``); how rows are read and outputs judged is in :mod:`._code_tests`.
 
 The environment never imports telescope_sandbox: the composition root passes any
 :class:`~telescope_rollout.SandboxLike` as ``sandbox=`` (or sets ``env.sandbox``) before the
@@ -23,83 +20,28 @@ from typing import Any, ClassVar
 from telescope_rollout._env import SingleTurnEnvironment
 from telescope_rollout._sandbox import SandboxLike
 from telescope_rollout._types import RewardResult, Sample
-from telescope_rollout.envs._data import BUNDLED, bundled_rows, hub_rows, take
+from telescope_rollout.envs._code_tests import (
+    call_result_matches,
+    outputs_match,
+    program_for,
+    tests_from_row,
+)
+from telescope_rollout.envs._data import BUNDLED, apply_dataset_kwargs, bundled_rows, hub_rows, take_samples
 from telescope_rollout.parsers import extract_code_block, strip_eos, strip_think_tags
+
+_tests_from_row = tests_from_row  # the name earlier code imported
+__all__ = ["I3CodeEnv", "call_result_matches", "outputs_match", "tests_from_row"]
 
 INFO_CAP = 4_000
 
 
-def outputs_match(got: str, expected: str) -> bool:
-    """Line-by-line equality ignoring trailing whitespace and trailing blank lines."""
-    a = [line.rstrip() for line in got.strip().splitlines()]
-    b = [line.rstrip() for line in expected.strip().splitlines()]
-    return a == b
-
-
-# Appended to the model's code for a function-call test; the name is inserted with repr().
-_CALL_HARNESS = """
-
-import json as _tl_json, sys as _tl_sys
-_tl_args = _tl_json.loads(_tl_sys.stdin.read())
-_tl_fn = globals().get({name!r})
-if _tl_fn is None and "Solution" in globals():
-    _tl_fn = getattr(Solution(), {name!r})
-_tl_result = _tl_fn(*_tl_args) if isinstance(_tl_args, list) else _tl_fn(_tl_args)
-print()
-print(_tl_json.dumps(_tl_result))
-"""
-
-
-def call_result_matches(stdout: str, expected_json: str) -> bool:
-    """The last stdout line, read as JSON, equals the expected JSON value (or its one-item list)."""
-    lines = [line for line in stdout.strip().splitlines() if line.strip()]
-    if not lines:
-        return False
-    try:
-        got = json.loads(lines[-1])
-        expected = json.loads(expected_json)
-    except ValueError:
-        return False
-    return expected in (got, [got])
-
-
-def _tests_from_row(row: dict[str, Any]) -> list[dict[str, str]]:
-    info = row.get("verification_info") or row.get("info") or {}
-    info = json.loads(info) if isinstance(info, str) else info
-    tests = row.get("tests") or info.get("tests") or info.get("test_cases") or []
-    tests = json.loads(tests) if isinstance(tests, str) else tests
-    if isinstance(tests, dict) and tests.get("fn_name"):
-        name = str(tests["fn_name"])
-        return [
-            {"input": _as_json(i), "output": _as_json(o), "fn_name": name}
-            for i, o in zip(tests.get("inputs", []), tests.get("outputs", []), strict=False)
-        ]
-    if isinstance(tests, dict) and "inputs" in tests:
-        tests = [{"input": i, "output": o} for i, o in zip(tests["inputs"], tests["outputs"], strict=False)]
-    return [
-        {"input": str(t.get("input", "")), "output": str(t.get("output", ""))}
-        | ({"fn_name": str(t["fn_name"])} if t.get("fn_name") else {})
-        for t in tests
-        if isinstance(t, dict)
-    ]
-
-
-def _as_json(value: Any) -> str:
-    """A function-call argument list or result as JSON text (rows may hold it parsed or as text)."""
-    if isinstance(value, str):
-        try:
-            json.loads(value)
-        except ValueError:
-            return json.dumps(value)
-        return value
-    return json.dumps(value)
-
-
 class I3CodeEnv(SingleTurnEnvironment):
-    """Kwargs: ``sandbox``, ``dataset`` ("bundled" or a hub name), ``max_num_tests`` 15,
+    """Kwargs: ``sandbox``, ``dataset`` ("bundled" or a hub name; alias ``dataset_name``),
+    ``subset``/``dataset_subset`` ("code"), ``split``/``dataset_split``, ``max_num_tests`` 15,
     ``timeout_per_test`` 10 s, ``memory_mb`` 2048, ``max_concurrent_tests`` 8, ``random_seed`` 42,
-    ``min_difficulty``/``max_difficulty`` (hub column ``avg@8_qwen3_4b_instruct_2507``), and the
-    original's provider settings (``provider``, ``provider_kwargs``, ...) kept for the CLI."""
+    ``difficulty_key`` (``avg@8_qwen3_4b_instruct_2507``) with ``min_difficulty``/``max_difficulty``
+    (a row without the value counts as 0, as in the original), and the original's provider
+    settings (``provider``, ``provider_kwargs``, ...) kept for the CLI."""
 
     instruction_prompt = (
         "Solve the following problem in Python. Read from stdin, write to stdout, and put your solution "
@@ -124,8 +66,19 @@ class I3CodeEnv(SingleTurnEnvironment):
     max_concurrent_tests: int = 8
     max_retries: int = 3
     random_seed: int = 42
+    difficulty_key: str | None = "avg@8_qwen3_4b_instruct_2507"
     min_difficulty: float | None = None
     max_difficulty: float | None = None
+
+    def __init__(
+        self,
+        dataset_name: str | None = None,
+        dataset_subset: str | None = None,
+        dataset_split: str | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        apply_dataset_kwargs(self, dataset_name, dataset_subset, dataset_split)
 
     async def prepare_resources(self) -> None:
         if self.sandbox is None:
@@ -134,32 +87,42 @@ class I3CodeEnv(SingleTurnEnvironment):
             )
 
     def _keep(self, row: dict[str, Any]) -> bool:
-        d = row.get("avg@8_qwen3_4b_instruct_2507")
-        if d is None:
+        if not self.difficulty_key or (self.min_difficulty is None and self.max_difficulty is None):
             return True
+        d = row.get(self.difficulty_key)
+        d = 0.0 if d is None else float(d)
         return (self.min_difficulty is None or d >= self.min_difficulty) and (
             self.max_difficulty is None or d <= self.max_difficulty
         )
+
+    def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
+        """One hub row (``question``, ``info`` JSON with ``tests`` JSON) as a Sample; None when it
+        has no question or no readable tests, or falls outside the difficulty range."""
+        question = row.get("question") or row.get("prompt") or row.get("problem")
+        tests = tests_from_row(row)
+        if not isinstance(question, str) or not question or not tests or not self._keep(row):
+            return None
+        info = row.get("info")
+        source = ""
+        if isinstance(info, str):
+            try:
+                source = str((json.loads(info) or {}).get("source") or "")
+            except (ValueError, AttributeError):
+                source = ""
+        return Sample(question, "", {"tests": tests, "source": source, "num_test_cases": len(tests)})
 
     def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
         if self.dataset == BUNDLED:
             rows = bundled_rows("i3_code.jsonl")
         else:
-            rows = (r for r in hub_rows(self.dataset, self.subset, self.split) if self._keep(r))
-        samples = []
-        for r in take(rows, num_samples):
-            tests = _tests_from_row(r)
-            if tests:
-                samples.append(
-                    Sample(r.get("question") or r.get("prompt") or r["problem"], "", {"tests": tests})
-                )
-        return self._set_samples(samples, num_samples)
+            rows = hub_rows(self.dataset, self.subset, self.split)
+        return self._set_samples(take_samples(rows, self.row_to_sample, num_samples), num_samples)
 
     async def _run_test(self, code: str, test: dict[str, str], sem: asyncio.Semaphore) -> dict[str, Any]:
         assert self.sandbox is not None
         err = "no attempt made"
         fn_name = test.get("fn_name")
-        program = code + _CALL_HARNESS.format(name=fn_name) if fn_name else code
+        program = program_for(code, fn_name)
         async with sem:
             for attempt in range(self.max_retries):
                 try:

@@ -86,7 +86,8 @@ class WordleEnv(MultiTurnEnvironment):
         rng = random.Random(self.seed)
         n = self.num_samples if num_samples is None or num_samples < 0 else num_samples
         prompt = "Make your first guess."
-        return self._set_samples([Sample(prompt, rng.choice(words)) for _ in range(n)], -1)
+        secrets = [rng.choice(words) for _ in range(n)]
+        return self._set_samples([Sample(prompt, w, {"secret_word": w}) for w in secrets], -1)
 
     def create_initial_state(self, sample: Sample) -> RolloutState:
         state = super().create_initial_state(sample)

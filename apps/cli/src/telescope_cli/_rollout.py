@@ -1,0 +1,84 @@
+"""Build the rollout side of a run from the config: tokenizer, environments, sampler, engine.
+
+The chat template comes from the model's tokenizer files unless the config's ``chat_template``
+overrides it; environments are weighted by their ``weight`` entries; advantages use
+telescope-algos (group stage here, batch whitening in the loop), so training sees one
+implementation of the math.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+__all__ = ["algos_advantage_fn", "build_engine", "tokenizer_dir"]
+
+log = structlog.get_logger()
+_TOKENIZER_FILES = [
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "chat_template.json", "config.json", "generation_config.json",
+]  # fmt: skip
+
+
+def tokenizer_dir(model: str) -> Path:
+    """A local folder with the model's tokenizer files (downloads only those for a hub id)."""
+    local = Path(model).expanduser()
+    if local.is_dir():
+        return local
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, allow_patterns=_TOKENIZER_FILES))
+
+
+def algos_advantage_fn(algorithm: str, advantage_norm: str):
+    """The per-group stage of the config's advantage estimator, computed by telescope-algos.
+
+    Batch normalisation (``advantage_norm: batch`` or REINFORCE++) centres per group here and
+    whitens over the step's kept samples in the loop, as the original does.
+    """
+    from telescope_algos import center_advantages, compute_advantages
+
+    batch_stage = algorithm == "reinforce_pp" or advantage_norm == "batch"
+
+    def advantages(rewards: list[float]) -> list[float]:
+        if batch_stage:
+            return center_advantages([list(rewards)])[0].tolist()
+        return compute_advantages([list(rewards)], algorithm=algorithm, advantage_norm="group")[0].tolist()
+
+    return advantages
+
+
+def build_engine(cfg: Any, model_path: str, urls: list[str]) -> tuple[Any, Any, int]:
+    """(engine, client, pad token id) for the run; the caller enters ``client`` then ``engine``."""
+    from telescope_rollout import (
+        EngineSettings,
+        InferenceClient,
+        MultiEnvSampler,
+        RolloutEngine,
+        SamplerEntry,
+        Tokenizer,
+        build_environments,
+    )
+
+    tok_dir = tokenizer_dir(model_path)
+    tokenizer = Tokenizer.from_pretrained(tok_dir, chat_template=cfg.chat_template)
+    built = build_environments(cfg.environments)
+    for b in built:
+        b.env.load_dataset()
+        log.info("environment ready", name=b.name, weight=b.weight, samples=len(b.env))
+    if cfg.evals:
+        log.warning("in-training evals are not run yet; the evals block is ignored", evals=len(cfg.evals))
+    sampler = MultiEnvSampler([SamplerEntry(b.name, b.weight, len(b.env)) for b in built], seed=cfg.seed)
+    client = InferenceClient(urls, timeout_s=1200.0)
+    engine = RolloutEngine(
+        EngineSettings.from_config(cfg),
+        environments=built,
+        sampler=sampler,
+        tokenizer=tokenizer,
+        client=client,
+        advantage_fn=algos_advantage_fn(cfg.algorithm, cfg.advantage_norm),
+    )
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return engine, client, int(pad) if isinstance(pad, int) else 0

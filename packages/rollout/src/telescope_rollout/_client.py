@@ -1,0 +1,214 @@
+"""HTTP client for vLLM's OpenAI-compatible ``/v1/completions`` on many servers (spec §1.4, §11).
+
+Prompts go out as token ids (``return_token_ids`` brings the completion's ids back), with one
+logprob per generated token. Connection failures are retried with exponential backoff
+(``backoff_s * 2**attempt``); each request has its own timeout; vLLM's context-length errors
+become :class:`PromptTooLongError`. One ``httpx.AsyncClient`` (connection pool) serves all servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import structlog
+
+log = structlog.get_logger()
+
+_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError)
+_CTX = re.compile(r"maximum context length is (\d+) tokens")
+_INPUT = re.compile(r"(?:request has|prompt contains|your prompt contains|input has) (\d+) (?:input )?tokens")
+
+
+class InferenceError(RuntimeError):
+    """A request to an inference server failed; ``url`` names the server."""
+
+    def __init__(self, message: str, url: str = ""):
+        super().__init__(message)
+        self.url = url
+
+
+class ServerUnavailableError(InferenceError):
+    """The server could not be reached after all retries (it died or never started)."""
+
+
+class PromptTooLongError(InferenceError):
+    """The prompt leaves no room for a completion within the server's ``max_model_len``."""
+
+    def __init__(self, prompt_tokens: int, max_model_len: int, url: str = "", detail: str = ""):
+        msg = f"prompt has {prompt_tokens} tokens, the context holds {max_model_len}"
+        super().__init__(f"{msg}: {detail}" if detail else msg, url)
+        self.prompt_tokens = prompt_tokens
+        self.max_model_len = max_model_len
+
+
+@dataclass
+class Completion:
+    """One generated completion, as the server returned it."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    request_id: str = ""
+    server: str = ""
+    latency_s: float = 0.0
+
+
+def parse_completion(data: dict[str, Any], url: str = "", latency_s: float = 0.0) -> Completion:
+    """A :class:`Completion` from a /v1/completions response body (``n=1``)."""
+    try:
+        choice = data["choices"][0]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise InferenceError(f"malformed completion response from {url}: {str(data)[:300]}", url) from exc
+    ids = choice.get("token_ids")
+    if ids is None:
+        raise InferenceError(
+            f"{url} returned no token_ids: the server must support `return_token_ids` (vLLM >= 0.10)", url
+        )
+    lp = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    logprobs = [float(x) if x is not None else 0.0 for x in lp]
+    if len(logprobs) != len(ids):
+        logprobs = (logprobs + [0.0] * len(ids))[: len(ids)]
+    return Completion(
+        text=choice.get("text") or "",
+        token_ids=list(ids),
+        logprobs=logprobs,
+        finish_reason=choice.get("finish_reason"),
+        prompt_token_ids=list(choice.get("prompt_token_ids") or []),
+        request_id=str(data.get("id", "")),
+        server=url,
+        latency_s=latency_s,
+    )
+
+
+def _length_error(message: str, prompt_len: int, url: str) -> PromptTooLongError | None:
+    ctx = _CTX.search(message)
+    if not ctx:
+        return None
+    m = _INPUT.search(message)
+    return PromptTooLongError(int(m.group(1)) if m else prompt_len, int(ctx.group(1)), url, message[:300])
+
+
+class InferenceClient:
+    """Completions from a set of vLLM servers.
+
+    ``model`` is the served model name sent with every request; when None it is read once per
+    server from ``GET /v1/models``. ``transport`` lets tests plug in an in-process fake server.
+    """
+
+    def __init__(
+        self,
+        server_urls: Sequence[str],
+        *,
+        model: str | None = None,
+        timeout_s: float = 1200.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        connect_timeout_s: float = 10.0,
+        max_connections: int = 4096,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
+        if not server_urls:
+            raise ValueError("InferenceClient needs at least one server URL")
+        self.server_urls = [u.rstrip("/") for u in server_urls]
+        self.model = model
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._models: dict[str, str] = {}
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        timeout = httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s))
+        self._http = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool; requests still running fail."""
+        await self._http.aclose()
+
+    async def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        """One request, retried on connection errors with exponential backoff."""
+        for attempt in range(self.retries + 1):
+            try:
+                return await self._http.request(method, url, **kwargs)
+            except _RETRYABLE as exc:
+                if attempt >= self.retries or self._http.is_closed:
+                    raise ServerUnavailableError(
+                        f"{url}: {type(exc).__name__}: {exc} (after {attempt + 1} attempts); "
+                        "is the inference server running? Its log is in the run directory's logs/",
+                        url.split("/v1/", maxsplit=1)[0],
+                    ) from exc
+                log.debug("inference_retry", url=url, attempt=attempt + 1, error=str(exc))
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+            except httpx.TimeoutException as exc:
+                raise InferenceError(
+                    f"{url}: no answer within {self.timeout_s} s ({type(exc).__name__})", url
+                ) from exc
+        raise AssertionError("unreachable")
+
+    async def healthy(self, url: str, timeout_s: float = 2.0) -> bool:
+        """True when ``GET /health`` answers 200 (no retries)."""
+        try:
+            r = await self._http.get(f"{url}/health", timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    async def model_name(self, url: str) -> str:
+        """The served model name: the one given, or the first of ``GET /v1/models``."""
+        if self.model:
+            return self.model
+        if url not in self._models:
+            r = await self._send("GET", f"{url}/v1/models")
+            r.raise_for_status()
+            self._models[url] = r.json()["data"][0]["id"]
+        return self._models[url]
+
+    async def complete(
+        self,
+        url: str,
+        prompt: list[int] | str,
+        *,
+        max_tokens: int,
+        sampling: dict[str, Any] | None = None,
+        priority: int = 0,
+        request_id: str | None = None,
+    ) -> Completion:
+        """Generate one completion of ``prompt`` (token ids or text) on server ``url``."""
+        body: dict[str, Any] = {
+            "model": await self.model_name(url),
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "n": 1,
+            "logprobs": 1,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": False,
+            **(sampling or {}),
+        }
+        if priority:
+            body["priority"] = priority
+        if request_id:
+            body["request_id"] = request_id
+        t0 = time.perf_counter()
+        r = await self._send("POST", f"{url}/v1/completions", json=body)
+        latency = time.perf_counter() - t0
+        if r.status_code != 200:
+            text = r.text
+            prompt_len = len(prompt) if isinstance(prompt, list) else 0
+            err = _length_error(text, prompt_len, url) if r.status_code == 400 else None
+            if err is not None:
+                raise err
+            raise InferenceError(f"{url} answered {r.status_code}: {text[:500]}", url)
+        return parse_completion(r.json(), url, latency)

@@ -1,0 +1,503 @@
+"""The async rollout engine: lanes, dispatch, off-policy control, group acceptance (spec §1.3-§1.6).
+
+``async with RolloutEngine(...) as engine:`` starts a dispatch loop that keeps every server's lane
+slots busy with groups of ``group_size`` samples; ``await engine.next_batch()`` returns the next
+``RolloutBatch`` of ``prompts_batch_size_for_trainer`` kept groups; ``engine.weights_updated(v)``
+announces that weight version ``v`` is live on the servers.
+
+Counters (version v = number of weight updates applied, 0 = base model; step = batches assembled):
+- pause: no new group starts while ``step - v > max_async_rollout`` (resumes on an update);
+- staleness of a group = the step it lands in minus the oldest version its samples *started*
+  under; above ``max_async_rollout`` it is discarded (``max_async``). The original measured the
+  version at completion, so a sample started long ago looked fresh after a late update;
+- every update adds one to ``off_policy_steps`` of each sample still generating; a group with a
+  sample above ``max_off_policy_steps`` is cancelled at once (``off_policy``).
+Acceptance, in order: any error drops the group (reason = the error kind), then ``max_async``,
+then ``zero_advantage``; otherwise it is kept. Dropped and cancelled groups ride along in the next
+batch for inspection.
+
+All methods must be called from the event loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from telescope_rollout._advantage import (
+    AdvantageFn,
+    advantage_fn_for,
+    is_zero_advantage,
+    overlong_penalty,
+)
+from telescope_rollout._client import ServerUnavailableError
+from telescope_rollout._env import Environment
+from telescope_rollout._lanes import LanePool
+from telescope_rollout._prompts import PreparedPrompt, PromptSource
+from telescope_rollout._results import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
+from telescope_rollout._rollout import CompletionClient, SampleError, run_multi_turn, run_single_turn
+from telescope_rollout._sampler import MultiEnvSampler
+from telescope_rollout._settings import EngineSettings
+
+log = structlog.get_logger()
+
+
+class RolloutError(RuntimeError):
+    """The engine cannot go on (every server unreachable, or an internal failure)."""
+
+
+@dataclass
+class _SampleRun:
+    out: ScoredSample
+    started: bool = False
+    generating: bool = False
+    done: bool = False
+
+
+@dataclass
+class _GroupRun:
+    group_id: int
+    prompt: PreparedPrompt
+    server: str
+    runs: list[_SampleRun] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    lanes: list[int] | None = None
+    """Group mode: the slots held by the whole group."""
+    finished: int = 0
+    cancelled: bool = False
+
+
+def _environments(environments: Any) -> dict[str, Environment]:
+    if isinstance(environments, Mapping):
+        return dict(environments)
+    return {b.name: b.env for b in environments}
+
+
+class RolloutEngine:
+    """Generates scored groups from environments on inference servers; see the module docstring.
+
+    ``environments``: ``{name: Environment}`` or the list ``build_environments`` returns (datasets
+    loaded). ``sampler`` draws ``(name, index)``. ``tokenizer`` renders and tokenizes prompts.
+    ``client``: an :class:`InferenceClient` (its ``server_urls`` are the servers).
+    ``advantage_fn(rewards) -> advantages`` defaults to the config algorithm's group stage.
+    ``clock`` (seconds) times the metrics; tests pass a fake one.
+    """
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        *,
+        environments: Mapping[str, Environment] | Sequence[Any],
+        sampler: MultiEnvSampler,
+        tokenizer: Any,
+        client: CompletionClient,
+        advantage_fn: AdvantageFn | None = None,
+        clock: Callable[[], float] | None = None,
+    ):
+        self.settings = settings
+        self.environments = _environments(environments)
+        self.tokenizer = tokenizer
+        self.client = client
+        self.advantage_fn = advantage_fn or advantage_fn_for(settings.algorithm, settings.advantage_norm)
+        self.clock = clock or time.monotonic
+        self.servers: list[str] = list(client.server_urls)
+        self.lanes = {url: LanePool(settings.lanes_per_server) for url in self.servers}
+        kwargs = {} if settings.enable_thinking is None else {"enable_thinking": settings.enable_thinking}
+        buffer = settings.prompt_prefetch_buffer_size if settings.enable_prompt_prefetch else 0
+        self.prompts = PromptSource(
+            self.environments, sampler, tokenizer, buffer_size=buffer, chat_template_kwargs=kwargs
+        )
+        self.eos_token = settings.eos_token or getattr(tokenizer, "eos_token", None)
+        self.version = 0
+        self.step = 0
+        self.next_group_id = 0
+        self.next_sample_id = 0
+        self.down: dict[str, str] = {}
+        self.paused = False
+        self._groups: dict[int, _GroupRun] = {}
+        self._bucket: list[ScoredGroup] = []
+        self._discarded: list[DroppedGroup] = []
+        self._cancelled: list[DroppedGroup] = []
+        self._batches: asyncio.Queue[RolloutBatch | BaseException] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._rr = 0
+        self._stats: Counter[str] = Counter()
+        self.cancelled_groups = 0
+        """Groups cancelled since the engine was built."""
+        self._paused_since: float | None = None
+        self._last_batch_t = self.clock()
+
+    # ----------------------------------------------------------------- lifecycle
+    async def __aenter__(self) -> RolloutEngine:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def start(self) -> None:
+        """Start dispatching (``async with`` does it)."""
+        if self._tasks:
+            raise RuntimeError("the engine is already running")
+        self._last_batch_t = self.clock()
+        self._tasks.append(asyncio.create_task(self._dispatch_loop(), name="rollout-dispatch"))
+        if self.prompts.buffer_size:
+            self._tasks.append(asyncio.create_task(self.prompts.prefetch(), name="rollout-prefetch"))
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Cancel dispatching and every group in flight; wait for them to unwind."""
+        tasks = list(self._tasks)
+        for g in list(self._groups.values()):
+            tasks += g.tasks
+            for t in g.tasks:
+                t.cancel()
+        self._groups.clear()
+        for t in self._tasks:
+            t.cancel()
+        self._tasks.clear()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
+    # ----------------------------------------------------------------- public API
+    async def next_batch(self, timeout_s: float | None = 3600.0) -> RolloutBatch:
+        """The next batch of kept groups; raises :class:`RolloutError` when the engine failed."""
+        if not self._tasks:
+            raise RuntimeError("start the engine first: `async with engine:` or engine.start()")
+        try:
+            item = await asyncio.wait_for(self._batches.get(), timeout=timeout_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no rollout batch within {timeout_s} s: {len(self._groups)} groups in flight, "
+                f"{len(self._bucket)} kept of {self.settings.prompts_batch_size_for_trainer}, "
+                f"paused={self.paused}, "
+                f"unreachable servers={sorted(self.down)}"
+            ) from None
+        if isinstance(item, BaseException):
+            self._batches.put_nowait(item)
+            raise item
+        return item
+
+    def weights_updated(self, version: int) -> None:
+        """Weight version ``version`` is now live on the servers (0 = the base model)."""
+        if version < self.version:
+            raise ValueError(f"weight version went back from {self.version} to {version}")
+        delta = version - self.version
+        self.version = version
+        if delta == 0:
+            return
+        limit = self.settings.max_off_policy_steps
+        for group in list(self._groups.values()):
+            for run in group.runs:
+                if run.generating:
+                    run.out.off_policy_steps += delta
+            if limit >= 0 and any(r.out.off_policy_steps > limit for r in group.runs):
+                self._cancel_group(group, "off_policy")
+        self._wake.set()
+
+    def mark_server_up(self, url: str) -> None:
+        """A server that failed was restarted: dispatch to it again."""
+        self.down.pop(url.rstrip("/"), None)
+        self._wake.set()
+
+    @property
+    def async_level(self) -> int:
+        return self.step - self.version
+
+    @property
+    def in_flight_groups(self) -> int:
+        return len(self._groups)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Sampler position (prompts handed out) and counters, JSON-able."""
+        sampler = {**self.prompts.sampler.state_dict(), "draws": self.prompts.consumed}
+        return {
+            "sampler": sampler,
+            "step": self.step,
+            "version": self.version,
+            "next_group_id": self.next_group_id,
+            "next_sample_id": self.next_sample_id,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (call before starting)."""
+        if self._tasks:
+            raise RuntimeError("load_state_dict must be called before the engine starts")
+        self.prompts.sampler.load_state_dict(state["sampler"])
+        self.prompts.reset()
+        self.step = int(state["step"])
+        self.version = int(state["version"])
+        self.next_group_id = int(state["next_group_id"])
+        self.next_sample_id = int(state["next_sample_id"])
+
+    # ----------------------------------------------------------------- dispatch
+    def _should_pause(self) -> bool:
+        return self.step - self.version > self.settings.max_async_rollout
+
+    def _pick_server(self) -> tuple[str, list[int] | None] | None:
+        n = len(self.servers)
+        G = self.settings.group_size
+        for k in range(n):
+            url = self.servers[(self._rr + k) % n]
+            if url in self.down:
+                continue
+            pool = self.lanes[url]
+            if self.settings.enable_individual_sample_lanes:
+                if pool.unclaimed >= 1:
+                    self._rr = (self._rr + k + 1) % n
+                    return url, None
+            else:
+                lanes = pool.try_acquire(G)
+                if lanes is not None:
+                    self._rr = (self._rr + k + 1) % n
+                    return url, lanes
+        return None
+
+    async def _dispatch_loop(self) -> None:
+        try:
+            dispatched = 0
+            while True:
+                self._wake.clear()
+                if len(self.down) == len(self.servers):
+                    raise RolloutError(
+                        "every inference server is unreachable: "
+                        + "; ".join(f"{u}: {e}" for u, e in self.down.items())
+                        + ". Check the server logs in the run directory (logs/) and restart them."
+                    )
+                if self._should_pause():
+                    if not self.paused:
+                        self.paused = True
+                        self._paused_since = self.clock()
+                        self._stats["pauses"] += 1
+                        log.debug("rollout_paused_max_async", step=self.step, version=self.version)
+                    await self._wake.wait()
+                    continue
+                if self.paused:
+                    self.paused = False
+                    if self._paused_since is not None:
+                        self._stats["paused_s"] += self.clock() - self._paused_since
+                    self._paused_since = None
+                    log.debug("rollout_resumed_max_async", step=self.step, version=self.version)
+                picked = self._pick_server()
+                if picked is None:
+                    await self._wake.wait()
+                    continue
+                url, lanes = picked
+                self._start_group(url, self.prompts.take(), lanes)
+                dispatched += 1
+                if dispatched % len(self.servers) == 0:
+                    await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            err = exc if isinstance(exc, RolloutError) else RolloutError(f"rollout dispatch failed: {exc!r}")
+            if err is not exc:
+                err.__cause__ = exc
+            log.error("rollout_failed", error=str(err))
+            self._batches.put_nowait(err)
+
+    def _start_group(self, url: str, prompt: PreparedPrompt, lanes: list[int] | None) -> None:
+        group = _GroupRun(self.next_group_id, prompt, url, lanes=lanes)
+        self.next_group_id += 1
+        self._groups[group.group_id] = group
+        for i in range(self.settings.group_size):
+            out = ScoredSample(
+                group_id=group.group_id,
+                sample_id=self.next_sample_id,
+                env_name=prompt.env_name,
+                prompt_ids=prompt.ids,
+                prompt_text=prompt.text,
+                server=url,
+            )
+            self.next_sample_id += 1
+            run = _SampleRun(out)
+            group.runs.append(run)
+            lane = lanes[i] if lanes is not None else None
+            group.tasks.append(asyncio.create_task(self._run_sample(group, run, lane)))
+
+    async def _run_sample(self, group: _GroupRun, run: _SampleRun, lane: int | None) -> None:
+        pool = self.lanes[group.server]
+        individual = self.settings.enable_individual_sample_lanes
+        out = run.out
+        held: int | None = None
+        t_queued = self.clock()
+        try:
+            if individual:
+                held = await pool.acquire()
+                out.lane = held
+            else:
+                out.lane = lane if lane is not None else -1
+            run.started = run.generating = True
+            out.version_start = self.version
+            t0 = self.clock()
+            out.timings["queue_s"] = t0 - t_queued
+
+            def on_generated() -> None:
+                nonlocal held
+                run.generating = False
+                out.version_end = self.version
+                out.timings["generation_s"] = self.clock() - t0
+                if held is not None and self.settings.free_lane_after_generation:
+                    pool.release(held)
+                    held = None
+                    self._wake.set()
+
+            env = self.environments[group.prompt.env_name]
+            eos = self.eos_token or env.eos_token
+            try:
+                if env.is_multi_turn:
+                    await run_multi_turn(
+                        env, group.prompt, out, client=self.client, settings=self.settings,
+                        prompts=self.prompts, eos_token=eos, on_generated=on_generated,
+                    )  # fmt: skip
+                else:
+                    await run_single_turn(
+                        env, group.prompt, out, client=self.client, settings=self.settings,
+                        eos_token=eos, on_generated=on_generated,
+                    )  # fmt: skip
+            except SampleError as exc:
+                out.error, out.error_detail = exc.kind, exc.detail
+            except ServerUnavailableError as exc:
+                out.error, out.error_detail = "rollout_error", str(exc)
+                if group.server not in self.down:
+                    log.error("inference_server_unreachable", server=group.server, error=str(exc))
+                    self.down[group.server] = str(exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                out.error, out.error_detail = "rollout_error", f"{type(exc).__name__}: {exc}"
+            if run.generating:
+                run.generating = False
+                out.version_end = self.version
+            out.timings["reward_s"] = self.clock() - t0 - out.timings.get("generation_s", 0.0)
+        finally:
+            if held is not None:
+                pool.release(held)
+                self._wake.set()
+            run.generating = False
+            run.done = True
+        self._sample_done(group)
+
+    # ----------------------------------------------------------------- acceptance
+    def _scored_group(self, group: _GroupRun) -> ScoredGroup:
+        samples = [r.out for r in group.runs]
+        started = [s.version_start for r, s in zip(group.runs, samples, strict=True) if r.started]
+        v0 = min(started) if started else self.version
+        return ScoredGroup(
+            group_id=group.group_id,
+            env_name=group.prompt.env_name,
+            samples=samples,
+            prompt_text=group.prompt.text,
+            sample_index=group.prompt.index,
+            server=group.server,
+            version_start=v0,
+            staleness=self.step - v0,
+        )
+
+    def _release_group_lanes(self, group: _GroupRun) -> None:
+        if group.lanes is not None:
+            for lane in group.lanes:
+                self.lanes[group.server].release(lane)
+            group.lanes = None
+            self._wake.set()
+
+    def _drop(self, sg: ScoredGroup, reason: str, cancelled: bool = False) -> None:
+        dropped = DroppedGroup(sg, reason, self.step, self.version)
+        (self._cancelled if cancelled else self._discarded).append(dropped)
+        self._stats[f"{'cancelled' if cancelled else 'discarded'}_{reason}"] += 1
+        log.debug("rollout_dropped", group_id=sg.group_id, reason=reason, cancelled=cancelled)
+
+    def _cancel_group(self, group: _GroupRun, reason: str) -> None:
+        group.cancelled = True
+        self.cancelled_groups += 1
+        self._groups.pop(group.group_id, None)
+        for t in group.tasks:
+            t.cancel()
+        for r in group.runs:
+            if not r.done:
+                r.out.error = "cancelled"
+        self._release_group_lanes(group)
+        self._drop(self._scored_group(group), reason, cancelled=True)
+
+    def _sample_done(self, group: _GroupRun) -> None:
+        if group.cancelled:
+            return
+        group.finished += 1
+        if group.finished < len(group.runs):
+            return
+        self._groups.pop(group.group_id, None)
+        self._release_group_lanes(group)
+        sg = self._scored_group(group)
+        errors = [s.error for s in sg.samples if s.error]
+        if errors:
+            self._drop(sg, errors[0])
+            self._wake.set()
+            return
+        s = self.settings
+        if s.overlong_penalty_factor > 0:
+            for sample in sg.samples:
+                sample.reward += overlong_penalty(
+                    sample.num_model_tokens, max_tokens=s.max_tokens,
+                    buffer=s.overlong_buffer_tokens, factor=s.overlong_penalty_factor,
+                )  # fmt: skip
+        advantages = self.advantage_fn(sg.rewards)
+        for sample, a in zip(sg.samples, advantages, strict=True):
+            sample.advantage = float(a)
+        if sg.staleness > s.max_async_rollout:
+            self._drop(sg, "max_async")
+        elif s.discard_group_zero_advantage and is_zero_advantage(advantages):
+            self._drop(sg, "zero_advantage")
+        else:
+            self._bucket.append(sg)
+            if len(self._bucket) >= s.prompts_batch_size_for_trainer:
+                self._assemble()
+        self._wake.set()
+
+    def _assemble(self) -> None:
+        n = self.settings.prompts_batch_size_for_trainer
+        groups, self._bucket = self._bucket[:n], self._bucket[n:]
+        now = self.clock()
+        if self._paused_since is not None:
+            self._stats["paused_s"] += now - self._paused_since
+            self._paused_since = now
+        batch = RolloutBatch(self.step, groups, self._discarded, self._cancelled)
+        batch.metrics = self._metrics(batch, now)
+        self._discarded, self._cancelled = [], []
+        self.step += 1
+        self._last_batch_t = now
+        self._stats.clear()
+        self._batches.put_nowait(batch)
+
+    def _metrics(self, batch: RolloutBatch, now: float) -> dict[str, float]:
+        samples = batch.samples
+        n = max(len(samples), 1)
+        m: dict[str, float] = {
+            "rollout/async_level": float(batch.step - self.version),
+            "rollout/weight_version": float(self.version),
+            "rollout/groups_kept": float(len(batch.groups)),
+            "rollout/groups_discarded": float(len(batch.discarded)),
+            "rollout/groups_cancelled": float(len(batch.cancelled)),
+            "rollout/samples": float(len(samples)),
+            "rollout/prompt_tokens": float(sum(len(s.prompt_ids) for s in samples)),
+            "rollout/completion_tokens": float(sum(s.num_model_tokens for s in samples)),
+            "rollout/reward_mean": sum(s.reward for s in samples) / n,
+            "rollout/off_policy_steps_mean": sum(s.off_policy_steps for s in samples) / n,
+            "rollout/staleness_mean": sum(g.staleness for g in batch.groups) / max(len(batch.groups), 1),
+            "rollout/staleness_max": float(max((g.staleness for g in batch.groups), default=0)),
+            "rollout/truncated_frac": sum(s.is_truncated for s in samples) / n,
+            "rollout/batch_time_s": now - self._last_batch_t,
+            "rollout/paused_s": float(self._stats.get("paused_s", 0.0)),
+            "rollout/pauses": float(self._stats.get("pauses", 0)),
+            "rollout/groups_in_flight": float(len(self._groups)),
+            "rollout/lanes_busy": float(sum(p.busy for p in self.lanes.values())),
+        }
+        for key, value in self._stats.items():
+            if key.startswith(("discarded_", "cancelled_")):
+                m[f"rollout/{key}"] = float(value)
+        return m

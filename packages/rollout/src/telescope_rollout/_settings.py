@@ -1,0 +1,108 @@
+"""The rollout engine's settings: a small frozen dataclass of the config fields it reads.
+
+``EngineSettings.from_config(config)`` picks them from a ``TelescopeConfig`` (or a
+``ResolvedConfig``); programs that embed the engine without Telescope's config build it by hand.
+Every field keeps the config's name, unit and default (see telescope_config's defaults.yaml).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+def _config_object(config: Any) -> Any:
+    """A ``TelescopeConfig`` from itself or from a ``ResolvedConfig`` (which wraps it)."""
+    return getattr(config, "config", config)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the rollout engine needs to schedule, sample and accept groups."""
+
+    group_size: int = 8
+    """Completions sampled per prompt."""
+    prompts_batch_size_for_trainer: int = 16
+    """Kept groups per training batch."""
+    max_concurrent_prompts_per_server: int = 32
+    """Groups in flight per server; a server has this times group_size lane slots."""
+    enable_individual_sample_lanes: bool = True
+    """One lane slot per sample (True) or a group takes group_size slots at once (False)."""
+    free_lane_after_generation: bool = True
+    """Release a sample's slot when generation ends, before the reward (individual lanes only)."""
+    max_async_rollout: int = 2
+    """Batches the rollout may run ahead of the live weights; 0 is synchronous."""
+    max_off_policy_steps: int = 8
+    """Cancel a group once an in-flight sample saw more weight updates than this; < 0 never."""
+    discard_group_zero_advantage: bool = True
+    """Drop groups whose advantages are all equal (no learning signal)."""
+    enable_prompt_prefetch: bool = True
+    """Format and tokenize prompts in the background."""
+    prompt_prefetch_buffer_size: int = 24
+    """Prompts kept ready by the prefetcher; 0 disables the buffer."""
+    temperature: float = 1.0
+    top_p: float | None = None
+    top_k: int | None = None
+    extra_sampling: dict[str, Any] | None = None
+    """More /v1/completions fields (e.g. ``{"ignore_eos": True}``), sent with every request."""
+    max_tokens: int = 3700
+    """Most tokens per request (per turn in multi-turn environments)."""
+    max_model_len: int = 4096
+    """Context length of the servers; max_tokens is shortened so prompt + completion fits."""
+    algorithm: str = "grpo"
+    advantage_norm: str = "group"
+    overlong_penalty_factor: float = 0.0
+    overlong_buffer_tokens: int = 256
+    scheduling_policy: str = "priority"
+    """vLLM's policy; with "priority" later turns of multi-turn episodes are served first."""
+    enable_thinking: bool | None = None
+    """Passed to the chat template when not None."""
+    eos_token: str | None = None
+    """Trailing text stripped by reward functions; None uses each environment's own."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.group_size >= 1, "group_size must be >= 1"),
+            (self.prompts_batch_size_for_trainer >= 1, "prompts_batch_size_for_trainer must be >= 1"),
+            (self.max_concurrent_prompts_per_server >= 1, "max_concurrent_prompts_per_server must be >= 1"),
+            (self.max_async_rollout >= 0, "max_async_rollout must be >= 0"),
+            (self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (self.max_model_len >= 2, "max_model_len must be >= 2"),
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (self.prompt_prefetch_buffer_size >= 0, "prompt_prefetch_buffer_size must be >= 0"),
+            (
+                not self.free_lane_after_generation or self.enable_individual_sample_lanes,
+                "free_lane_after_generation needs enable_individual_sample_lanes: true "
+                "(or set free_lane_after_generation: false)",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"EngineSettings: {message}")
+
+    @property
+    def lanes_per_server(self) -> int:
+        return self.max_concurrent_prompts_per_server * self.group_size
+
+    @classmethod
+    def from_config(cls, config: Any, **overrides: Any) -> EngineSettings:
+        """Settings from a ``TelescopeConfig``/``ResolvedConfig``; ``overrides`` win."""
+        cfg = _config_object(config)
+        values: dict[str, Any] = {}
+        renamed = {"scheduling_policy": "vllm_scheduling_policy"}
+        for f in fields(cls):
+            name = renamed.get(f.name, f.name)
+            if hasattr(cfg, name):
+                values[f.name] = getattr(cfg, name)
+        values.update(overrides)
+        return cls(**values)
+
+    def sampling_params(self) -> dict[str, Any]:
+        """The sampling part of a /v1/completions body."""
+        params: dict[str, Any] = {"temperature": self.temperature}
+        if self.top_p is not None:
+            params["top_p"] = self.top_p
+        if self.top_k is not None:
+            params["top_k"] = self.top_k
+        params.update(self.extra_sampling or {})
+        return params
