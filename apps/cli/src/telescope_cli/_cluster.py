@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,11 +38,38 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@contextlib.contextmanager
+def _output_to(path: Any):
+    """Point file descriptors 1 and 2 at ``path`` (children started meanwhile inherit it)."""
+    if path is None:
+        yield
+        return
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as fh:
+        os.dup2(fh.fileno(), 1)
+        os.dup2(fh.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
 @dataclass
 class Cluster:
     """The Ray side of a run: placement groups and actor handles; ``close()`` stops everything."""
 
     config: Any
+    log_path: Any = None
+    """File that receives the output of a locally started Ray (its daemons keep writing there)."""
     started_ray: bool = False
     gpu: bool = False
     server_actors: list[Any] = field(default_factory=list)
@@ -83,7 +111,8 @@ class Cluster:
         cpus = max(os.cpu_count() or 1, int(need + 1))
         if need + 1 > (os.cpu_count() or 1):
             log.info("more CPUs reserved than this machine has; they will share cores", reserved=need)
-        ray.init(num_cpus=cpus, include_dashboard=False, **common)
+        with _output_to(self.log_path):  # Ray's own notices go to the run's log, not the console
+            ray.init(num_cpus=cpus, include_dashboard=False, **common)
         self.started_ray = True
         log.info("started a local Ray", cpus=cpus)
 
@@ -166,8 +195,6 @@ class Cluster:
 
     def close(self) -> None:
         """Stop trainers first (a collective may hang), then servers, then Ray if we started it."""
-        import contextlib
-
         import ray
 
         if not ray.is_initialized():

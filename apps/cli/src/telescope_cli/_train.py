@@ -102,7 +102,7 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
     console = Console(cfg.number_of_steps, enabled=not quiet)
     console.info(f"run directory: {run.path}")
     _sigterm_to_interrupt()
-    cluster = Cluster(cfg)
+    cluster = Cluster(cfg, log_path=run.path / "logs" / "ray.log")
     wandb_run = None
     try:
         with console.phase("model"):
@@ -154,32 +154,50 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
 
 def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, console: Any):
     """Place the vLLM servers and the trainer ranks, start them concurrently, wait for both."""
+    import dataclasses
+
     import ray
 
-    from telescope_rollout import ServerSettings, server_command, wait_healthy
+    from telescope_rollout import ServerSettings, ServerStartError
 
     cfg = resolved.config
     count = cfg.inference_num_workers // cfg.inference_tensor_parallel_size
-    settings = ServerSettings.from_config(cfg)
     device = "cuda" if cluster.gpu else "cpu"
-    ports = [cfg.inference_base_port + i for i in range(count)]
-    logs = [str(run.path / "logs" / "inference" / f"server_{i}.log") for i in range(count)]
-    launches = []
-    for port, log_path in zip(ports, logs, strict=True):
-        cmd, env = server_command(
-            settings, model=model_path, port=port, extension_cls=WEIGHTSYNC_EXTENSION, device=device
+    settings = dataclasses.asdict(
+        ServerSettings.from_config(
+            cfg, model=model_path, device=device, seed=cfg.seed, host=cfg.inference_host
         )
-        launches.append({"cmd": cmd, "env": env, "log_path": log_path})
+    )
+    settings["extra_args"] = tuple(settings["extra_args"])
+    launches = [
+        {
+            "settings": settings,
+            "port": cfg.inference_base_port + i,
+            "log_path": str(run.path / "logs" / "inference" / f"server_{i}.log"),
+            "extension_cls": WEIGHTSYNC_EXTENSION,
+        }
+        for i in range(count)
+    ]
     with console.phase(f"{count} vLLM server(s) and {cfg.trainer_num_workers} trainer rank(s)"):
-        actors = cluster.place_servers(launches)
-        ray.get([a.start.remote() for a in actors])
-        trainers = cluster.place_trainers(resolved.to_dict(), model_path, str(run.path / "logs" / "trainer"))
-        setup_refs = [a.setup.remote() for a in trainers]  # loads the model while vLLM boots
-        ips = ray.get([a.node_ip.remote() for a in actors])
-        urls = [f"http://{ip}:{port}" for ip, port in zip(ips, ports, strict=True)]
-        wait_healthy(urls, timeout_s=cfg.ray_placement_timeout_s, logs=logs)
-        infos = ray.get(setup_refs)
-    return [{"url": u, "log": lg} for u, lg in zip(urls, logs, strict=True)], trainers, infos
+        try:
+            actors = cluster.place_servers(launches)
+            urls = ray.get([a.start.remote() for a in actors])
+            trainers = cluster.place_trainers(
+                resolved.to_dict(), model_path, str(run.path / "logs" / "trainer")
+            )
+            setup_refs = [a.setup.remote() for a in trainers]  # loads the model while vLLM boots
+            ray.get([a.wait_healthy.remote(float(cfg.ray_placement_timeout_s)) for a in actors])
+            infos = ray.get(setup_refs)
+        except ray.exceptions.RayTaskError as err:
+            cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
+            if isinstance(cause, ServerStartError):
+                raise TrainError(str(cause)) from None
+            raise TrainError(f"a worker failed to start: {cause}") from cause
+    return (
+        [{"url": u, "log": launch["log_path"]} for u, launch in zip(urls, launches, strict=True)],
+        trainers,
+        infos,
+    )
 
 
 def _resume(cfg: Any, root: Path, trainers: list[Any], engine: Any, run: RunDir) -> int:

@@ -37,6 +37,7 @@ from telescope_rollout._servers import (
     ServerStartError,
     classify_failure,
     launch_server,
+    port_in_use,
     server_command,
     start_servers,
 )
@@ -122,6 +123,7 @@ __all__ = [
     "launch_server",
     "list_environments",
     "parse_tool_calls",
+    "port_in_use",
     "server_command",
     "start_servers",
     "strip_think_tags",

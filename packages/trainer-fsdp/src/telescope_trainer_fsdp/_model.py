@@ -1,0 +1,92 @@
+"""Load a Hugging Face causal LM and shard it with FSDP2 (spec §1.8, FSDP backend).
+
+* ``AutoModelForCausalLM`` in ``model_dtype``, ``use_cache`` off, gradient checkpointing
+  (non-reentrant) on by default.
+* Attention: ``flash_attention_2`` when flash-attn is importable on a GPU, else SDPA. Packed rows are
+  exact with both: the forward passes ``position_ids`` (restarting at 0 per sample) and no
+  ``attention_mask``, so flash-attn runs its varlen kernel and transformers' mask builder (for SDPA
+  and eager) detects the packed layout and adds a segment mask; samples sharing a row never attend
+  to each other. (The original fell back to SDPA without isolation: spec §1.8 FRAGILE.)
+* ``fully_shard`` on every module whose class is in ``_no_split_modules`` (the decoder layers), on
+  untied input embeddings, then on the root; ``MixedPrecisionPolicy(param_dtype=mixed_precision_dtype,
+  reduce_dtype=float32)``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import structlog
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+__all__ = ["DTYPES", "attention_implementation", "load_sharded_model", "torch_dtype"]
+
+_log = structlog.get_logger()
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` → ``torch.bfloat16``; a clear error for anything else."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}") from None
+
+
+def attention_implementation(device: torch.device, requested: str | None = None) -> str:
+    """The attention kernel: ``requested`` if given, else flash-attn on CUDA when installed, else SDPA."""
+    if requested is not None:
+        return requested
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_sharded_model(
+    model_path: str,
+    *,
+    device: torch.device,
+    model_dtype: str,
+    mixed_precision_dtype: str | None,
+    gradient_checkpointing: bool = True,
+    attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
+) -> torch.nn.Module:
+    """Load ``model_path`` on ``device`` and return it wrapped by FSDP2 (collective: every rank calls it)."""
+    from transformers import AutoModelForCausalLM
+
+    attn = attention_implementation(device, attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path,
+        dtype=torch_dtype(model_dtype),
+        attn_implementation=attn,
+        trust_remote_code=trust_remote_code,
+    )
+    model.config.use_cache = False
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device)
+    if mixed_precision_dtype is None:
+        mp = MixedPrecisionPolicy()
+    else:
+        mp = MixedPrecisionPolicy(param_dtype=torch_dtype(mixed_precision_dtype), reduce_dtype=torch.float32)
+    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    units = [
+        m
+        for m in model.modules()
+        if type(m).__name__ in layer_classes or (isinstance(m, torch.nn.Embedding) and not tied)
+    ]
+    if not any(type(m).__name__ in layer_classes for m in units):
+        raise ValueError(
+            f"{type(model).__name__} names no decoder-layer class in _no_split_modules "
+            f"({sorted(layer_classes) or 'none'}): cannot shard it per layer"
+        )
+    for module in units:
+        fully_shard(module, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    model.train()  # from_pretrained returns eval mode; checkpointing only acts in training mode
+    _log.debug("model sharded", model=model_path, attention=attn, units=len(units), tied=tied)
+    return model

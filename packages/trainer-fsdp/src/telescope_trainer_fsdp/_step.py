@@ -1,0 +1,122 @@
+"""The pieces of one train step: config → loss options, minibatch groups, step-wide counts, forward.
+
+Normalisation: every optimizer update divides its loss by the loss-token count of *its whole
+minibatch group*: every micro-batch of the group on every rank (one collective before the
+micro-batch loop). Summing the micro-batch losses over ranks therefore gives the group's token
+mean, whatever the packing, the split into micro-batches or the number of ranks; dummy micro-batches
+(no loss tokens) change nothing. FSDP averages gradients over ranks, so each rank backpropagates
+``loss · dp_world_size``. (The original averaged per-micro-batch means: spec §12 item 15.)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from telescope_algos import MicroBatch, compute_loss, token_logprobs_and_entropy
+
+__all__ = [
+    "StepCounts",
+    "forward_logprobs",
+    "gather_step_counts",
+    "loss_options",
+    "minibatch_groups",
+    "needs_old_logprobs",
+]
+
+# compute_loss keywords that are data, not config fields.
+_DATA_KEYWORDS = {
+    "advantages",
+    "loss_mask",
+    "rollout_logprobs",
+    "old_logprobs",
+    "entropy",
+    "position_ids",
+    "segment_ids",
+    "num_tokens",
+    "num_samples",
+    "max_len",
+}
+_RATIO_ALGORITHMS = ("cispo", "gspo", "sapo")
+
+
+def loss_options(config: object) -> dict[str, object]:
+    """Every keyword of ``compute_loss`` that names a config field, with the config's value."""
+    names = [
+        p.name
+        for p in inspect.signature(compute_loss).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _DATA_KEYWORDS
+    ]
+    missing = [n for n in names if not hasattr(config, n)]
+    if missing:
+        raise ValueError(
+            f"the config lacks loss fields {missing}: telescope-config and telescope-algos disagree"
+        )
+    return {n: getattr(config, n) for n in names}
+
+
+def needs_old_logprobs(config: object) -> bool:
+    """True when the step starts with a no-grad pass for π_old (``ppo_clip_ref_logprobs: batch``)."""
+    wants_ratio = bool(config.use_ppo_clip) or config.algorithm in _RATIO_ALGORITHMS
+    return config.ppo_clip_ref_logprobs == "batch" and wants_ratio
+
+
+def minibatch_groups(count: int, number_of_minibatches: int) -> list[list[int]]:
+    """Indices of ``count`` micro-batches dealt round-robin (``i mod n``) into at most n non-empty groups."""
+    if number_of_minibatches < 1:
+        raise ValueError(f"number_of_minibatches must be >= 1, got {number_of_minibatches}")
+    groups = [list(range(g, count, number_of_minibatches)) for g in range(number_of_minibatches)]
+    return [g for g in groups if g]
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """Step-wide totals over all ranks, per minibatch group."""
+
+    tokens: list[int]
+    samples: list[int]
+
+
+def gather_step_counts(
+    micro_batches: Sequence[MicroBatch], groups: list[list[int]], *, device: torch.device
+) -> StepCounts:
+    """One all-gather: check every rank holds as many micro-batches, and total tokens/samples per group."""
+    local = [len(micro_batches)]
+    local += [sum(micro_batches[i].num_tokens for i in g) for g in groups]
+    local += [sum(micro_batches[i].num_samples for i in g) for g in groups]
+    t = torch.tensor(local, dtype=torch.int64, device=device)
+    world = dist.get_world_size()
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t)
+    table = torch.stack(parts).cpu()
+    counts = table[:, 0].tolist()
+    if len(set(counts)) != 1:
+        raise ValueError(
+            f"ranks hold different numbers of micro-batches {counts}; every rank must get "
+            "pack_samples(..., num_ranks=dp_world_size)[dp_rank] of the same step"
+        )
+    n = len(groups)
+    totals = table.sum(dim=0).tolist()
+    return StepCounts(tokens=totals[1 : 1 + n], samples=totals[1 + n : 1 + 2 * n])
+
+
+def forward_logprobs(
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    *,
+    device: torch.device,
+    temperature: float,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``(logprobs, entropy)`` of a micro-batch, aligned with ``input_ids`` (algos layout).
+
+    ``position_ids`` go in and no attention mask: the attention isolates packed samples (``_model``).
+    """
+    input_ids = mb.input_ids.to(device, non_blocking=True)
+    position_ids = mb.position_ids.to(device, non_blocking=True)
+    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+    return token_logprobs_and_entropy(logits, input_ids, temperature=temperature, chunk_size=chunk_size)

@@ -1,0 +1,343 @@
+"""``FSDPTrainer``: the FSDP2 implementation of ``telescope_algos.TrainerBackend`` (spec §1.8, §7).
+
+One train step (every rank, collectively):
+
+1. One all-gather of the micro-batch count and of the loss tokens / samples per minibatch group
+   (``_step``), so each update is the exact token mean of its group over all ranks.
+2. With ``ppo_clip_ref_logprobs: batch`` and a ratio-based loss, a no-grad pass stores π_old.
+3. Micro-batches are dealt round-robin into ``number_of_minibatches`` groups; per group:
+   ``zero_grad`` → forward/backward each micro-batch (gradient reduce-scatter only on the last) →
+   global grad norm, clipped to ``grad_clip`` (0: norm only) → AdamW step, **skipped** (and counted)
+   when the norm is not finite.
+4. The LR scheduler steps once; metrics are reduced over micro-batches and ranks (``_metrics``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import random
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from telescope_algos import MicroBatch, compute_loss
+from telescope_trainer_fsdp import _checkpoint as ck
+from telescope_trainer_fsdp import _export, _state, _step
+from telescope_trainer_fsdp._distributed import DistInfo, init_distributed
+from telescope_trainer_fsdp._metrics import StepMetrics
+from telescope_trainer_fsdp._model import load_sharded_model
+from telescope_trainer_fsdp._schedule import build_lr_scheduler
+
+__all__ = ["FSDPTrainer", "create_trainer"]
+
+_log = structlog.get_logger()
+
+
+def _grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Global L2 norm of the gradients (sharded DTensors are reduced over the mesh)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=None)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+class FSDPTrainer:
+    """A Hugging Face causal LM trained with FSDP2; build it with :func:`create_trainer`."""
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        model_path: str,
+        dist_info: DistInfo,
+        model: torch.nn.Module,
+    ) -> None:
+        self.config = config
+        self.model_path = model_path
+        self._dist = dist_info
+        self.rank = dist_info.rank
+        self.world_size = dist_info.world_size
+        self.dp_rank = dist_info.rank
+        self.dp_world_size = dist_info.world_size
+        self.device = dist_info.device
+        self.model = model
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self._params, lr=config.learning_rate, weight_decay=config.weight_decay
+        )
+        self.scheduler = build_lr_scheduler(
+            self.optimizer,
+            schedule=config.lr_scheduler,
+            warmup_steps=config.warmup_steps,
+            total_steps=config.number_of_steps,
+            min_lr_ratio=config.min_lr_ratio,
+        )
+        self._loss_options = _step.loss_options(config)
+        self._needs_old = _step.needs_old_logprobs(config)
+        self.skipped_steps_total = 0
+        self.steps_done = 0
+        self._closed = False
+
+    # -- protocol --------------------------------------------------------------------------------
+
+    @property
+    def is_broadcast_rank(self) -> bool:
+        return self.rank == 0
+
+    def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
+        """One optimizer step (per minibatch group) on this rank's micro-batches; see the module docstring."""
+        t_step = time.perf_counter()
+        cfg = self.config
+        mbs = list(micro_batches)
+        if not mbs:
+            raise ValueError(
+                "train_step got no micro-batches; pack at least one sample (pack_samples returns empty "
+                "lists only for an empty step)"
+            )
+        groups = _step.minibatch_groups(len(mbs), cfg.number_of_minibatches)
+        counts = _step.gather_step_counts(mbs, groups, device=self.device)
+        metrics = StepMetrics()
+        self.model.train()
+
+        old: list[torch.Tensor | None] = [None] * len(mbs)
+        if self._needs_old:
+            t0 = time.perf_counter()
+            self.model.eval()  # π_old without dropout, like the original
+            with torch.no_grad():
+                for i, mb in enumerate(mbs):
+                    old[i] = self._logprobs(mb)[0].detach()
+            self.model.train()
+            metrics.set_rank_mean("timing/old_logprobs", time.perf_counter() - t0)
+
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        t_fb = t_opt = 0.0
+        norms: list[float] = []
+        skipped = 0
+        for g, idx in enumerate(groups):
+            self.optimizer.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            for j, i in enumerate(idx):
+                mb = mbs[i]
+                self.model.set_requires_gradient_sync(j == len(idx) - 1)
+                logprobs, entropy = self._logprobs(mb)
+                loss, mb_metrics = compute_loss(
+                    logprobs,
+                    advantages=mb.advantages.to(self.device),
+                    loss_mask=mb.loss_mask.to(self.device),
+                    rollout_logprobs=mb.rollout_logprobs.to(self.device),
+                    old_logprobs=old[i],
+                    entropy=entropy,
+                    position_ids=mb.position_ids.to(self.device),
+                    num_tokens=counts.tokens[g],
+                    num_samples=counts.samples[g],
+                    max_len=cfg.max_tokens,
+                    **self._loss_options,
+                )
+                # FSDP averages gradients over ranks; the loss is already the rank's share of the sum.
+                (loss * self.dp_world_size).backward()
+                metrics.add_micro_batch(mb_metrics, input_tokens=mb.num_tokens)
+                metrics.add_sum(f"_group_loss/{g}", float(mb_metrics["loss"]))
+            t_fb += time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            norm = _grad_norm(self._params)
+            value = float(norm)
+            if math.isfinite(value):
+                if cfg.grad_clip > 0:
+                    torch.nn.utils.clip_grads_with_norm_(self._params, cfg.grad_clip, norm)
+                self.optimizer.step()
+            else:
+                skipped += 1
+                _log.warning("non-finite gradient norm: optimizer update skipped", step=step, norm=value)
+            self.optimizer.zero_grad(set_to_none=True)
+            norms.append(value)
+            t_opt += time.perf_counter() - t0
+        with warnings.catch_warnings():
+            # After a skipped update torch warns that the scheduler stepped before the optimizer.
+            warnings.filterwarnings(
+                "ignore", "Detected call of `lr_scheduler.step\\(\\)` before", UserWarning
+            )
+            self.scheduler.step()
+        self.skipped_steps_total += skipped
+        self.steps_done += 1
+
+        metrics.set_rank_mean("timing/forward_backward", t_fb)
+        metrics.set_rank_mean("timing/optimizer", t_opt)
+        metrics.set_rank_mean("timing/step", time.perf_counter() - t_step)
+        out = metrics.reduce(device=self.device)
+        group_losses = [out.pop(f"_group_loss/{g}") for g in range(len(groups))]
+        out["loss"] = sum(group_losses) / len(group_losses)
+        out["grad_norm"] = sum(norms) / len(norms)
+        out["learning_rate"] = lr
+        out["num_tokens"] = float(sum(counts.tokens))
+        out["num_samples"] = float(sum(counts.samples))
+        out["skipped_steps"] = float(skipped)
+        out["skipped_steps_total"] = float(self.skipped_steps_total)
+        if self.device.type == "cuda":
+            out["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 1024**3
+        return out
+
+    def hf_weights(self, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The model in Hugging Face names, one gathered parameter at a time (every rank must exhaust it)."""
+        return _export.iter_hf_weights(self.model, dtype=dtype)
+
+    def save_checkpoint(
+        self, directory: str | Path, *, step: int, extra_state: Mapping[str, Any] | None = None
+    ) -> Path:
+        """Write ``<directory>/step_<step>`` atomically, then apply the retention rules of the config."""
+        cfg = self.config
+        path = _state.save_state(
+            directory,
+            step=step,
+            model=self.model,
+            optimizer=self.optimizer,
+            trainer_state={
+                "scheduler": self.scheduler.state_dict(),
+                "skipped_steps_total": self.skipped_steps_total,
+                "steps_done": self.steps_done,
+            },
+            meta={
+                "backend": "fsdp",
+                "base_model": cfg.model,
+                "model_path": str(self.model_path),
+                "model_dtype": cfg.model_dtype,
+                "config_sha256": hashlib.sha256(cfg.model_dump_json().encode()).hexdigest(),
+            },
+            extra_state=extra_state,
+            training_state=cfg.checkpoint_save_training_state,
+            write_hf_meta=self._write_hf_meta,
+        )
+        if self.rank == 0:
+            deleted = ck.prune_checkpoints(
+                directory,
+                current=step,
+                keep_last=cfg.checkpoint_keep_last,
+                keep_every=cfg.checkpoint_keep_every,
+            )
+            if deleted:
+                _log.info("old checkpoints deleted", paths=[str(p) for p in deleted])
+        dist.barrier()
+        return path
+
+    def load_checkpoint(self, directory: str | Path, *, weights_only: bool = False) -> dict[str, Any]:
+        """Restore a ``step_<N>`` dir (or the latest under a root); return the saved ``extra_state``.
+
+        ``weights_only`` (or a weights-only checkpoint) restores the model alone; optimizer, scheduler,
+        RNG and counters keep their current values.
+        """
+        path = ck.resolve_checkpoint(directory)
+        meta, trainer_state = _state.load_state(
+            path, model=self.model, optimizer=self.optimizer, weights_only=weights_only
+        )
+        if trainer_state is not None:
+            self.scheduler.load_state_dict(trainer_state["scheduler"])
+            self.skipped_steps_total = int(trainer_state["skipped_steps_total"])
+            self.steps_done = int(trainer_state["steps_done"])
+        elif not weights_only:
+            _log.warning("weights-only checkpoint: optimizer, scheduler and RNG not restored", path=str(path))
+        return dict(meta.get("extra_state") or {})
+
+    def close(self) -> None:
+        """Drop the model and optimizer; destroy the process group if this trainer created it."""
+        if self._closed:
+            return
+        self._closed = True
+        self.model = None  # type: ignore[assignment]
+        self.optimizer = None  # type: ignore[assignment]
+        self._params = []
+        if self._dist.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _logprobs(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return _step.forward_logprobs(
+            self.model,
+            mb,
+            device=self.device,
+            temperature=self.config.temperature,
+            chunk_size=self.config.entropy_chunk_size,
+        )
+
+    def _write_hf_meta(self, out: Path) -> None:
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        out.mkdir(parents=True, exist_ok=True)
+        AutoConfig.from_pretrained(self.model_path).save_pretrained(out)
+        with contextlib.suppress(OSError):  # models without a generation config
+            GenerationConfig.from_pretrained(self.model_path).save_pretrained(out)
+        try:
+            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(out)
+        except (OSError, ValueError) as exc:
+            _log.warning("no tokenizer saved with the checkpoint", model=self.model_path, error=str(exc))
+
+
+def create_trainer(
+    config: Any,
+    *,
+    model_path: str | None = None,
+    device: str | torch.device | None = None,
+    gradient_checkpointing: bool = True,
+    attn_implementation: str | None = None,
+    seed: int | None = 0,
+    trust_remote_code: bool = False,
+    dist_timeout_s: float = 1800.0,
+) -> FSDPTrainer:
+    """Build the FSDP2 trainer from a ``TelescopeConfig`` (collective: every rank calls it).
+
+    Args:
+        config: the run's ``TelescopeConfig``.
+        model_path: overrides ``config.model`` (e.g. a local folder).
+        device: ``"cpu"`` or ``"cuda"``; default CUDA when available.
+        gradient_checkpointing: recompute activations in backward (the original always does).
+        attn_implementation: force a transformers attention implementation (default: flash-attn on GPU
+            when installed, else SDPA; both isolate packed samples).
+        seed: seeds Python, NumPy and torch on every rank before the model loads; None leaves them.
+        trust_remote_code: passed to transformers.
+        dist_timeout_s: collective timeout when this call creates the process group.
+    """
+    if config.fsdp_context_parallel_size > 1:
+        raise NotImplementedError(
+            f"fsdp_context_parallel_size={config.fsdp_context_parallel_size}: ring-attention context "
+            "parallelism needs CUDA GPUs with flash-attn and ring-flash-attn and is not implemented in "
+            "telescope-trainer-fsdp yet; set fsdp_context_parallel_size: 1"
+        )
+    info = init_distributed(device=device, timeout_s=dist_timeout_s)
+    try:
+        if info.world_size != config.trainer_num_workers:
+            raise ValueError(
+                f"trainer_num_workers is {config.trainer_num_workers} but the torch.distributed world has "
+                f"{info.world_size} ranks; start that many trainer processes or set trainer_num_workers: "
+                f"{info.world_size}"
+            )
+        if seed is not None:
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+        path = model_path or config.model
+        model = load_sharded_model(
+            path,
+            device=info.device,
+            model_dtype=config.model_dtype,
+            mixed_precision_dtype=config.mixed_precision_dtype,
+            gradient_checkpointing=gradient_checkpointing,
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+        )
+    except BaseException:
+        if info.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+    _log.debug("fsdp trainer ready", model=path, rank=info.rank, world_size=info.world_size)
+    return FSDPTrainer(config, model_path=path, dist_info=info, model=model)

@@ -1,0 +1,160 @@
+"""The small CUDA-to-CPU redirection megatron-core needs to run on a machine without CUDA.
+
+megatron-core 0.16 asks ``torch.cuda`` for the current device (rotary embeddings, attention,
+gradient buffers) and for RNG states (``model_parallel_cuda_manual_seed``, activation
+recomputation). On a CPU-only machine those calls raise. :func:`install_cpu_shim` points them at
+the CPU: ``torch.cuda.current_device`` answers ``"cpu"`` (a valid ``device=`` argument),
+``torch.cuda.get_rng_state`` / ``set_rng_state`` and megatron's ``_get_cuda_rng_state`` /
+``_set_cuda_rng_state`` use the CPU generator, and the optimizer modules that create small
+tensors with a literal ``device="cuda"`` (loss scale, overflow flag, grad-norm buffers) see a
+``torch`` whose ``tensor``/``zeros``/``ones``/``empty`` put ``"cuda"`` tensors on the CPU instead.
+Nothing is touched where CUDA is available, so
+the same code path runs unchanged on GPUs. :func:`uninstall_cpu_shim` restores every original
+(tests use it). Megatron's optimizer also checks ``param.type() == "torch.cuda.FloatTensor"``
+when it is built and when it clips; :func:`cuda_type_names` is a context manager, wrapped around
+exactly those calls, in which ``Tensor.type()`` reports CPU tensors under their CUDA names. The
+shim also lists the fusions that need CUDA kernels (:data:`CPU_UNFUSED`):
+the trainer turns them off in the ``TransformerConfig`` when the shim is active.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["CPU_UNFUSED", "cpu_shim_active", "cuda_type_names", "install_cpu_shim", "uninstall_cpu_shim"]
+
+CPU_UNFUSED: dict[str, bool] = {
+    "bias_activation_fusion": False,
+    "masked_softmax_fusion": False,
+    "bias_dropout_fusion": False,
+    "gradient_accumulation_fusion": False,
+    "persist_layer_norm": False,
+    "apply_rope_fusion": False,
+}
+"""TransformerConfig fields that select CUDA-only fused kernels, with their CPU values."""
+
+_saved: list[tuple[Any, str, Any]] = []
+_CUDA_LITERAL_MODULES = (
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.optimizer.grad_scaler",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.pipeline_parallel.p2p_communication",
+    "megatron.core.transformer.utils",
+    "megatron.core.utils",
+)
+
+
+def _on_cpu(device: Any) -> Any:
+    if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda"):
+        return "cpu"
+    return device
+
+
+def _cpu_factory(fn: Any) -> Any:
+    def make(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        return fn(*args, device=_on_cpu(device), **kwargs)
+
+    return make
+
+
+class _CpuDeviceTorch(types.ModuleType):
+    """``torch`` as seen by one megatron module: tensor factories map ``device="cuda"`` to the CPU."""
+
+    tensor = staticmethod(_cpu_factory(torch.tensor))
+    zeros = staticmethod(_cpu_factory(torch.zeros))
+    ones = staticmethod(_cpu_factory(torch.ones))
+    empty = staticmethod(_cpu_factory(torch.empty))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+def _cpu_current_device() -> str:
+    return "cpu"
+
+
+def _cpu_get_rng_state(*_args: Any, **_kwargs: Any) -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _cpu_set_rng_state(new_state: torch.Tensor, *_args: Any, **_kwargs: Any) -> None:
+    torch.set_rng_state(new_state)
+
+
+def _cpu_synchronize(*_args: Any, **_kwargs: Any) -> None:
+    """CPU work is synchronous: nothing to wait for (pipeline p2p calls this)."""
+
+
+def _cpu_manual_seed(seed: int) -> None:
+    torch.manual_seed(seed)
+
+
+def cpu_shim_active() -> bool:
+    """True while the redirections of :func:`install_cpu_shim` are in place."""
+    return bool(_saved)
+
+
+def install_cpu_shim() -> bool:
+    """Redirect megatron-core's CUDA calls to the CPU; a no-op where CUDA is available.
+
+    Idempotent. Returns True when the shim is (now) active.
+    """
+    if torch.cuda.is_available():
+        return False
+    if _saved:
+        return True
+    from megatron.core.tensor_parallel import random as mrandom
+
+    patches: list[tuple[Any, str, Any]] = [
+        (torch.cuda, "current_device", _cpu_current_device),
+        (torch.cuda, "get_rng_state", _cpu_get_rng_state),
+        (torch.cuda, "set_rng_state", _cpu_set_rng_state),
+        (torch.cuda, "manual_seed", _cpu_manual_seed),
+        (torch.cuda, "synchronize", _cpu_synchronize),
+        (mrandom, "_get_cuda_rng_state", _cpu_get_rng_state),
+        (mrandom, "_set_cuda_rng_state", _cpu_set_rng_state),
+    ]
+    for module_name in _CUDA_LITERAL_MODULES:
+        module = importlib.import_module(module_name)
+        patches.append((module, "torch", _CpuDeviceTorch("torch")))
+    for owner, name, replacement in patches:
+        _saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, replacement)
+    return True
+
+
+def uninstall_cpu_shim() -> None:
+    """Put back every original the shim replaced (idempotent)."""
+    while _saved:
+        owner, name, original = _saved.pop()
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def cuda_type_names() -> Iterator[None]:
+    """While active (and only with the shim installed), ``t.type()`` names CPU tensors as CUDA ones."""
+    if not _saved:
+        yield
+        return
+    original = torch.Tensor.type
+
+    def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        if dtype is None and not kwargs:
+            name = original(self)
+            if self.device.type == "cpu" and not name.startswith("torch.cuda."):
+                return "torch.cuda." + name.removeprefix("torch.")
+            return name
+        return original(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = type_  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.type = original  # type: ignore[method-assign]

@@ -1,0 +1,572 @@
+"""``MegatronTrainer``: the ``telescope_algos.TrainerBackend`` protocol on megatron-core.
+
+Setup (:func:`create_trainer`): process group from the environment (gloo on CPU, NCCL on GPU),
+the CPU shim where CUDA is absent, ``initialize_model_parallel`` (TP, PP, CP, EP; expert TP 1),
+the GPTModel twin of the Hugging Face model filled with its weights, Megatron's DDP wrapper
+(fp32 grad buffers, overlap, distributed optimizer as configured) and Megatron's Adam (decoupled
+weight decay, like AdamW; no decay on norms and biases, Megatron's convention).
+
+One ``train_step``: optionally a no-grad pass for the pre-update log-probabilities
+(``ppo_clip_ref_logprobs: batch``); then the micro-batches are dealt round-robin into
+``number_of_minibatches`` groups and each group is one optimizer step through Megatron's
+forward-backward schedule (pipelined when PP > 1). Each micro-batch loss is
+``telescope_algos.compute_loss`` with ``num_tokens`` = the loss tokens of the whole group over
+every data-parallel rank, so gradients are *summed* over micro-batches and ranks
+(``calculate_per_token_loss``) and the result is the group's exact token mean. The step is skipped
+when the gradient norm is not finite; otherwise gradients are clipped to ``grad_clip`` (0: no clip).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+import torch.distributed as dist
+
+from telescope_algos import MicroBatch, compute_loss
+from telescope_trainer_megatron import _checkpoint as ckpt
+from telescope_trainer_megatron._arch import Architecture, padded_vocab_size
+from telescope_trainer_megatron._cpu_shim import cuda_type_names, install_cpu_shim
+from telescope_trainer_megatron._export import ExportPlan, export_plan, iter_hf_weights
+from telescope_trainer_megatron._hf_io import save_hf_weights
+from telescope_trainer_megatron._model import (
+    build_gpt_model,
+    load_hf_weights,
+    local_to_global,
+    transformer_config,
+)
+from telescope_trainer_megatron._schedule import lr_multiplier
+from telescope_trainer_megatron._settings import (
+    ParallelLayout,
+    check_megatron_settings,
+    te_available,
+    torch_dtype,
+)
+from telescope_trainer_megatron._vocab_parallel import vocab_parallel_logprobs_and_entropy
+
+__all__ = ["MegatronTrainer", "create_trainer"]
+
+log = structlog.get_logger()
+_NEEDS_RATIO = ("cispo", "gspo", "sapo")
+_LOSS_FIELDS = (
+    "algorithm",
+    "use_ppo_clip",
+    "clip_low",
+    "clip_high",
+    "clip_ratio_c",
+    "use_tis",
+    "tis_cap",
+    "tis_mode",
+    "tis_floor",
+    "tis_logprob_clamp",
+    "seq_is_masking",
+    "seq_is_mask_low",
+    "seq_is_mask_high",
+    "kl_penalty_tau",
+    "kl_estimator",
+    "entropy_coef",
+    "sapo_tau_pos",
+    "sapo_tau_neg",
+    "dr_grpo_loss_agg_mode",
+)
+
+
+@dataclass
+class _Batch:
+    """One micro-batch ready for the model: tensors on the device plus the packed-sequence bounds."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    packed: Any
+    num_tokens: int
+    old_logprobs: torch.Tensor | None = None
+
+
+def create_trainer(config: Any, *, model_path: str | Path | None = None, **options: Any) -> MegatronTrainer:
+    """Build the Megatron backend for ``config`` (a ``telescope_config.TelescopeConfig``).
+
+    Args:
+        model_path: local Hugging Face folder; defaults to ``config.model``.
+        options: ``params_dtype`` ("bfloat16" default, as upstream; "float32" for exact tests),
+            ``adam_beta1`` (0.9), ``adam_beta2`` (0.98), ``adam_eps`` (1e-8), ``seed`` (42),
+            ``init_timeout_s`` (600, process-group timeout).
+    """
+    return MegatronTrainer(config, model_path=model_path, **options)
+
+
+class MegatronTrainer:
+    """The Megatron-core training backend (module docstring). Every method is collective."""
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        model_path: str | Path | None = None,
+        params_dtype: str = "bfloat16",
+        adam_beta1: float = 0.9,
+        adam_beta2: float = 0.98,
+        adam_eps: float = 1e-8,
+        seed: int = 42,
+        init_timeout_s: float = 600.0,
+    ) -> None:
+        self.config = config
+        self.model_path = Path(model_path or config.model)
+        self.arch = Architecture.from_pretrained(self.model_path)
+        self._owns_group = _init_distributed(init_timeout_s)
+        self._cpu = install_cpu_shim()
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        layout = ParallelLayout.from_config(config, self.world_size)
+        check_megatron_settings(
+            config, self.arch, layout, has_te=te_available(), has_cuda=torch.cuda.is_available()
+        )
+        self.layout = layout
+        self.params_dtype = torch_dtype(params_dtype)
+        self._closed = False
+        self._plan: ExportPlan | None = None
+        self._build(seed, adam_beta1, adam_beta2, adam_eps)
+
+    # ------------------------------------------------------------------ setup
+    def _build(self, seed: int, beta1: float, beta2: float, eps: float) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+        cfg, lo = self.config, self.layout
+        if not ps.model_parallel_is_initialized():
+            ps.initialize_model_parallel(
+                tensor_model_parallel_size=lo.tp,
+                pipeline_model_parallel_size=lo.pp,
+                context_parallel_size=lo.cp,
+                expert_model_parallel_size=lo.ep,
+                expert_tensor_parallel_size=1,
+            )
+        model_parallel_cuda_manual_seed(seed + 100 * ps.get_pipeline_model_parallel_rank())
+        use_te = bool(cfg.megatron_use_transformer_engine)
+        sequence_parallel = bool(cfg.megatron_sequence_parallel) and lo.tp > 1
+        if sequence_parallel and not use_te:
+            # megatron-core's local (torch) RMSNorm cannot shard the sequence; upstream dropped it silently.
+            log.warning(
+                "megatron.sequence_parallel_off",
+                reason="sequence parallel needs the Transformer Engine layers; running TP without it",
+                fix="set megatron_use_transformer_engine: true (with transformer-engine installed)",
+            )
+            sequence_parallel = False
+        self.tf_config = transformer_config(
+            self.arch,
+            tp=lo.tp,
+            pp=lo.pp,
+            cp=lo.cp,
+            ep=lo.ep,
+            params_dtype=self.params_dtype,
+            sequence_parallel=sequence_parallel,
+            recompute=bool(cfg.megatron_gradient_checkpointing),
+            fp8=bool(cfg.megatron_fp8),
+            cpu=self._cpu,
+        )
+        self.padded_vocab = padded_vocab_size(self.arch.vocab_size, lo.tp)
+        module = build_gpt_model(self.arch, self.tf_config, padded_vocab=self.padded_vocab, use_te=use_te)
+        if torch.cuda.is_available():
+            module.cuda(torch.cuda.current_device())
+        load_hf_weights(module, self.arch, str(self.model_path), padded_vocab=self.padded_vocab)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=bool(cfg.megatron_grad_reduce_in_fp32),
+            overlap_grad_reduce=bool(cfg.megatron_overlap_grad_reduce),
+            use_distributed_optimizer=bool(cfg.megatron_use_distributed_optimizer),
+        )
+        self.model = DistributedDataParallel(self.tf_config, ddp_config, module)
+        self.tf_config.finalize_model_grads_func = _finalize_without_token_scaling(finalize_model_grads)
+        opt_config = OptimizerConfig(
+            optimizer="adam",
+            lr=cfg.learning_rate,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=beta1,
+            adam_beta2=beta2,
+            adam_eps=eps,
+            clip_grad=cfg.grad_clip,
+            bf16=self.params_dtype == torch.bfloat16,
+            fp16=self.params_dtype == torch.float16,
+            params_dtype=self.params_dtype,
+            use_distributed_optimizer=bool(cfg.megatron_use_distributed_optimizer),
+            optimizer_cpu_offload=bool(cfg.megatron_optimizer_cpu_offload),
+            optimizer_offload_fraction=float(cfg.megatron_optimizer_offload_fraction),
+            overlap_cpu_optimizer_d2h_h2d=bool(cfg.megatron_overlap_cpu_optimizer_d2h_h2d),
+            use_precision_aware_optimizer=bool(cfg.megatron_use_precision_aware_optimizer),
+            main_grads_dtype=torch_dtype(cfg.megatron_main_grads_dtype),
+            main_params_dtype=torch_dtype(cfg.megatron_main_params_dtype),
+            exp_avg_dtype=torch_dtype(cfg.megatron_exp_avg_dtype),
+            exp_avg_sq_dtype=torch_dtype(cfg.megatron_exp_avg_sq_dtype),
+        )
+        with cuda_type_names():
+            self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.dp_group = ps.get_data_parallel_group()
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.dp_world_size = ps.get_data_parallel_world_size()
+        self._is_last_stage = ps.is_pipeline_last_stage()
+        self._coords = (
+            ps.get_tensor_model_parallel_rank(),
+            ps.get_pipeline_model_parallel_rank(),
+            ps.get_context_parallel_rank(),
+            self.dp_rank,
+        )
+        src = torch.tensor(
+            [self.rank if self._is_last_stage and self._coords[0] == 0 and self._coords[2:] == (0, 0) else -1]
+        )
+        dist.all_reduce(src, op=dist.ReduceOp.MAX)
+        self._metrics_src = int(src.item())
+        self.scheduler_step = 0
+
+    # --------------------------------------------------------------- protocol
+    @property
+    def is_broadcast_rank(self) -> bool:
+        """True on the rank with data, tensor, pipeline, context and expert coordinates all 0."""
+        from megatron.core import parallel_state as ps
+
+        return all(c == 0 for c in self._coords) and ps.get_expert_model_parallel_rank() == 0
+
+    def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
+        """One training step on this data-parallel rank's micro-batches; returns the step metrics."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        batches = [self._prepare(mb) for mb in micro_batches]
+        timings: dict[str, float] = {}
+        needs_ratio = cfg.use_ppo_clip or cfg.algorithm in _NEEDS_RATIO
+        if cfg.ppo_clip_ref_logprobs == "batch" and needs_ratio and batches:
+            t = time.perf_counter()
+            for b, lp in zip(batches, self._forward_logprobs(batches), strict=True):
+                b.old_logprobs = lp
+            timings["timing/old_logprobs"] = time.perf_counter() - t
+        lr = cfg.learning_rate * lr_multiplier(
+            step,
+            schedule=cfg.lr_scheduler,
+            warmup_steps=cfg.warmup_steps,
+            total_steps=cfg.number_of_steps,
+            min_lr_ratio=cfg.min_lr_ratio,
+        )
+        for group in self.optimizer.param_groups:
+            # Megatron's own scheduler applies these multipliers; without it, this is the place:
+            # wd_mult is 0 for norms and biases (no weight decay there), lr_mult is 1.
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+            group["weight_decay"] = cfg.weight_decay * group.get("wd_mult", 1.0)
+        n_groups = max(1, min(cfg.number_of_minibatches, len(batches)))
+        groups = [batches[i::n_groups] for i in range(n_groups)]
+        sums: dict[str, float] = {}
+        norms, skipped = [], 0
+        fb_time = opt_time = 0.0
+        for group in groups:
+            t = time.perf_counter()
+            outputs = self._forward_backward(group)
+            fb_time += time.perf_counter() - t
+            t = time.perf_counter()
+            norm, ok = self._optimizer_step()
+            opt_time += time.perf_counter() - t
+            norms.append(norm)
+            skipped += not ok
+            _accumulate(sums, outputs)
+        self.scheduler_step = step + 1
+        metrics = self._reduce_metrics(sums, n_groups)
+        metrics.update(timings)
+        metrics["grad_norm"] = float(sum(norms) / len(norms)) if norms else 0.0
+        metrics["learning_rate"] = lr
+        metrics["optimizer_steps_skipped"] = float(skipped)
+        metrics["timing/forward_backward"] = fb_time
+        metrics["timing/optimizer"] = opt_time
+        metrics["timing/step"] = time.perf_counter() - t0
+        box = [metrics]
+        dist.broadcast_object_list(box, src=self._metrics_src)
+        return box[0]
+
+    def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full model in Hugging Face names, one parameter at a time (collective; every rank)."""
+        params = {self._global_names[n]: p for n, p in self.model.module.named_parameters()}
+        if self._plan is None:
+            self._plan = export_plan(params, self.arch, self.layout.tp)
+        return iter_hf_weights(
+            params,
+            self._plan,
+            self.arch,
+            tp_group=self.tp_group,
+            ddp_model=self.model,
+            free_grad_buffers=bool(self.config.weight_broadcast_free_grad_buffers),
+            cpu_staging=bool(self.config.weight_broadcast_cpu_staging),
+            pin_memory=bool(self.config.weight_broadcast_pin_memory),
+        )
+
+    def save_checkpoint(
+        self, directory: str | Path, *, step: int, extra_state: Mapping[str, Any] | None = None
+    ) -> Path:
+        """Write ``directory`` (see ``_checkpoint``): per-rank shards, an ``hf/`` folder, meta."""
+        final = Path(directory)
+        tmp = final.with_name(final.name + "_tmp")
+        if self.rank == 0:
+            if tmp.exists():
+                import shutil
+
+                shutil.rmtree(tmp)
+            (tmp / "shards").mkdir(parents=True)
+        dist.barrier()
+        weights = self.hf_weights()
+        if self.rank == 0:
+            save_hf_weights(((n, t.clone()) for n, t in weights), tmp / "hf")
+            ckpt.copy_hf_meta(self.model_path, tmp / "hf")
+            torch.save(dict(extra_state or {}), tmp / "extra_state.pt")
+            ckpt.write_meta(tmp, self._meta(step))
+        else:
+            for _ in weights:
+                pass
+        state = {
+            "model": self.model.module.state_dict(),
+            "optimizer": ckpt.optimizer_state(self.optimizer),
+            "scheduler_step": self.scheduler_step,
+            "step": step,
+            "rng": ckpt.rng_state(),
+        }
+        torch.save(state, ckpt.shard_path(tmp, self.rank))
+        dist.barrier()
+        if self.rank == 0:
+            ckpt.finalize(tmp, final)
+        dist.barrier()
+        return final
+
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
+        """Restore model, optimizer, scheduler step and RNG; return the saved ``extra_state``."""
+        path = Path(directory)
+        meta = ckpt.read_meta(path)
+        mine = self._meta(meta.get("step", 0))
+        keys = ("world_size", "tp_size", "pp_size", "cp_size", "ep_size", "params_dtype", "padded_vocab_size")
+        diff = {k: (meta.get(k), mine[k]) for k in keys if meta.get(k) != mine[k]}
+        if diff:
+            raise ValueError(
+                f"checkpoint {path} was written with another layout {diff} (saved, now); "
+                "resume with the same "
+                f"parallel sizes, or start a new run with model: {path / 'hf'} (weights only)"
+            )
+        state = torch.load(ckpt.shard_path(path, self.rank), map_location="cpu", weights_only=False)
+        with torch.no_grad():
+            self.model.module.load_state_dict(state["model"], strict=True)
+        ckpt.set_optimizer_state(self.optimizer, state["optimizer"])
+        self.scheduler_step = int(state["scheduler_step"])
+        ckpt.set_rng_state(state["rng"])
+        extra = torch.load(path / "extra_state.pt", weights_only=False)
+        dist.barrier()
+        return extra
+
+    def close(self) -> None:
+        """Leave the model-parallel groups and, if this trainer created it, the process group."""
+        if self._closed:
+            return
+        self._closed = True
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_model_parallel()
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # --------------------------------------------------------------- internals
+    @functools.cached_property
+    def _global_names(self) -> dict[str, str]:
+        return local_to_global(self.model.module)
+
+    def _meta(self, step: int) -> dict[str, Any]:
+        lo = self.layout
+        return {
+            "backend": "megatron",
+            "step": step,
+            "base_model": str(self.model_path),
+            "vocab_size": self.arch.vocab_size,
+            "padded_vocab_size": self.padded_vocab,
+            "world_size": lo.world,
+            "tp_size": lo.tp,
+            "pp_size": lo.pp,
+            "cp_size": lo.cp,
+            "ep_size": lo.ep,
+            "params_dtype": str(self.params_dtype).removeprefix("torch."),
+        }
+
+    def _prepare(self, mb: MicroBatch) -> _Batch:
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        dev = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+        tensors = [mb.input_ids, mb.position_ids, mb.loss_mask, mb.advantages, mb.rollout_logprobs]
+        if tensors[0].dim() != 2 or tensors[0].shape[0] != 1:
+            raise ValueError(f"a micro-batch must be one packed row [1, L], got {tuple(tensors[0].shape)}")
+        pad = -tensors[0].shape[1] % self.layout.tp  # sequence parallel splits the row over TP ranks
+        if pad:
+            tensors = [torch.cat([t, t.new_zeros(1, pad)], dim=1) for t in tensors]
+            tensors[1][0, -pad:] = torch.arange(pad)
+        ids, pos, mask, adv, lps = (t.to(dev) for t in tensors)
+        length = ids.shape[1]
+        starts = torch.nonzero(pos[0] == 0).squeeze(1).tolist()
+        if not starts or starts[0] != 0:
+            starts = [0, *starts]
+        cu = torch.tensor([*starts, length], dtype=torch.int32, device=dev)
+        packed = PackedSeqParams(
+            qkv_format="sbhd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=length, max_seqlen_kv=length
+        )
+        return _Batch(ids, pos, mask.bool(), adv.float(), lps.float(), packed, int(mb.num_tokens))
+
+    def _logprobs(self, logits: torch.Tensor, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return vocab_parallel_logprobs_and_entropy(
+            logits,
+            batch.input_ids,
+            vocab_size=self.arch.vocab_size,
+            temperature=self.config.temperature,
+            group=self.tp_group,
+            chunk_size=self.config.entropy_chunk_size,
+        )
+
+    def _run_schedule(self, batches: list[_Batch], loss_func: Any, *, forward_only: bool) -> list[Any]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data_iterator: Iterator[_Batch], model: Any) -> tuple[torch.Tensor, Any]:
+            b = next(data_iterator)
+            out = model(b.input_ids, b.position_ids, None, packed_seq_params=b.packed)
+            return out, functools.partial(loss_func, b)
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(batches),
+            model=[self.model],
+            num_microbatches=len(batches),
+            seq_length=max(b.input_ids.shape[1] for b in batches),
+            micro_batch_size=1,
+            forward_only=forward_only,
+        )
+
+    @torch.no_grad()
+    def _forward_logprobs(self, batches: list[_Batch]) -> list[torch.Tensor | None]:
+        """Pre-update log-probabilities of every micro-batch (last pipeline stage; None elsewhere)."""
+
+        def loss_func(b: _Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+            lp, _ = self._logprobs(logits, b)
+            return logits.new_zeros(()), torch.tensor(0, dtype=torch.int), {"logprobs": lp.detach()}
+
+        self.model.eval()
+        try:
+            out = self._run_schedule(batches, loss_func, forward_only=True)
+        finally:
+            self.model.train()
+        return [o["logprobs"] for o in out] if self._is_last_stage else [None] * len(batches)
+
+    def _forward_backward(self, group: list[_Batch]) -> list[dict[str, torch.Tensor]]:
+        cfg = self.config
+        counts = torch.tensor([sum(b.num_tokens for b in group), 0], dtype=torch.float64)
+        dist.all_reduce(counts, group=self.dp_group)
+        step_tokens = counts[0].item()
+        loss_kwargs = {f: getattr(cfg, f) for f in _LOSS_FIELDS}
+
+        def loss_func(b: _Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+            lp, ent = self._logprobs(logits, b)
+            loss, metrics = compute_loss(
+                lp,
+                advantages=b.advantages,
+                loss_mask=b.loss_mask,
+                rollout_logprobs=b.rollout_logprobs,
+                old_logprobs=b.old_logprobs,
+                entropy=ent if cfg.entropy_coef > 0 else ent.detach(),
+                position_ids=b.position_ids,
+                num_tokens=step_tokens,
+                max_len=cfg.max_tokens,
+                **loss_kwargs,
+            )
+            return loss, torch.tensor(b.num_tokens, dtype=torch.int), metrics
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        return self._run_schedule(group, loss_func, forward_only=False)
+
+    @torch.no_grad()
+    def _optimizer_step(self) -> tuple[float, bool]:
+        found_inf = self.optimizer.prepare_grads()
+        norm = float(self.optimizer.get_grad_norm())
+        if found_inf or not torch.isfinite(torch.tensor(norm)):
+            log.warning("megatron.step_skipped", grad_norm=norm)
+            self.optimizer.zero_grad()
+            return norm, False
+        if self.config.grad_clip > 0:
+            with cuda_type_names():
+                self._clip(norm)
+        return norm, bool(self.optimizer.step_with_ready_grads())
+
+    def _clip(self, norm: float) -> None:
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            params = opt.get_parameters()
+            if params:
+                clip_grad_by_total_norm_fp32(
+                    params,
+                    max_norm=self.config.grad_clip,
+                    total_norm=norm,
+                    use_decoupled_grad=opt.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8,
+                )
+
+    def _reduce_metrics(self, sums: dict[str, float], n_groups: int) -> dict[str, float]:
+        """Token-weighted means over micro-batches and data-parallel ranks (last stage only)."""
+        if not self._is_last_stage:
+            return {}
+        keys = sorted(sums)
+        vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(vec, group=self.dp_group)
+        total = dict(zip(keys, vec.tolist(), strict=True))
+        weight = max(total.get("num_tokens", 0.0), 1.0)
+        out = {"loss": total.pop("loss", 0.0) / n_groups, "num_tokens": total.pop("num_tokens", 0.0)}
+        out.update({k: v / weight for k, v in total.items()})
+        return out
+
+
+def _accumulate(sums: dict[str, float], outputs: list[dict[str, torch.Tensor]]) -> None:
+    """Add micro-batch metrics: ``loss`` and ``num_tokens`` summed, the rest weighted by tokens."""
+    for m in outputs:
+        w = float(m["num_tokens"])
+        for k, v in m.items():
+            value = float(v)
+            sums[k] = sums.get(k, 0.0) + (value if k in ("loss", "num_tokens") else value * w)
+
+
+def _finalize_without_token_scaling(finalize: Any) -> Any:
+    """Megatron's grad finalisation minus its division by the token count: our loss is already a mean."""
+
+    def wrapped(model: Any, num_tokens: Any = None, **kwargs: Any) -> None:
+        finalize(model, None, **kwargs)
+
+    return wrapped
+
+
+def _init_distributed(timeout_s: float) -> bool:
+    """Initialise the default process group from the environment unless done; True if we did."""
+    if dist.is_initialized():
+        return False
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"torch.distributed is not initialised and {missing} are not set; launch with torchrun or "
+            "set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT"
+        )
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(
+        backend="nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s)
+    )
+    return True
