@@ -1,0 +1,287 @@
+"""The trainer side: join the inference servers into broadcast groups and publish updates.
+
+One ``WeightPublisher`` lives on the trainer's broadcast rank. ``connect`` asks every server
+for its tensor-parallel size, opens a ``TCPStore`` and forms each group (rank 0 = trainer,
+server ``i``'s TP worker ``j`` = ``1 + sum(tp of servers before i) + j``). ``publish`` triggers
+``telescope_receive`` on every server of a group over HTTP, streams the buckets, and returns
+once every server reports the new version, or raises ``WeightSyncError`` naming the server.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import ipaddress
+import time
+from collections.abc import Iterable, Iterator, Sequence
+
+import httpx
+import structlog
+import torch
+
+from telescope_weightsync._errors import WeightSyncError
+from telescope_weightsync._http import collective_rpc
+from telescope_weightsync._protocol import Layout, plan_buckets
+from telescope_weightsync._settings import PublisherSettings
+from telescope_weightsync._stream import send_update
+from telescope_weightsync._transport import Group, make_group, open_store, resolve_backend
+
+log = structlog.get_logger()
+
+DEFAULT_GROUP = "full"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _first_error(futures: dict[cf.Future, str], timeout_s: float) -> tuple[str, BaseException] | None:
+    """Wait up to ``timeout_s`` for the first failed future; return (url, error) or None."""
+    done, _ = cf.wait(futures, timeout=timeout_s, return_when=cf.FIRST_EXCEPTION)
+    for future in done:
+        if future.exception() is not None:
+            return futures[future], future.exception()  # type: ignore[return-value]
+    return None
+
+
+class WeightPublisher:
+    """Publishes trainer weights to running vLLM servers (see the module docstring)."""
+
+    def __init__(
+        self,
+        server_urls: Sequence[str],
+        settings: PublisherSettings | None = None,
+        *,
+        host: str = "127.0.0.1",
+    ) -> None:
+        urls = [u.rstrip("/") for u in server_urls]
+        if not urls:
+            raise ValueError("WeightPublisher needs at least one server URL")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"duplicate server URLs: {urls}")
+        self.server_urls = urls
+        self.settings = settings or PublisherSettings()
+        self.host = host
+        self.backend = resolve_backend(self.settings.backend)
+        self.tp_sizes: dict[str, int] = {}
+        self._groups: dict[str, Group] = {}
+        self._members: dict[str, list[str]] = {}
+        self._layouts: dict[str, list[Layout]] = {}
+        self._store = None
+        self._client = httpx.Client()
+        self._pool = cf.ThreadPoolExecutor(max_workers=max(4, 2 * len(urls)), thread_name_prefix="weightsync")
+
+    # ----------------------------------------------------------------------------- connect
+    def connect(self, groups: dict[str, list[str]] | None = None) -> None:
+        """Form the broadcast groups (default: one group ``full`` of every server)."""
+        groups = groups or {DEFAULT_GROUP: list(self.server_urls)}
+        for name, members in groups.items():
+            unknown = [u for u in members if u.rstrip("/") not in self.server_urls]
+            if unknown or not members:
+                raise ValueError(f"group {name!r} must list some of {self.server_urls}; unknown: {unknown}")
+        timeout = self.settings.init_timeout_s
+        infos = self._call_all(self.server_urls, "telescope_info", None, timeout)
+        for url, results in infos.items():
+            if any(r.get("pp_size", 1) != 1 for r in results):
+                raise WeightSyncError(
+                    f"server {url} uses pipeline parallelism, which weight sync does not support"
+                )
+            self.tp_sizes[url] = len(results)
+        if self._store is None:
+            self._store = open_store(self.host, 0, is_master=True, timeout_s=timeout, prefix="telescope/")
+        port = self._store.underlying_store.port  # type: ignore[attr-defined]
+        iface = "127.0.0.1" if _is_loopback(self.host) else None
+        for name, members in groups.items():
+            self._connect_group(name, [u.rstrip("/") for u in members], port, iface)
+
+    def _connect_group(self, name: str, members: list[str], port: int, iface: str | None) -> None:
+        old = self._groups.pop(name, None)
+        if old is not None:
+            old.close()
+        timeout = self.settings.init_timeout_s
+        world = 1 + sum(self.tp_sizes[u] for u in members)
+        offset, futures = 1, {}
+        for url in members:
+            payload = {
+                "group": name, "host": self.host, "port": port, "rank_offset": offset, "world_size": world,
+                "backend": self.backend, "timeout_s": self.settings.timeout_s, "iface_host": iface,
+            }  # fmt: skip
+            futures[self._pool.submit(self._rpc, url, "telescope_join", payload, timeout)] = url
+            offset += self.tp_sizes[url]
+        store = open_store(self.host, port, is_master=False, timeout_s=timeout, prefix=f"telescope/{name}/")
+        own = self._pool.submit(
+            make_group, store, rank=0, world_size=world, backend=self.backend,
+            timeout_s=timeout, name=name, iface_host=iface,
+        )  # fmt: skip
+        failed = _first_error({**futures, own: "trainer"}, timeout)
+        if failed is not None:
+            url, exc = failed
+            raise WeightSyncError(f"group {name!r}: {url} failed to join: {exc}") from exc
+        pending = [futures[f] for f in futures if not f.done()] + ([] if own.done() else ["trainer"])
+        if pending:
+            raise WeightSyncError(f"group {name!r}: {pending} did not join within {timeout:.0f}s")
+        group = own.result()
+        group.timeout_s = self.settings.timeout_s
+        self._groups[name] = group
+        self._members[name] = members
+        self._layouts[name] = []
+        log.info("weightsync.connected", group=name, world_size=world, backend=self.backend, servers=members)
+
+    # ----------------------------------------------------------------------------- publish
+    def publish(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int, group: str = DEFAULT_GROUP
+    ) -> dict[str, float]:
+        """Stream one update to every server of ``group``; return bytes, seconds and GB/s."""
+        handle = self._groups.get(group)
+        if handle is None:
+            raise WeightSyncError(
+                f"weight group {group!r} is not connected (known: {sorted(self._groups)}); a failed update "
+                "drops its group: call connect() again"
+            )
+        members, timeout = self._members[group], self.settings.timeout_s
+        start = time.perf_counter()
+        payload = {"group": group, "version": int(version)}
+        futures = {
+            self._pool.submit(self._rpc, url, "telescope_receive", payload, timeout): url for url in members
+        }
+        buckets = plan_buckets(
+            self._staged(named_tensors), mode=self.settings.mode, bucket_bytes=self.settings.bucket_bytes
+        )
+        try:
+            stats = send_update(handle, buckets, self._layouts[group])
+            failed = _first_error(futures, timeout)
+            if failed is not None:
+                raise WeightSyncError(
+                    f"server {failed[0]} failed to apply version {version}: {failed[1]}"
+                ) from failed[1]
+            late = [futures[f] for f in futures if not f.done()]
+            if late:
+                raise WeightSyncError(f"servers {late} did not apply version {version} within {timeout:.0f}s")
+        except BaseException as exc:
+            self._drop_group(group)
+            if isinstance(exc, WeightSyncError) and "failed to apply" not in str(exc):
+                failed = _first_error(futures, min(timeout, 15.0))
+                if failed is not None:
+                    raise WeightSyncError(
+                        f"server {failed[0]} failed during update {version}: {failed[1]} (sender: {exc})"
+                    ) from exc
+                raise WeightSyncError(
+                    f"update {version} on group {group!r} ({members}) failed: {exc}"
+                ) from exc
+            raise
+        seconds = time.perf_counter() - start
+        results = {url: future.result() for future, url in futures.items()}
+        wrong = {
+            url: [r.get("version") for r in res]
+            for url, res in results.items()
+            if any(r.get("version") != version for r in res)
+        }
+        if wrong:
+            raise WeightSyncError(f"servers report versions {wrong} after publishing version {version}")
+        metrics = {
+            "bytes": float(stats.bytes),
+            "seconds": seconds,
+            "gb_per_s": stats.bytes / seconds / 1e9 if seconds > 0 else 0.0,
+            "send_seconds": stats.seconds,
+            "apply_seconds_max": max(float(r.get("seconds", 0.0)) for res in results.values() for r in res),
+            "apply_wait_seconds_max": max(
+                float(r.get("wait_s", 0.0)) for res in results.values() for r in res
+            ),
+            "buckets": float(stats.buckets),
+            "tensors": float(stats.tensors),
+            "layouts_sent": float(stats.layouts_sent),
+        }
+        log.info(
+            "weightsync.published",
+            group=group,
+            version=version,
+            **{k: round(v, 4) for k, v in metrics.items()},
+        )
+        return metrics
+
+    def _staged(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        pin = self.settings.pin_memory and torch.cuda.is_available()
+        for name, source in named_tensors:
+            tensor = source.detach()
+            if self.settings.cpu_staging and tensor.device.type != "cpu":
+                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
+                host.copy_(tensor)
+                tensor = host
+            yield name, tensor
+
+    def raw_broadcast(self, nbytes: int, *, group: str = DEFAULT_GROUP) -> float:
+        """Seconds for one plain broadcast of ``nbytes`` to the group's servers, triggered and
+        acknowledged over HTTP like an update but with no framing and no apply: the transport
+        baseline an update is compared with (``tools/bench_weightsync.py``)."""
+        handle = self._groups.get(group)
+        if handle is None:
+            raise WeightSyncError(f"weight group {group!r} is not connected: call connect() first")
+        timeout, payload = self.settings.timeout_s, {"group": group, "nbytes": int(nbytes)}
+        buf = torch.zeros(int(nbytes), dtype=torch.uint8, device=handle.device)
+        start = time.perf_counter()
+        futures = [
+            self._pool.submit(self._rpc, url, "telescope_raw_receive", payload, timeout)
+            for url in self._members[group]
+        ]
+        handle.broadcast(buf, what=f"the raw baseline ({nbytes} bytes)")
+        for future in futures:
+            future.result(timeout=timeout)
+        return time.perf_counter() - start
+
+    # ----------------------------------------------------------------------------- queries
+    def server_versions(self) -> dict[str, int]:
+        """The weight version each server serves (the lowest over its TP workers; -1: base model)."""
+        results = self._call_all(self.server_urls, "telescope_version", None, self.settings.timeout_s)
+        return {url: min(int(v) for v in res) for url, res in results.items()}
+
+    def close(self) -> None:
+        """Leave every group on every reachable server and release sockets (idempotent)."""
+        for name in list(self._groups):
+            self._drop_group(name, leave=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None  # type: ignore[assignment]
+        if self._client is not None:
+            self._client.close()
+            self._client = None  # type: ignore[assignment]
+        self._store = None
+
+    def __enter__(self) -> WeightPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------- helpers
+    def _drop_group(self, name: str, *, leave: bool = True) -> None:
+        group = self._groups.pop(name, None)
+        members = self._members.pop(name, [])
+        self._layouts.pop(name, None)
+        if group is not None:
+            group.close()
+        if leave and self._client is not None:
+            for url in members:
+                try:
+                    collective_rpc(self._client, url, "telescope_leave", {"group": name}, timeout_s=10.0)
+                except WeightSyncError as exc:
+                    log.warning("weightsync.leave_failed", group=name, server=url, error=str(exc))
+
+    def _rpc(self, url: str, method: str, payload: dict | None, timeout_s: float) -> list:
+        if self._client is None:
+            raise WeightSyncError("the publisher is closed")
+        return collective_rpc(self._client, url, method, payload, timeout_s=timeout_s)
+
+    def _call_all(
+        self, urls: list[str], method: str, payload: dict | None, timeout_s: float
+    ) -> dict[str, list]:
+        futures = {self._pool.submit(self._rpc, url, method, payload, timeout_s): url for url in urls}
+        out = {}
+        for future, url in futures.items():
+            out[url] = future.result()
+        return out

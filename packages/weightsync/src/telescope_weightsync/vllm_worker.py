@@ -1,0 +1,180 @@
+"""The receiver: a vLLM worker extension that applies streamed weights while the server serves.
+
+Start vLLM with ``--worker-extension-cls telescope_weightsync.vllm_worker.WeightReceiver`` and
+``VLLM_SERVER_DEV_MODE=1``. The publisher drives it through ``POST /collective_rpc`` (vLLM
+forwards string arguments only, so every argument is a JSON string); each call runs on every
+tensor-parallel worker of the server:
+
+- ``telescope_info()`` -> ``{"tp_rank", "tp_size", "device", "version"}``
+- ``telescope_join(json)`` joins a private broadcast group hosted by the trainer
+  (``{"group", "host", "port", "rank_offset", "world_size", "backend", "timeout_s",
+  "iface_host"}``; this worker's rank is ``rank_offset + tp_rank``).
+- ``telescope_receive(json)`` receives one update on ``{"group", "version"}`` and applies it in
+  place with ``model_runner.reload_weights``; returns ``{"version", "bytes", "seconds", ...}``.
+- ``telescope_version()`` -> the version of the weights this worker serves (-1: base model).
+- ``telescope_leave(json)`` leaves one group (``{"group": name}``) or all (``{}``).
+- ``telescope_raw_receive(json)`` receives one plain broadcast of ``{"group", "nbytes"}`` bytes and
+  drops it (the transport baseline of ``tools/bench_weightsync.py``).
+
+The engine runs a collective RPC between scheduler steps, so requests in flight pause for the
+update and continue on the new weights. This is the only module of the package importing vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import structlog
+import torch
+
+from telescope_weightsync._errors import WeightSyncError
+from telescope_weightsync._protocol import Layout
+from telescope_weightsync._stream import StreamStats, receive_update
+from telescope_weightsync._transport import Group, make_group, open_store
+from telescope_weightsync._version import BASE_VERSION
+
+log = structlog.get_logger()
+
+
+def _parse(payload: str | None) -> dict[str, Any]:
+    if not payload:
+        return {}
+    data = json.loads(payload)
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object argument, got {payload!r}")
+    return data
+
+
+class WeightReceiver:
+    """Mixed into vLLM's worker class; all state lives in ``telescope_*`` attributes."""
+
+    def _telescope_state(self) -> dict[str, Any]:
+        state = self.__dict__.get("_telescope_ws")
+        if state is None:
+            state = self.__dict__["_telescope_ws"] = {"groups": {}, "layouts": {}, "version": BASE_VERSION}
+        return state
+
+    def _telescope_tp(self) -> tuple[int, int]:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+
+    def telescope_info(self) -> dict[str, Any]:
+        tp_rank, tp_size = self._telescope_tp()
+        device = str(getattr(self, "device", "cpu"))
+        pp_size = self.vllm_config.parallel_config.pipeline_parallel_size  # type: ignore[attr-defined]
+        return {
+            "tp_rank": tp_rank,
+            "tp_size": tp_size,
+            "pp_size": pp_size,
+            "device": device,
+            "version": self._telescope_state()["version"],
+        }
+
+    def telescope_join(self, payload: str) -> dict[str, Any]:
+        args = _parse(payload)
+        state = self._telescope_state()
+        name = str(args["group"])
+        old = state["groups"].pop(name, None)
+        if old is not None:
+            old.close()
+        tp_rank, _ = self._telescope_tp()
+        rank = int(args["rank_offset"]) + tp_rank
+        timeout_s = float(args["timeout_s"])
+        store = open_store(
+            args["host"], int(args["port"]), is_master=False, timeout_s=timeout_s, prefix=f"telescope/{name}/"
+        )
+        device = getattr(self, "device", None)
+        group = make_group(
+            store,
+            rank=rank,
+            world_size=int(args["world_size"]),
+            backend=str(args["backend"]),
+            timeout_s=timeout_s,
+            name=name,
+            iface_host=args.get("iface_host"),
+            device=device if isinstance(device, torch.device) else None,
+        )
+        state["groups"][name] = group
+        state["layouts"][name] = []
+        log.info(
+            "weightsync.joined", group=name, rank=rank, world_size=group.world_size, backend=group.backend
+        )
+        return {"group": name, "rank": rank, "backend": group.backend}
+
+    def telescope_receive(self, payload: str) -> dict[str, Any]:
+        args = _parse(payload)
+        state = self._telescope_state()
+        name = str(args.get("group", "full"))
+        group: Group | None = state["groups"].get(name)
+        if group is None:
+            raise WeightSyncError(
+                f"this server has not joined weight group {name!r}: call telescope_join first"
+            )
+        version = int(args["version"])
+        layouts: list[Layout] = state["layouts"][name]
+        stats = StreamStats()
+        start = time.perf_counter()
+        try:
+            self.model_runner.reload_weights(weights_iterator=receive_update(group, layouts, stats))  # type: ignore[attr-defined]
+            self._telescope_repack_tied_lm_head()
+        except BaseException:
+            # The stream position is unknown now: this group cannot carry another update.
+            state["groups"].pop(name, None)
+            group.close()
+            raise
+        state["version"] = version
+        seconds = time.perf_counter() - start
+        log.info(
+            "weightsync.applied", group=name, version=version, bytes=stats.bytes, seconds=round(seconds, 3)
+        )
+        return {
+            "version": version,
+            "bytes": stats.bytes,
+            "buckets": stats.buckets,
+            "tensors": stats.tensors,
+            "receive_s": stats.seconds,
+            "wait_s": stats.wait_seconds,
+            "seconds": seconds,
+        }
+
+    def _telescope_repack_tied_lm_head(self) -> None:
+        """vLLM on CPU keeps the tied lm_head's oneDNN handle packed from the old weight: repack it."""
+        if getattr(self, "device", torch.device("cpu")).type != "cpu":  # type: ignore[union-attr]
+            return
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        lm_head = getattr(model, "lm_head", None)
+        hf_config = self.vllm_config.model_config.hf_text_config  # type: ignore[attr-defined]
+        if lm_head is None or not getattr(hf_config, "tie_word_embeddings", False):
+            return
+        if not hasattr(lm_head, "weight"):
+            return
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
+
+    def telescope_raw_receive(self, payload: str) -> dict[str, Any]:
+        args = _parse(payload)
+        group: Group | None = self._telescope_state()["groups"].get(str(args.get("group", "full")))
+        if group is None:
+            raise WeightSyncError("this server has not joined that weight group: call telescope_join first")
+        start = time.perf_counter()
+        buf = torch.empty(int(args["nbytes"]), dtype=torch.uint8, device=group.device)
+        group.broadcast(buf, what=f"the raw baseline ({buf.numel()} bytes)")
+        return {"seconds": time.perf_counter() - start, "bytes": buf.numel()}
+
+    def telescope_version(self) -> int:
+        return int(self._telescope_state()["version"])
+
+    def telescope_leave(self, payload: str = "") -> dict[str, Any]:
+        args = _parse(payload)
+        state = self._telescope_state()
+        names = [str(args["group"])] if "group" in args else list(state["groups"])
+        for name in names:
+            group = state["groups"].pop(name, None)
+            state["layouts"].pop(name, None)
+            if group is not None:
+                group.close()
+        return {"left": names}

