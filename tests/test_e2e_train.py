@@ -101,8 +101,8 @@ def setup(tmp_path: Path, tiny_model_dir: Path):
 
 
 def _start(args: list[str], env: dict[str, str], run_dir: Path, *extra: str) -> subprocess.Popen:
-    log = (run_dir.parent / f"{run_dir.name}.console").open("ab")
-    return subprocess.Popen([*args, "--run-dir", str(run_dir), *extra], env=env, stdout=log, stderr=log)
+    with (run_dir.parent / f"{run_dir.name}.console").open("ab") as log:
+        return subprocess.Popen([*args, "--run-dir", str(run_dir), *extra], env=env, stdout=log, stderr=log)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float) -> None:

