@@ -236,3 +236,135 @@ def test_a_directly_built_config_is_checked_too():
     assert [e["log_level"] for e in logs] == ["warning"]
     with pytest.raises(ValidationError, match="max_tokens must be smaller"):
         TelescopeConfig.model_validate({**values, "max_tokens": 9000})
+
+
+MEGATRON = {"train_backend": "megatron"}
+
+
+def test_megatron_defaults_are_valid(run):
+    cfg = run(MEGATRON).config
+    assert (cfg.train_backend, cfg.trainer_num_workers, cfg.megatron_tensor_parallel_size) == (
+        "megatron",
+        2,
+        1,
+    )
+
+
+def test_megatron_rules_apply_only_to_megatron(run):
+    # Every value below breaks a Megatron rule, and none matters to the FSDP backend.
+    values = {
+        "trainer_num_workers": 3,
+        "megatron_tensor_parallel_size": 2,
+        "megatron_context_parallel_size": 2,
+        "megatron_expert_parallel_size": 2,
+        "megatron_fp8": True,
+        "megatron_use_distributed_optimizer": False,
+        "megatron_optimizer_cpu_offload": True,
+        "megatron_exp_avg_dtype": "bfloat16",
+        "mixed_precision_dtype": "float16",
+    }
+    assert run({**values, "train_backend": "fsdp"}).config.megatron_context_parallel_size == 2
+
+
+@pytest.mark.parametrize("sizes", [(3, 2, 1, 1), (4, 1, 3, 1), (6, 2, 2, 1)])
+def test_megatron_workers_hold_whole_replicas(sizes, run, problems, only):
+    workers, tp, pp, cp = sizes
+    values = {
+        **MEGATRON,
+        "trainer_num_workers": workers,
+        "megatron_tensor_parallel_size": tp,
+        "megatron_pipeline_parallel_size": pp,
+        "megatron_context_parallel_size": cp,
+    }
+    p = only(problems(values), "trainer_num_workers")
+    assert p.value == workers
+    replica = tp * pp * cp
+    assert f"= {replica})" in p.rule
+    assert f"multiple of {replica}" in p.fix
+    assert run({**values, "trainer_num_workers": 2 * replica}).config.trainer_num_workers == 2 * replica
+
+
+def test_megatron_expert_parallel_divides_a_pipeline_stage(run, problems, only):
+    # 6 workers / PP 2 = 3 ranks per stage; EP 2 cannot split 3 ranks into expert groups
+    values = {
+        **MEGATRON,
+        "trainer_num_workers": 6,
+        "megatron_pipeline_parallel_size": 2,
+        "megatron_expert_parallel_size": 2,
+    }
+    p = only(problems(values), "megatron_expert_parallel_size")
+    assert p.value == 2
+    assert "= 3)" in p.rule
+    assert "divisor of 3" in p.fix
+    assert run({**values, "trainer_num_workers": 8}).config.megatron_expert_parallel_size == 2
+    assert run({**values, "megatron_expert_parallel_size": 3}).config.megatron_expert_parallel_size == 3
+
+
+def test_megatron_context_parallel_is_not_implemented(problems, only):
+    p = only(problems({**MEGATRON, "megatron_context_parallel_size": 2}), "megatron_context_parallel_size")
+    assert p.value == 2
+    assert "not implemented" in p.rule
+    assert "Transformer Engine" in p.rule
+    assert "megatron_context_parallel_size: 1" in p.fix
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"mixed_precision_dtype": "float16"}, "mixed_precision_dtype"),
+        ({"mixed_precision_dtype": None, "model_dtype": "float16"}, "model_dtype"),
+    ],
+)
+def test_megatron_refuses_float16_compute(values, field, run, problems, only):
+    p = only(problems({**MEGATRON, **values}), field)
+    assert p.value == "float16"
+    assert "loss scaling" in p.rule
+    assert f"{field}: bfloat16" in p.fix
+    # float16 master weights with bfloat16 compute are fine: Megatron computes in bfloat16
+    assert run({**MEGATRON, "model_dtype": "float16"}).config.model_dtype == "float16"
+
+
+def test_megatron_fp8_needs_transformer_engine(run, problems, only):
+    p = only(problems({**MEGATRON, "megatron_fp8": True}), "megatron_fp8")
+    assert "megatron_use_transformer_engine is false" in p.rule
+    assert "megatron_use_transformer_engine: true" in p.fix
+    # CUDA and an installed Transformer Engine are checked when the trainer starts, not here
+    values = {**MEGATRON, "megatron_fp8": True, "megatron_use_transformer_engine": True}
+    assert run(values).config.megatron_fp8
+
+
+@pytest.mark.parametrize(
+    "field", ["megatron_use_precision_aware_optimizer", "megatron_optimizer_cpu_offload"]
+)
+def test_megatron_options_that_need_the_distributed_optimizer(field, run, problems, only):
+    values = {**MEGATRON, field: True, "megatron_use_distributed_optimizer": False}
+    p = only(problems(values), field)
+    assert p.value is True
+    assert "megatron_use_distributed_optimizer is false" in p.rule
+    assert "megatron_use_distributed_optimizer: true" in p.fix
+    assert getattr(run({**values, "megatron_use_distributed_optimizer": True}).config, field)
+
+
+def test_megatron_optimizer_dtypes_need_the_precision_aware_optimizer(run, problems):
+    values = {**MEGATRON, "megatron_exp_avg_dtype": "bfloat16", "megatron_main_grads_dtype": "float16"}
+    found = problems(values)
+    assert {(p.field, p.value) for p in found} == {
+        ("megatron_exp_avg_dtype", "bfloat16"),
+        ("megatron_main_grads_dtype", "float16"),
+    }
+    assert all("megatron_use_precision_aware_optimizer: true" in p.fix for p in found)
+    cfg = run({**values, "megatron_use_precision_aware_optimizer": True}).config
+    assert cfg.megatron_exp_avg_dtype == "bfloat16"
+
+
+def test_megatron_problems_are_reported_together(problems):
+    values = {
+        **MEGATRON,
+        "trainer_num_workers": 3,
+        "megatron_tensor_parallel_size": 2,
+        "megatron_fp8": True,
+        "megatron_use_distributed_optimizer": False,
+        "megatron_optimizer_cpu_offload": True,
+    }
+    fields = {p.field for p in problems(values)}
+    assert fields == {"trainer_num_workers", "megatron_fp8", "megatron_optimizer_cpu_offload"}

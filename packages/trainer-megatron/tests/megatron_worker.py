@@ -9,6 +9,7 @@ checkpoint round trip, the same for a trainer resumed from it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -29,6 +30,7 @@ def make_config(model_dir: str, overrides: dict) -> telescope_config.TelescopeCo
         "environments": [{"name": "countdown"}],
         "model": model_dir,
         "train_backend": "megatron",
+        "trainer_num_workers": int(os.environ.get("WORLD_SIZE", "1")),
         **overrides,
     }
     return telescope_config.TelescopeConfig.model_validate(data)
@@ -40,7 +42,12 @@ def main() -> None:
     options = spec.get("options", {})
     trainer = create_trainer(config, **options)
     rank = dist.get_rank()
-    result: dict = {"steps": [], "resumed": [], "dp_world_size": trainer.dp_world_size}
+    result: dict = {
+        "steps": [],
+        "resumed": [],
+        "dp_world_size": trainer.dp_world_size,
+        "params_dtype": str(trainer.params_dtype),
+    }
 
     def run_step(tr, i: int) -> dict:
         samples = [Sample(**s) for s in spec["steps"][i]]

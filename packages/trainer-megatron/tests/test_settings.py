@@ -1,17 +1,22 @@
-"""Impossible megatron_* combinations are all reported, each with a fix; the CPU shim is reversible."""
+"""Model- and machine-dependent Megatron problems are all reported with a fix; the dtype follows the config;
+the CPU shim is reversible. (The config-only rules are tested in packages/config.)"""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 from megatron_families import family_config
 
 import telescope_config
+from telescope_config import ConfigError
 from telescope_trainer_megatron import (
     Architecture,
     ParallelLayout,
     check_megatron_settings,
     megatron_problems,
+    params_dtype_name,
 )
 
 
@@ -25,51 +30,133 @@ LLAMA = Architecture.from_dict(family_config("llama").to_dict())  # 4 heads, 2 k
 MOE = Architecture.from_dict(family_config("mixtral").to_dict())  # 4 experts
 
 
-def _problems(arch=LLAMA, world=2, has_te=False, has_cuda=False, **overrides):
+def _problems(arch=LLAMA, world=None, has_te=False, has_cuda=False, **overrides):
     cfg = _config(**overrides)
-    return megatron_problems(
-        cfg, arch, ParallelLayout.from_config(cfg, world), has_te=has_te, has_cuda=has_cuda
-    )
+    layout = ParallelLayout.from_config(cfg, cfg.trainer_num_workers if world is None else world)
+    return megatron_problems(cfg, arch, layout, has_te=has_te, has_cuda=has_cuda)
 
 
 def test_defaults_are_fine_on_cpu():
     assert _problems() == []
     assert _problems(megatron_tensor_parallel_size=2) == []
+    assert _problems(MOE, megatron_expert_parallel_size=2) == []
 
 
 @pytest.mark.parametrize(
-    ("overrides", "arch", "world", "fragment"),
+    ("overrides", "arch", "field", "source", "fragment"),
     [
-        ({"megatron_tensor_parallel_size": 3}, LLAMA, 3, "must divide the attention heads"),
-        ({"megatron_tensor_parallel_size": 2}, LLAMA, 3, "must be divisible"),
-        ({"megatron_pipeline_parallel_size": 4}, LLAMA, 4, "must divide the number of layers"),
-        ({"megatron_expert_parallel_size": 2}, LLAMA, 2, "has no experts"),
-        ({"megatron_expert_parallel_size": 3}, MOE, 3, "must divide the experts"),
-        ({"megatron_context_parallel_size": 2}, LLAMA, 2, "needs Transformer Engine"),
-        ({"megatron_use_transformer_engine": True}, LLAMA, 1, "not installed"),
-        ({"megatron_fp8": True}, LLAMA, 1, "needs megatron_use_transformer_engine"),
         (
-            {"megatron_use_precision_aware_optimizer": True, "megatron_use_distributed_optimizer": False},
+            {"trainer_num_workers": 3, "megatron_tensor_parallel_size": 3},
             LLAMA,
-            1,
-            "needs megatron_use_distributed_optimizer",
+            "megatron_tensor_parallel_size",
+            "config.json",
+            "heads (4) and key/value heads (2)",
         ),
-        ({"megatron_exp_avg_dtype": "bfloat16"}, LLAMA, 1, "only takes effect"),
-        ({"megatron_overlap_grad_reduce": True}, LLAMA, 1, "CUDA streams"),
-        ({"megatron_optimizer_cpu_offload": True}, LLAMA, 1, "already there"),
+        (
+            {"trainer_num_workers": 4, "megatron_pipeline_parallel_size": 4},
+            LLAMA,
+            "megatron_pipeline_parallel_size",
+            "config.json",
+            "layers (2)",
+        ),
+        (
+            {"megatron_expert_parallel_size": 2},
+            LLAMA,
+            "megatron_expert_parallel_size",
+            "config.json",
+            "no experts",
+        ),
+        (
+            {"trainer_num_workers": 3, "megatron_expert_parallel_size": 3},
+            MOE,
+            "megatron_expert_parallel_size",
+            "config.json",
+            "experts (4)",
+        ),
+        (
+            {"megatron_use_transformer_engine": True},
+            LLAMA,
+            "megatron_use_transformer_engine",
+            "machine",
+            "not installed",
+        ),
+        (
+            {"megatron_fp8": True, "megatron_use_transformer_engine": True},
+            LLAMA,
+            "megatron_fp8",
+            "machine",
+            "CUDA",
+        ),
+        (
+            {"megatron_overlap_grad_reduce": True},
+            LLAMA,
+            "megatron_overlap_grad_reduce",
+            "machine",
+            "CUDA streams",
+        ),
+        (
+            {"megatron_optimizer_cpu_offload": True},
+            LLAMA,
+            "megatron_optimizer_cpu_offload",
+            "machine",
+            "already there",
+        ),
     ],
 )
-def test_each_impossible_combination_is_reported(overrides, arch, world, fragment):
-    problems = _problems(arch=arch, world=world, **overrides)
-    assert any(fragment in p for p in problems), problems
+def test_each_model_or_machine_problem_is_reported(overrides, arch, field, source, fragment):
+    [p] = [p for p in _problems(arch=arch, **overrides) if p.field == field]
+    assert p.value == overrides[field]
+    assert fragment in p.rule
+    assert source in p.source
+    assert p.fix
+
+
+def test_world_must_match_trainer_num_workers():
+    [p] = _problems(world=4, trainer_num_workers=2)
+    assert (p.field, p.value) == ("trainer_num_workers", 2)
+    assert "4 ranks" in p.rule
+    assert "trainer_num_workers: 4" in p.fix
+
+
+def test_with_cuda_and_te_the_machine_problems_go_away():
+    values = {
+        "megatron_fp8": True,
+        "megatron_use_transformer_engine": True,
+        "megatron_overlap_grad_reduce": True,
+        "megatron_optimizer_cpu_offload": True,
+    }
+    assert len(_problems(**values)) == 4
+    assert _problems(has_te=True, has_cuda=True, **values) == []
 
 
 def test_check_raises_all_problems_at_once():
-    cfg = _config(megatron_tensor_parallel_size=3, megatron_fp8=True)
-    with pytest.raises(ValueError, match="cannot work") as info:
+    cfg = _config(trainer_num_workers=3, megatron_tensor_parallel_size=3, megatron_overlap_grad_reduce=True)
+    with pytest.raises(ConfigError, match="2 problems in the Megatron settings") as info:
         check_megatron_settings(cfg, LLAMA, ParallelLayout.from_config(cfg, 3), has_te=False, has_cuda=False)
-    assert "attention heads" in str(info.value)
-    assert "megatron_fp8" in str(info.value)
+    assert {p.field for p in info.value.problems} == {
+        "megatron_tensor_parallel_size",
+        "megatron_overlap_grad_reduce",
+    }
+    assert "fix:" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({}, "bfloat16"),  # defaults: float32 master weights, bfloat16 compute, as upstream
+        ({"mixed_precision_dtype": None}, "float32"),
+        ({"mixed_precision_dtype": None, "model_dtype": "bfloat16"}, "bfloat16"),
+        ({"mixed_precision_dtype": "float32", "model_dtype": "bfloat16"}, "float32"),
+    ],
+)
+def test_params_dtype_follows_the_config(values, expected):
+    assert params_dtype_name(_config(**values)) == expected
+
+
+def test_params_dtype_refuses_float16():
+    cfg = SimpleNamespace(mixed_precision_dtype="float16", model_dtype="float32")
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        params_dtype_name(cfg)
 
 
 @pytest.mark.filterwarnings("ignore:Transformer Engine and Apex:UserWarning")

@@ -125,11 +125,13 @@ def test_training_matches_reference_and_resumes_exactly(
             "weight_decay": WD,
             "megatron_tensor_parallel_size": tp,
             "megatron_pipeline_parallel_size": pp,
+            "mixed_precision_dtype": None,  # compute in model_dtype, float32
         },
-        "options": {"params_dtype": "float32", "adam_beta2": 0.999, "adam_eps": EPS},
+        "options": {"adam_beta2": 0.999, "adam_eps": EPS},
     }
     result = run_ranks(spec, world, tmp_path, timeout=900)
     assert result["dp_world_size"] == world // (tp * pp)
+    assert result["params_dtype"] == "torch.float32"
     _check_against_reference(result, _reference(tiny_tp_model, steps))
     # Checkpoint round trip: a fresh trainer loaded from step 0 repeats step 1 bit for bit.
     assert result["extra_state"] == {"note": "hello", "step": 0}

@@ -6,7 +6,10 @@ all validated when other fields failed, and report everything in one pass. A rul
 needs batch normalisation, and is switched to it with a warning).
 
 Rules 1 to 8 are those of the original Telescope (spec §2.3), with rule 6 turned into an
-adjustment; the last four close gaps the original left open (spec §12 item 14).
+adjustment; the next four close gaps the original left open (spec §12 item 14). The Megatron
+rules at the end apply only with ``train_backend: megatron`` and need nothing but the config;
+the checks that need the model's ``config.json`` (heads, layers, experts) or the machine (CUDA,
+Transformer Engine) run when the Megatron trainer is created.
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ def _fsdp_context_parallel(c: TelescopeConfig) -> Iterator[Violation]:  # rule 8
             "fsdp_context_parallel_size",
             cp,
             f"FSDP context parallelism needs train_backend fsdp (it is {c.train_backend})",
-            "set fsdp_context_parallel_size: 1, or use megatron_context_parallel_size with Megatron",
+            "set fsdp_context_parallel_size: 1, or train_backend: fsdp",
         )
     if c.seq_len % (2 * cp):
         yield Violation(
@@ -217,6 +220,134 @@ def _training_keeps_a_server(c: TelescopeConfig) -> Iterator[Violation]:  # new
             f"periodic evals would take all {servers} inference server(s) and leave none for training",
             f"set eval_num_servers below {servers} (0 disables periodic evals), or add inference workers",
         )
+
+
+_MEGATRON_SIZES = (
+    "megatron_tensor_parallel_size",
+    "megatron_pipeline_parallel_size",
+    "megatron_context_parallel_size",
+)
+_OPTIMIZER_DTYPES = (
+    "megatron_main_grads_dtype",
+    "megatron_main_params_dtype",
+    "megatron_exp_avg_dtype",
+    "megatron_exp_avg_sq_dtype",
+)
+
+
+@_rule("train_backend", "trainer_num_workers", *_MEGATRON_SIZES)
+def _megatron_whole_model_replicas(c: TelescopeConfig) -> Iterator[Violation]:  # rule 9
+    tp, pp, cp = (
+        c.megatron_tensor_parallel_size,
+        c.megatron_pipeline_parallel_size,
+        c.megatron_context_parallel_size,
+    )
+    replica = tp * pp * cp
+    if c.train_backend == "megatron" and c.trainer_num_workers % replica:
+        yield Violation(
+            "trainer_num_workers",
+            c.trainer_num_workers,
+            f"with Megatron, trainer_num_workers must be a multiple of tensor x pipeline x context parallel "
+            f"size ({tp} x {pp} x {cp} = {replica}) so that every model replica is complete",
+            f"use a multiple of {replica} for trainer_num_workers, or lower the megatron_*_parallel_size "
+            "values",
+        )
+
+
+@_rule(
+    "train_backend", "trainer_num_workers", "megatron_pipeline_parallel_size", "megatron_expert_parallel_size"
+)
+def _megatron_expert_groups(c: TelescopeConfig) -> Iterator[Violation]:  # rule 9, expert part
+    ep, pp = c.megatron_expert_parallel_size, c.megatron_pipeline_parallel_size
+    if c.train_backend != "megatron" or ep <= 1 or c.trainer_num_workers % pp:
+        return
+    stage = c.trainer_num_workers // pp
+    if stage % ep:
+        yield Violation(
+            "megatron_expert_parallel_size",
+            ep,
+            f"megatron_expert_parallel_size must divide the ranks of one pipeline stage (trainer_num_workers "
+            f"/ megatron_pipeline_parallel_size = {stage})",
+            f"use a divisor of {stage} for megatron_expert_parallel_size, or change trainer_num_workers",
+        )
+
+
+@_rule("train_backend", "megatron_context_parallel_size")
+def _megatron_no_context_parallel_yet(c: TelescopeConfig) -> Iterator[Violation]:  # new
+    cp = c.megatron_context_parallel_size
+    if c.train_backend == "megatron" and cp > 1:
+        yield Violation(
+            "megatron_context_parallel_size",
+            cp,
+            "Megatron context parallelism is not implemented in this version of the Megatron backend (it "
+            "needs Transformer Engine's context-parallel attention, which the backend does not wire yet)",
+            "set megatron_context_parallel_size: 1; for long sequences use more "
+            "megatron_tensor_parallel_size or a shorter seq_len",
+        )
+
+
+@_rule("train_backend", "model_dtype", "mixed_precision_dtype")
+def _megatron_no_float16(c: TelescopeConfig) -> Iterator[Violation]:  # new
+    if c.train_backend != "megatron":
+        return
+    field = "mixed_precision_dtype" if c.mixed_precision_dtype is not None else "model_dtype"
+    if getattr(c, field) == "float16":
+        yield Violation(
+            field,
+            "float16",
+            "the Megatron backend computes in mixed_precision_dtype (or model_dtype when it is null) and "
+            "supports bfloat16 and float32 only: float16 would need loss scaling, which it does not do",
+            f"set {field}: bfloat16",
+        )
+
+
+@_rule("train_backend", "megatron_fp8", "megatron_use_transformer_engine")
+def _megatron_fp8_needs_te(c: TelescopeConfig) -> Iterator[Violation]:  # new
+    if c.train_backend == "megatron" and c.megatron_fp8 and not c.megatron_use_transformer_engine:
+        yield Violation(
+            "megatron_fp8",
+            True,
+            "FP8 matrix multiplies come from Transformer Engine layers, and megatron_use_transformer_engine "
+            "is false",
+            "set megatron_use_transformer_engine: true (transformer-engine installed, Hopper or newer GPU), "
+            "or megatron_fp8: false",
+        )
+
+
+@_rule(
+    "train_backend",
+    "megatron_use_distributed_optimizer",
+    "megatron_use_precision_aware_optimizer",
+    "megatron_optimizer_cpu_offload",
+)
+def _megatron_needs_distributed_optimizer(c: TelescopeConfig) -> Iterator[Violation]:  # new
+    if c.train_backend != "megatron" or c.megatron_use_distributed_optimizer:
+        return
+    for field in ("megatron_use_precision_aware_optimizer", "megatron_optimizer_cpu_offload"):
+        if getattr(c, field):
+            yield Violation(
+                field,
+                True,
+                f"{field} works only with Megatron's distributed optimizer, and "
+                "megatron_use_distributed_optimizer is false",
+                f"set megatron_use_distributed_optimizer: true, or {field}: false",
+            )
+
+
+@_rule("train_backend", "megatron_use_precision_aware_optimizer", *_OPTIMIZER_DTYPES)
+def _megatron_dtypes_need_precision_aware(c: TelescopeConfig) -> Iterator[Violation]:  # new
+    if c.train_backend != "megatron" or c.megatron_use_precision_aware_optimizer:
+        return
+    for field in _OPTIMIZER_DTYPES:
+        value = getattr(c, field)
+        if value != "float32":
+            yield Violation(
+                field,
+                value,
+                f"{field} takes effect only with the precision-aware optimizer, and "
+                "megatron_use_precision_aware_optimizer is false (the setting would be ignored)",
+                f"set megatron_use_precision_aware_optimizer: true, or {field}: float32",
+            )
 
 
 RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))

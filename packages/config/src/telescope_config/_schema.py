@@ -79,12 +79,16 @@ class TelescopeConfig(BaseModel):
         "servers and the tokenizer all load it.",
     )
     model_dtype: Dtype = Field(
-        description="Dtype of the master weights the FSDP trainer loads. float32 keeps optimizer updates "
-        "exact; Megatron always uses bfloat16."
+        description="Dtype of the master weights the trainer keeps and updates; float32 keeps optimizer "
+        "updates exact. FSDP loads the model in it. Megatron's optimizer always keeps float32 master "
+        "weights (or megatron_main_params_dtype with the precision-aware optimizer), so with Megatron "
+        "model_dtype only sets the compute dtype when mixed_precision_dtype is null."
     )
     mixed_precision_dtype: Dtype | None = Field(
-        description="FSDP2 compute dtype of parameters (gradients are still reduced in float32); null turns"
-        " mixed precision off and computes in model_dtype."
+        description="Compute dtype of the parameters in forward and backward; gradients are still reduced in"
+        " float32. FSDP casts the model_dtype weights to it; Megatron holds its parameters in it (the "
+        "default bfloat16 is Megatron's usual setup). null turns mixed precision off and computes in "
+        "model_dtype. Megatron takes bfloat16 or float32, not float16."
     )
 
     # Ray
@@ -171,7 +175,11 @@ class TelescopeConfig(BaseModel):
         description="GPUs per vLLM server (tensor parallelism), >= 1; must divide inference_num_workers. "
         "Raise it when the model does not fit on one GPU.",
     )
-    trainer_num_workers: int = Field(ge=1, description="GPUs (ranks) of the trainer, >= 1.")
+    trainer_num_workers: int = Field(
+        ge=1,
+        description="GPUs (ranks) of the trainer, >= 1; with train_backend megatron a multiple of "
+        "megatron_tensor_parallel_size x megatron_pipeline_parallel_size x megatron_context_parallel_size.",
+    )
 
     # Environments
     environments: list[EnvironmentEntry] = Field(
@@ -279,13 +287,14 @@ class TelescopeConfig(BaseModel):
     )
     megatron_context_parallel_size: int = Field(
         ge=1,
-        description="Megatron context parallelism, >= 1: splits each sequence over GPUs (needs Transformer "
-        "Engine).",
+        description="Megatron context parallelism, >= 1: would split each sequence over GPUs with "
+        "Transformer Engine; not implemented by the Megatron backend yet, so only 1 is accepted with "
+        "train_backend megatron.",
     )
     megatron_expert_parallel_size: int = Field(
         ge=1,
         description="Megatron expert parallelism for mixture-of-experts models, >= 1; must divide the "
-        "number of experts.",
+        "number of experts and trainer_num_workers / megatron_pipeline_parallel_size.",
     )
     megatron_global_batch_size: int | None = Field(
         ge=1,

@@ -13,7 +13,12 @@ from telescope_trainer_megatron._arch import SUPPORTED_MODEL_TYPES, Architecture
 from telescope_trainer_megatron._convert import hf_to_megatron, megatron_names, megatron_to_hf
 from telescope_trainer_megatron._cpu_shim import install_cpu_shim, uninstall_cpu_shim
 from telescope_trainer_megatron._schedule import lr_multiplier
-from telescope_trainer_megatron._settings import ParallelLayout, check_megatron_settings, megatron_problems
+from telescope_trainer_megatron._settings import (
+    ParallelLayout,
+    check_megatron_settings,
+    megatron_problems,
+    params_dtype_name,
+)
 from telescope_trainer_megatron._shard import tp_merge, tp_shard
 from telescope_trainer_megatron._trainer import MegatronTrainer, create_trainer
 
@@ -35,6 +40,7 @@ __all__ = [
     "megatron_problems",
     "megatron_to_hf",
     "padded_vocab_size",
+    "params_dtype_name",
     "tp_merge",
     "tp_shard",
     "uninstall_cpu_shim",

@@ -1,9 +1,16 @@
 """The Megatron backend's view of the run config: parallel layout, precision, and its checks.
 
-:func:`megatron_problems` lists every impossible ``megatron_*`` combination for a given model and
-world size, each with how to fix it; :func:`check_megatron_settings` raises them all at once.
-They run when the trainer is created (the model's shape and the world size are needed, so these
-are runtime checks, spec §2.3 rule 9, plus the ones upstream left to fail deep inside Megatron).
+The rules that need only the config (world divisible by TP×PP×CP, no context parallelism yet,
+FP8 needs Transformer Engine, the optimizer options that need the distributed or the
+precision-aware optimizer, no float16) live in ``telescope_config`` and hold for every validated
+config. :func:`megatron_problems` adds the ones that need the model's ``config.json`` (heads,
+layers, experts) or this machine (the world size, CUDA, Transformer Engine installed), as
+``telescope_config.Problem``s; :func:`check_megatron_settings` raises them all at once in a
+``telescope_config.ConfigError`` when the trainer is created.
+
+:func:`params_dtype_name` is the dtype Megatron holds its parameters in: ``mixed_precision_dtype``,
+or ``model_dtype`` when that is null (bfloat16 by default, as upstream; float32 for exact tests);
+the optimizer keeps float32 main parameters for bfloat16 ones.
 
 Field notes (what each ``megatron_*`` field does in this backend):
 
@@ -23,9 +30,16 @@ from typing import Any
 
 import torch
 
+from telescope_config import ConfigError, Problem
 from telescope_trainer_megatron._arch import Architecture
 
-__all__ = ["ParallelLayout", "check_megatron_settings", "megatron_problems", "te_available"]
+__all__ = [
+    "ParallelLayout",
+    "check_megatron_settings",
+    "megatron_problems",
+    "params_dtype_name",
+    "te_available",
+]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -68,88 +82,108 @@ class ParallelLayout:
         )
 
 
+def params_dtype_name(config: Any) -> str:
+    """The parameter (compute) dtype: ``mixed_precision_dtype``, else ``model_dtype``."""
+    name = config.mixed_precision_dtype or config.model_dtype
+    if name not in ("bfloat16", "float32"):
+        raise ValueError(
+            f"the Megatron backend computes in bfloat16 or float32, got {name!r} from "
+            "mixed_precision_dtype/model_dtype; set mixed_precision_dtype: bfloat16"
+        )
+    return name
+
+
+_MODEL = "the model's config.json"
+_MACHINE = "this machine"
+
+
 def megatron_problems(
     config: Any, arch: Architecture, layout: ParallelLayout, *, has_te: bool, has_cuda: bool
-) -> list[str]:
-    """Every reason this config cannot train this model on this world, each with a fix."""
-    out: list[str] = []
-    tp, pp, cp, ep = layout.tp, layout.pp, layout.cp, layout.ep
-    if layout.world % (tp * pp * cp):
+) -> list[Problem]:
+    """Every reason this config cannot train this model on this machine, each with a fix."""
+    out: list[Problem] = []
+    tp, pp, ep = layout.tp, layout.pp, layout.ep
+    if layout.world != config.trainer_num_workers:
         out.append(
-            f"trainer_num_workers ({layout.world}) must be divisible by megatron_tensor_parallel_size × "
-            f"megatron_pipeline_parallel_size × megatron_context_parallel_size = {tp * pp * cp}"
+            Problem(
+                "trainer_num_workers",
+                config.trainer_num_workers,
+                f"the torch.distributed world has {layout.world} ranks",
+                f"start {config.trainer_num_workers} trainer processes or set trainer_num_workers: "
+                f"{layout.world}",
+                _MACHINE,
+            )
         )
     if arch.num_heads % tp or arch.num_kv_heads % tp:
         out.append(
-            f"megatron_tensor_parallel_size ({tp}) must divide the attention heads ({arch.num_heads}) and "
-            f"key/value heads ({arch.num_kv_heads}) of the model"
+            Problem(
+                "megatron_tensor_parallel_size",
+                tp,
+                f"must divide the attention heads ({arch.num_heads}) and key/value heads "
+                f"({arch.num_kv_heads}) of {arch.model_type}",
+                f"use a common divisor of {arch.num_heads} and {arch.num_kv_heads}",
+                _MODEL,
+            )
         )
     if arch.num_layers % pp:
         out.append(
-            f"megatron_pipeline_parallel_size ({pp}) must divide the number of layers ({arch.num_layers})"
+            Problem(
+                "megatron_pipeline_parallel_size",
+                pp,
+                f"must divide the number of layers ({arch.num_layers})",
+                f"use a divisor of {arch.num_layers}",
+                _MODEL,
+            )
         )
-    if ep > 1:
-        if not arch.is_moe:
-            out.append(
-                f"megatron_expert_parallel_size is {ep} but {arch.model_type} has no experts; set it to 1"
-            )
-        elif (arch.num_experts or 0) % ep:
-            out.append(f"megatron_expert_parallel_size ({ep}) must divide the experts ({arch.num_experts})")
-        if layout.world % (tp * pp * cp) == 0 and (layout.dp * cp * tp) % ep:
-            out.append(
-                f"megatron_expert_parallel_size ({ep}) must divide the ranks of one pipeline stage "
-                f"({layout.dp * cp * tp})"
-            )
-    if cp > 1:
-        if not has_te:
-            out.append(
-                "megatron_context_parallel_size > 1 needs Transformer Engine "
-                "(pip install transformer-engine); "
-                "set it to 1"
-            )
+    if ep > 1 and not arch.is_moe:
         out.append(
-            "megatron_context_parallel_size > 1 is not implemented by this backend yet; set it to 1 "
-            "(or use fsdp_context_parallel_size with train_backend: fsdp)"
+            Problem(
+                "megatron_expert_parallel_size",
+                ep,
+                f"{arch.model_type} has no experts to split",
+                "set megatron_expert_parallel_size: 1",
+                _MODEL,
+            )
+        )
+    elif ep > 1 and (arch.num_experts or 0) % ep:
+        out.append(
+            Problem(
+                "megatron_expert_parallel_size",
+                ep,
+                f"must divide the experts ({arch.num_experts})",
+                f"use a divisor of {arch.num_experts}",
+                _MODEL,
+            )
         )
     if config.megatron_use_transformer_engine and not has_te:
         out.append(
-            "megatron_use_transformer_engine is true but transformer_engine is not installed; install "
-            "transformer-engine or set it to false"
-        )
-    if config.megatron_fp8:
-        if not config.megatron_use_transformer_engine:
-            out.append("megatron_fp8 needs megatron_use_transformer_engine: true")
-        if not has_cuda:
-            out.append("megatron_fp8 needs a CUDA GPU (Hopper or newer); set it to false")
-    if config.megatron_use_precision_aware_optimizer and not config.megatron_use_distributed_optimizer:
-        out.append("megatron_use_precision_aware_optimizer needs megatron_use_distributed_optimizer: true")
-    if config.megatron_optimizer_cpu_offload and not config.megatron_use_distributed_optimizer:
-        out.append("megatron_optimizer_cpu_offload needs megatron_use_distributed_optimizer: true")
-    if config.megatron_optimizer_cpu_offload and not has_cuda:
-        out.append(
-            "megatron_optimizer_cpu_offload moves optimizer state from the GPU to the CPU; without CUDA "
-            "it is already there: set it to false"
-        )
-    if not config.megatron_use_precision_aware_optimizer:
-        changed = [
-            f
-            for f in ("main_grads", "main_params", "exp_avg", "exp_avg_sq")
-            if getattr(config, f"megatron_{f}_dtype") != "float32"
-        ]
-        if changed:
-            out.append(
-                f"megatron_{changed[0]}_dtype only takes effect with megatron_use_precision_aware_optimizer:"
-                " true; enable it or leave the dtypes at float32"
+            Problem(
+                "megatron_use_transformer_engine",
+                True,
+                "transformer_engine is not installed",
+                "install transformer-engine, or set megatron_use_transformer_engine: false",
+                _MACHINE,
             )
-    if config.megatron_overlap_grad_reduce and not has_cuda:
-        out.append("megatron_overlap_grad_reduce needs CUDA streams; set it to false on CPU")
+        )
+    if not has_cuda:
+        needs_cuda = {
+            "megatron_fp8": "FP8 needs a CUDA GPU (Hopper or newer)",
+            "megatron_optimizer_cpu_offload": "offloading moves optimizer state from the GPU to the CPU; "
+            "without CUDA it is already there",
+            "megatron_overlap_grad_reduce": "overlapping the gradient reduce needs CUDA streams",
+        }
+        for field, why in needs_cuda.items():
+            if getattr(config, field):
+                out.append(
+                    Problem(field, True, f"{why}, and CUDA is not available", f"set {field}: false", _MACHINE)
+                )
     return out
 
 
 def check_megatron_settings(
     config: Any, arch: Architecture, layout: ParallelLayout, *, has_te: bool, has_cuda: bool
 ) -> None:
-    """Raise ``ValueError`` listing every problem of :func:`megatron_problems`."""
+    """Raise a ``telescope_config.ConfigError`` listing every problem of :func:`megatron_problems`."""
     problems = megatron_problems(config, arch, layout, has_te=has_te, has_cuda=has_cuda)
     if problems:
-        raise ValueError("the Megatron settings cannot work:\n- " + "\n- ".join(problems))
+        raise ConfigError(problems, "the Megatron settings for this model and machine")

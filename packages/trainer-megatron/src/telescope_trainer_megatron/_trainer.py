@@ -47,6 +47,7 @@ from telescope_trainer_megatron._schedule import lr_multiplier
 from telescope_trainer_megatron._settings import (
     ParallelLayout,
     check_megatron_settings,
+    params_dtype_name,
     te_available,
     torch_dtype,
 )
@@ -98,9 +99,14 @@ def create_trainer(config: Any, *, model_path: str | Path | None = None, **optio
 
     Args:
         model_path: local Hugging Face folder; defaults to ``config.model``.
-        options: ``params_dtype`` ("bfloat16" default, as upstream; "float32" for exact tests),
-            ``adam_beta1`` (0.9), ``adam_beta2`` (0.98), ``adam_eps`` (1e-8), ``seed`` (42),
+        options: ``params_dtype`` (overrides the config's: ``mixed_precision_dtype``, or
+            ``model_dtype`` when that is null; bfloat16 by default as upstream, float32 for exact
+            tests), ``adam_beta1`` (0.9), ``adam_beta2`` (0.98), ``adam_eps`` (1e-8), ``seed`` (42),
             ``init_timeout_s`` (600, process-group timeout).
+
+    Raises:
+        telescope_config.ConfigError: the settings cannot work with this model on this machine.
+        NotImplementedError: ``megatron_context_parallel_size > 1`` (also refused by the config).
     """
     return MegatronTrainer(config, model_path=model_path, **options)
 
@@ -113,7 +119,7 @@ class MegatronTrainer:
         config: Any,
         *,
         model_path: str | Path | None = None,
-        params_dtype: str = "bfloat16",
+        params_dtype: str | None = None,
         adam_beta1: float = 0.9,
         adam_beta2: float = 0.98,
         adam_eps: float = 1e-8,
@@ -127,11 +133,16 @@ class MegatronTrainer:
         self._cpu = install_cpu_shim()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         layout = ParallelLayout.from_config(config, self.world_size)
+        if layout.cp > 1:
+            raise NotImplementedError(
+                "megatron_context_parallel_size > 1 is not implemented by the Megatron backend yet; set "
+                "megatron_context_parallel_size: 1"
+            )
         check_megatron_settings(
             config, self.arch, layout, has_te=te_available(), has_cuda=torch.cuda.is_available()
         )
         self.layout = layout
-        self.params_dtype = torch_dtype(params_dtype)
+        self.params_dtype = torch_dtype(params_dtype or params_dtype_name(config))
         self._closed = False
         self._plan: ExportPlan | None = None
         self._build(seed, adam_beta1, adam_beta2, adam_eps)
@@ -231,6 +242,7 @@ class MegatronTrainer:
         dist.all_reduce(src, op=dist.ReduceOp.MAX)
         self._metrics_src = int(src.item())
         self.scheduler_step = 0
+        self.skipped_steps_total = 0
 
     # --------------------------------------------------------------- protocol
     @property
@@ -280,11 +292,16 @@ class MegatronTrainer:
             skipped += not ok
             _accumulate(sums, outputs)
         self.scheduler_step = step + 1
+        self.skipped_steps_total += skipped
+        sums["num_samples"] = float(sum(mb.num_samples for mb in micro_batches))
         metrics = self._reduce_metrics(sums, n_groups)
         metrics.update(timings)
         metrics["grad_norm"] = float(sum(norms) / len(norms)) if norms else 0.0
         metrics["learning_rate"] = lr
-        metrics["optimizer_steps_skipped"] = float(skipped)
+        metrics["skipped_steps"] = float(skipped)
+        metrics["skipped_steps_total"] = float(self.skipped_steps_total)
+        if torch.cuda.is_available():
+            metrics["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated() / 1024**3
         metrics["timing/forward_backward"] = fb_time
         metrics["timing/optimizer"] = opt_time
         metrics["timing/step"] = time.perf_counter() - t0
@@ -334,6 +351,7 @@ class MegatronTrainer:
             "model": self.model.module.state_dict(),
             "optimizer": ckpt.optimizer_state(self.optimizer),
             "scheduler_step": self.scheduler_step,
+            "skipped_steps_total": self.skipped_steps_total,
             "step": step,
             "rng": ckpt.rng_state(),
         }
@@ -362,6 +380,7 @@ class MegatronTrainer:
             self.model.module.load_state_dict(state["model"], strict=True)
         ckpt.set_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler_step = int(state["scheduler_step"])
+        self.skipped_steps_total = int(state.get("skipped_steps_total", 0))
         ckpt.set_rng_state(state["rng"])
         extra = torch.load(path / "extra_state.pt", weights_only=False)
         dist.barrier()
@@ -530,7 +549,11 @@ class MegatronTrainer:
         dist.all_reduce(vec, group=self.dp_group)
         total = dict(zip(keys, vec.tolist(), strict=True))
         weight = max(total.get("num_tokens", 0.0), 1.0)
-        out = {"loss": total.pop("loss", 0.0) / n_groups, "num_tokens": total.pop("num_tokens", 0.0)}
+        out = {
+            "loss": total.pop("loss", 0.0) / n_groups,
+            "num_tokens": total.pop("num_tokens", 0.0),
+            "num_samples": total.pop("num_samples", 0.0),
+        }
         out.update({k: v / weight for k, v in total.items()})
         return out
 

@@ -1,0 +1,166 @@
+"""The Megatron backend (TP=1 and TP=2) trains exactly like the FSDP backend (slow, CPU, gloo).
+
+Both backends get the same tiny Llama folder (4 heads, 2 KV heads, so TP=2 splits it), the same
+packed micro-batches from ``telescope_algos.pack_samples`` (mixed lengths, several samples per row,
+random advantages and rollout log-probabilities) and the same config: float32 parameters and no
+mixed precision (``model_dtype: float32``, ``mixed_precision_dtype: null``), ``learning_rate``
+1e-3, ``weight_decay`` 0.1, ``grad_clip`` 0.5, no LR schedule. Two ``train_step`` calls each; the
+FSDP trainer runs in this process on one gloo rank, Megatron runs in spawned ranks (1 for TP=1,
+2 for TP=2) through ``megatron_worker.py``.
+
+Adam is made identical on both sides. FSDP uses ``torch.optim.AdamW`` with PyTorch's defaults
+(betas 0.9/0.999, eps 1e-8) on one parameter group, so weight decay also hits norm weights;
+Megatron uses betas 0.9/0.98 by default and never decays 1-D parameters (norms, biases). The
+Megatron side gets ``adam_beta2=0.999`` and ``adam_eps=1e-4``; the FSDP trainer exposes no
+optimizer options, so this test rebuilds its AdamW with the same hyper-parameters and Megatron's
+grouping (decay on matrices only). eps is 1e-4 rather than 1e-8 so that an update is smooth in the
+gradient: with eps 1e-8 Adam's first step is lr·sign(g), and fp32 summation-order noise of 1e-9
+in a near-zero gradient flips a whole lr-sized step.
+
+Tolerances: ``loss`` and ``grad_norm`` within 1e-5 relative; every updated weight (Hugging Face
+names, from ``hf_weights()``) within 1e-5 absolute, i.e. 1% of one lr-sized step, while a missed
+clip, a wrong decay or a mis-scaled gradient moves weights by 1e-4 or more. Differences come only
+from fp32 summation order (different attention kernels, TP all-reduces).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from megatron_spawn import run_ranks
+from safetensors.torch import load_file
+
+import telescope_config
+from telescope_algos import Sample, pack_samples
+
+ROOT = Path(__file__).resolve().parents[3]
+SEQ_LEN, PAD = 48, 8
+LR, WD, EPS, BETAS, CLIP = 1e-3, 0.1, 1e-4, (0.9, 0.999), 0.5
+SHARED = {
+    "learning_rate": LR,
+    "weight_decay": WD,
+    "grad_clip": CLIP,
+    "lr_scheduler": "none",
+    "model_dtype": "float32",
+    "mixed_precision_dtype": None,
+    "temperature": 1.0,
+}
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+@pytest.fixture(scope="module")
+def tiny_tp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = importlib.util.spec_from_file_location("_tiny_model_vs_fsdp", ROOT / "tools" / "tiny_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_tiny_model(tmp_path_factory.mktemp("tiny_vs_fsdp"), heads=4, kv_heads=2, hidden=128)
+
+
+def _steps() -> list[list[dict]]:
+    """Two steps of samples, 11-24 tokens each, so a 48-token row holds two to four of them."""
+    rng = random.Random(1234)
+    steps = []
+    for n in (7, 6):
+        samples = []
+        for _ in range(n):
+            prompt = [rng.randrange(3, 400) for _ in range(rng.randint(3, 8))]
+            completion = [rng.randrange(3, 400) for _ in range(rng.randint(8, 16))]
+            samples.append(
+                {
+                    "prompt_ids": prompt,
+                    "completion_ids": completion,
+                    "advantage": rng.uniform(-2, 2),
+                    "rollout_logprobs": [-rng.uniform(3, 7) for _ in completion],
+                }
+            )
+        steps.append(samples)
+    return steps
+
+
+def _fsdp_run(model_dir: Path, steps: list[list[dict]]) -> list[dict]:
+    from telescope_trainer_fsdp import create_trainer
+
+    values = {
+        **telescope_config.defaults(),
+        "environments": [{"name": "countdown"}],
+        "model": str(model_dir),
+        "train_backend": "fsdp",
+        "trainer_num_workers": 1,
+        **SHARED,
+    }
+    config = telescope_config.TelescopeConfig.model_validate(values)
+    trainer = create_trainer(config, seed=0)
+    try:
+        params = trainer._params
+        # Megatron's Adam: decoupled decay on matrices only, the same betas and eps (module docstring).
+        trainer.optimizer = torch.optim.AdamW(
+            [
+                {"params": [p for p in params if p.dim() > 1], "weight_decay": WD},
+                {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0},
+            ],
+            lr=LR,
+            betas=BETAS,
+            eps=EPS,
+        )
+        out = []
+        for i, samples in enumerate(steps):
+            [micro_batches] = pack_samples(
+                [Sample(**s) for s in samples], seq_len=SEQ_LEN, pad_to_multiple_of=PAD, num_ranks=1
+            )
+            assert len(micro_batches) < len(samples), "the test wants several samples per row"
+            metrics = trainer.train_step(micro_batches, step=i)
+            weights = {n: t.detach().cpu().clone() for n, t in trainer.hf_weights()}
+            out.append({"metrics": metrics, "weights": weights})
+        return out
+    finally:
+        trainer.close()
+
+
+def _megatron_run(model_dir: Path, steps: list[list[dict]], tmp: Path, *, tp: int) -> list[dict]:
+    spec = {
+        "model_dir": str(model_dir),
+        "seq_len": SEQ_LEN,
+        "pad": PAD,
+        "steps": steps,
+        "overrides": {**SHARED, "trainer_num_workers": tp, "megatron_tensor_parallel_size": tp},
+        "options": {"adam_beta1": BETAS[0], "adam_beta2": BETAS[1], "adam_eps": EPS},
+    }
+    result = run_ranks(spec, tp, tmp, timeout=900)
+    assert result["dp_world_size"] == 1
+    assert result["params_dtype"] == "torch.float32"  # from the config, no backend option
+    return result["steps"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_reference(tiny_tp_model: Path) -> list[dict]:
+    return _fsdp_run(tiny_tp_model, _steps())
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_megatron_matches_fsdp(tiny_tp_model: Path, fsdp_reference: list[dict], tmp_path: Path, tp: int):
+    got = _megatron_run(tiny_tp_model, _steps(), tmp_path, tp=tp)
+    initial = load_file(tiny_tp_model / "model.safetensors")
+    for step, (meg, ref) in enumerate(zip(got, fsdp_reference, strict=True)):
+        m, r = meg["metrics"], ref["metrics"]
+        assert r["grad_norm"] > CLIP, "grad_clip should be active for the test to cover clipping"
+        assert m["loss"] == pytest.approx(r["loss"], rel=1e-5), step
+        assert m["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-5), step
+        for key in ("entropy", "kl_divergence_inference", "num_tokens", "num_samples", "learning_rate"):
+            assert m[key] == pytest.approx(r[key], rel=1e-5), (step, key)
+        assert m["skipped_steps"] == r["skipped_steps"] == 0
+        assert set(m) == set(r), "both backends report the same metrics"
+        assert set(meg["weights"]) == set(ref["weights"])
+        for name, tensor in meg["weights"].items():
+            assert tensor.shape == ref["weights"][name].shape, name
+            diff = (tensor - ref["weights"][name]).abs().max().item()
+            assert diff < 1e-5, (step, name, diff)
+    # The comparison means something: every weight matrix moved by far more than the tolerance.
+    final = got[-1]["weights"]
+    for name, tensor in initial.items():
+        if tensor.dim() > 1:
+            assert (final[name] - tensor).abs().max().item() > 1e-4, name
