@@ -91,6 +91,10 @@ def start_vllm_server(
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_LOGGING_LEVEL": "WARNING",
         "PYTHONWARNINGS": "ignore",
+        # vLLM compiles its sampler with inductor on first use: one cache for the whole machine
+        "TORCHINDUCTOR_CACHE_DIR": os.environ.get(
+            "TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "telescope" / "inductor")
+        ),
     }
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",

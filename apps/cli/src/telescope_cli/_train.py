@@ -98,6 +98,8 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
     run_name = cfg.wandb_run_name if "wandb_run_name" in resolved.user_keys else None
     run = RunDir(choose_run_dir(explicit=run_dir, run_name=run_name, resuming=resuming))
     run.write_config(resolved.to_yaml())
+    # every process of the run (Ray daemons, actors, vLLM) inherits this: tests and users find them by it
+    os.environ["TELESCOPE_RUN_DIR"] = str(run.path)
     _setup_file_logging(run, debug)
     console = Console(cfg.number_of_steps, enabled=not quiet)
     console.info(f"run directory: {run.path}")
