@@ -113,7 +113,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def test_kill_resume_and_finish(setup, tmp_path: Path):
+def test_kill_resume_and_finish(setup, tmp_path: Path, tiny_model_dir: Path):
     args, env = setup
     run = tmp_path / "run"
     first = _start(args, env, run)
@@ -148,6 +148,27 @@ def test_kill_resume_and_finish(setup, tmp_path: Path):
     for step in (2, 4):
         meta = json.loads((run / "checkpoints" / f"step_{step}" / "meta.json").read_text())
         assert meta["step"] == step
+
+    # `telescope convert` turns the last checkpoint into a folder transformers loads, with trained weights
+    out = tmp_path / "hf"
+    convert = [
+        sys.executable,
+        "-m",
+        "telescope_cli",
+        "convert",
+        str(run / "checkpoints" / "step_4"),
+        str(out),
+    ]
+    assert subprocess.run(convert, env=env, capture_output=True, check=False).returncode == 0
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    assert trained.keys() == base.keys()
+    assert any(not torch.equal(trained[k], base[k]) for k in base), (
+        "the converted weights are the base model's"
+    )
 
 
 def test_ctrl_c_stops_every_process(setup, tmp_path: Path):

@@ -55,6 +55,9 @@ def _convert_gguf(gguf: Path, out: Path) -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the console shows phases only
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
