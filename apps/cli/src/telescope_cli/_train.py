@@ -221,15 +221,34 @@ def _resume(cfg: Any, root: Path, trainers: list[Any], engine: Any, run: RunDir)
     return step
 
 
+def _wandb_mode() -> str:
+    """WANDB_MODE when set; else online with credentials (WANDB_API_KEY or ~/.netrc), offline without.
+
+    Offline runs write to ``<run dir>/wandb`` and upload later with ``wandb sync``; a run never
+    stops to ask for a login.
+    """
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    netrc = Path.home() / ".netrc"
+    logged_in = netrc.is_file() and "api.wandb.ai" in netrc.read_text(encoding="utf-8", errors="ignore")
+    return "online" if os.environ.get("WANDB_API_KEY") or logged_in else "offline"
+
+
 def _start_wandb(cfg: Any, resolved: Any, run: RunDir) -> Any:
+    """A W&B run with the config, tags and the step metrics of ``metrics.jsonl``."""
     try:
         import wandb
     except ImportError as exc:
-        raise TrainError("use_wandb is true but wandb is not installed: pip install wandb") from exc
+        raise TrainError(
+            "use_wandb is true but wandb is not installed: pip install 'telescope-cli[wandb]'"
+        ) from exc
+    mode = _wandb_mode()
+    log.info("wandb", mode=mode, dir=str(run.path / "wandb"))
     return wandb.init(
         project=os.environ.get("WANDB_PROJECT", cfg.wandb_project),
         name=os.environ.get("WANDB_RUN_NAME", cfg.wandb_run_name),
         tags=os.environ["WANDB_TAGS"].split(",") if os.environ.get("WANDB_TAGS") else list(cfg.wandb_tags),
         config=resolved.to_dict(),
         dir=str(run.path),
+        mode=mode,
     )
