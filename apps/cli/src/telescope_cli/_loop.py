@@ -107,14 +107,29 @@ def _pad_multiple(config: Any) -> int:
     return multiple
 
 
+SCORED_DROPS = ("zero_advantage", "max_async")
+"""Dropped groups whose samples were generated and scored normally: they count in reward/mean."""
+
+
 def reward_metrics(batch: Any) -> dict[str, float]:
-    """reward/mean overall and per environment, over the kept samples of the step."""
+    """reward/mean over every sample scored this step, overall and per environment.
+
+    Groups dropped for zero advantage or staleness count (they were generated and scored like the
+    rest; leaving them out would hide progress: once a model solves a prompt, its all-correct
+    group is dropped). Errored and cancelled groups do not. ``reward/kept_mean`` is the mean over
+    the samples trained on.
+    """
+    groups = list(batch.groups) + [d.group for d in batch.discarded if d.reason in SCORED_DROPS]
     per_env: dict[str, list[float]] = defaultdict(list)
-    for group in batch.groups:
+    for group in groups:
         for s in group.samples:
             per_env[s.env_name].append(float(s.reward))
     every = [r for rs in per_env.values() for r in rs]
-    out = {"reward/mean": sum(every) / len(every) if every else float("nan")}
+    kept = [float(s.reward) for g in batch.groups for s in g.samples]
+    out = {
+        "reward/mean": sum(every) / len(every) if every else float("nan"),
+        "reward/kept_mean": sum(kept) / len(kept) if kept else float("nan"),
+    }
     for env, rs in sorted(per_env.items()):
         out[f"reward/{env}/mean"] = sum(rs) / len(rs)
     return out
