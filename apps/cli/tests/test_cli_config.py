@@ -122,3 +122,21 @@ def test_no_config_uses_the_quickstart(tmp_path: Path):
     res = telescope("config", "validate", "--seq_len", "64", cwd=tmp_path)
     assert res.returncode == 1  # the override breaks seq_len >= max_model_len
     assert "seq_len" in res.stderr
+
+
+def test_logging_survives_a_replaced_stderr(capsys):
+    """Library log lines after the CLI configured logging must not write to a stale stream."""
+    import io
+    import sys
+
+    import structlog
+
+    from telescope_cli._logging import configure_logging
+
+    old = sys.stderr
+    sys.stderr = io.StringIO()
+    configure_logging()
+    sys.stderr.close()  # the stream the CLI saw is gone (like a test's captured stderr)
+    sys.stderr = old
+    structlog.get_logger().info("still fine")
+    assert "still fine" in capsys.readouterr().err

@@ -189,14 +189,26 @@ class TrainerActor:
         return {"rank": t.rank, "dp_rank": t.dp_rank, "dp_world_size": t.dp_world_size,
                 "broadcast": int(t.is_broadcast_rank)}  # fmt: skip
 
-    def connect_weights(self, groups: dict[str, list[str]], settings: dict[str, Any]) -> bool:
-        """Join the weight-sync group(s) with the servers (broadcast rank only)."""
+    def connect_weights(
+        self, groups: dict[str, list[str]], settings: dict[str, Any], prefer_loopback: bool = True
+    ) -> bool:
+        """Join the weight-sync group(s) with the servers (broadcast rank only).
+
+        The servers rendezvous at this node's address, or at loopback when every server runs on
+        this node and ``prefer_loopback`` (ray_broadcast_prefer_loopback_if_single_node) is set.
+        """
         if not self.trainer.is_broadcast_rank:
             return False
+        from urllib.parse import urlsplit
+
         from telescope_weightsync import PublisherSettings, WeightPublisher
 
         urls = sorted({u for members in groups.values() for u in members})
-        self.publisher = WeightPublisher(urls, PublisherSettings(**settings))
+        node = ray.util.get_node_ip_address()
+        local = {node, "127.0.0.1", "localhost"}
+        same_node = all(urlsplit(u).hostname in local for u in urls)
+        host = "127.0.0.1" if same_node and prefer_loopback else node
+        self.publisher = WeightPublisher(urls, PublisherSettings(**settings), host=host)
         self.publisher.connect(groups)
         return True
 

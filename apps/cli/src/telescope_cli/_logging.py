@@ -23,6 +23,8 @@ def configure_logging(*, debug: bool = False) -> None:
             structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # sys.stderr is looked up at each call, not bound once: it may be replaced later
+        # (test capture, a redirect), and a bound closed stream would break every library log line
+        logger_factory=lambda *args: structlog.PrintLogger(file=sys.stderr),
         cache_logger_on_first_use=False,
     )

@@ -125,7 +125,8 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
 
             settings = _publisher_settings(cfg)
             urls = [s["url"] for s in servers]
-            ray.get([a.connect_weights.remote({"full": urls}, settings) for a in trainers])
+            loopback = cfg.ray_broadcast_prefer_loopback_if_single_node
+            ray.get([a.connect_weights.remote({"full": urls}, settings, loopback) for a in trainers])
         start_step = 0
         ckpt_root = run.checkpoints(cfg.checkpoint_dir)
         if resuming:
