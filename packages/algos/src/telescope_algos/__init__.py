@@ -31,12 +31,14 @@ from telescope_algos._losses import (
 )
 from telescope_algos._modifiers import dual_clip, kl_penalty, seq_is_mask, tis_weights
 from telescope_algos._packing import MicroBatch, Sample, first_fit_decreasing, pack_samples
+from telescope_algos._schedule import LR_SCHEDULES, lr_multiplier
 from telescope_algos._segments import Segments, find_segments, segment_ids_from_position_ids
 from telescope_algos._tokens import token_entropy, token_logprobs, token_logprobs_and_entropy
 from telescope_algos._trainer import TrainerBackend
 
 __all__ = [
     "ALGORITHMS",
+    "LR_SCHEDULES",
     "MicroBatch",
     "Sample",
     "Segments",
@@ -56,6 +58,7 @@ __all__ = [
     "is_overlong",
     "is_repetitive",
     "kl_penalty",
+    "lr_multiplier",
     "overlong_penalty",
     "pack_samples",
     "ppo_clip_policy_loss",

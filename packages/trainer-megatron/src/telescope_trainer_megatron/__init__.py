@@ -8,11 +8,11 @@ conversion (exact both ways), the model facts read from ``config.json``, the val
 Heavy imports (megatron-core) happen when a trainer is created, not at import.
 """
 
+from telescope_algos import lr_multiplier
 from telescope_trainer_megatron.__about__ import __version__
 from telescope_trainer_megatron._arch import SUPPORTED_MODEL_TYPES, Architecture, padded_vocab_size
 from telescope_trainer_megatron._convert import hf_to_megatron, megatron_names, megatron_to_hf
 from telescope_trainer_megatron._cpu_shim import install_cpu_shim, uninstall_cpu_shim
-from telescope_trainer_megatron._schedule import lr_multiplier
 from telescope_trainer_megatron._settings import (
     ParallelLayout,
     check_megatron_settings,

@@ -31,7 +31,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from telescope_algos import MicroBatch, compute_loss
+from telescope_algos import MicroBatch, compute_loss, lr_multiplier
 from telescope_trainer_megatron import _checkpoint as ckpt
 from telescope_trainer_megatron._arch import Architecture, padded_vocab_size
 from telescope_trainer_megatron._cpu_shim import cuda_type_names, install_cpu_shim
@@ -43,7 +43,6 @@ from telescope_trainer_megatron._model import (
     local_to_global,
     transformer_config,
 )
-from telescope_trainer_megatron._schedule import lr_multiplier
 from telescope_trainer_megatron._settings import (
     ParallelLayout,
     check_megatron_settings,
