@@ -9,7 +9,9 @@ environments lack them (config, rollout, sandbox) never pay for or need them.
   with the weight-sync worker extension, shared by the tests of one xdist worker. Tests that use
   it carry ``@pytest.mark.vllm`` and ``@pytest.mark.xdist_group("vllm")`` so one worker runs them
   all against one server (pytest runs with ``--dist loadgroup``).
-- ``start_vllm_server``: the same launcher for tests that need their own server.
+- ``vllm_launcher``: the fixture form of ``start_vllm_server``, the same launcher for tests that
+  need their own server (the root conftest's module name differs between pytest setups, so tests
+  take it as a fixture rather than importing it).
 """
 
 from __future__ import annotations
@@ -130,6 +132,12 @@ def start_vllm_server(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 9)
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def vllm_launcher():
+    """``start_vllm_server`` for tests that need a server of their own (a context manager)."""
+    return start_vllm_server
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -84,10 +83,6 @@ def vllm_greedy(url: str, prompt: list[int], n: int, *, model: str = "tiny") -> 
     return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
 
 
-def _server_launcher():
-    return sys.modules["conftest"].start_vllm_server
-
-
 def _assert_matches_hf(url: str, model_dir, state, prompt=PROMPT, n=N_TOKENS) -> None:
     want_ids, want_lp = hf_greedy(model_dir, state, prompt, n)
     got_ids, got_lp = vllm_greedy(url, prompt, n)
@@ -100,11 +95,11 @@ def _assert_matches_hf(url: str, model_dir, state, prompt=PROMPT, n=N_TOKENS) ->
     )
 
 
-def test_tied_embeddings_update_matches_hf(tiny_tied_model_dir, tmp_path):
+def test_tied_embeddings_update_matches_hf(vllm_launcher, tiny_tied_model_dir, tmp_path):
     """Tied lm_head: after an update vLLM equals HF with the new weights (the CPU repack works)."""
     state = perturbed_state(tiny_tied_model_dir, seed=11)
     assert state["lm_head.weight"] is state["model.embed_tokens.weight"], "the tiny model must be tied"
-    with _server_launcher()(tiny_tied_model_dir, tmp_path) as server:
+    with vllm_launcher(tiny_tied_model_dir, tmp_path) as server:
         base_ids, _ = vllm_greedy(server.url, PROMPT, N_TOKENS)
         with WeightPublisher([server.url], PublisherSettings(bucket_mb=1, timeout_s=120)) as pub:
             pub.connect()
@@ -117,11 +112,11 @@ def test_tied_embeddings_update_matches_hf(tiny_tied_model_dir, tmp_path):
         assert new_ids != base_ids, "the perturbation should change the greedy output"
 
 
-def test_receiver_killed_mid_update_fails_within_timeout(tiny_model_dir, tmp_path):
+def test_receiver_killed_mid_update_fails_within_timeout(vllm_launcher, tiny_model_dir, tmp_path):
     """SIGKILL the server while the update streams: publish raises naming it, then close() is clean."""
     state = perturbed_state(tiny_model_dir, seed=3)
     timeout_s = 30.0
-    with _server_launcher()(tiny_model_dir, tmp_path) as server:
+    with vllm_launcher(tiny_model_dir, tmp_path) as server:
         pub = WeightPublisher([server.url], PublisherSettings(mode="per_tensor", timeout_s=timeout_s))
         pub.connect()
 

@@ -115,7 +115,7 @@ def _model_config(model: str) -> dict[str, Any] | None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    out = Console(highlight=False)
+    out = Console(highlight=False, soft_wrap=True)  # a narrow terminal must not split the lines
     gpus = _gpus()
     mark = {True: "[green]yes[/green]", False: "[red]no[/red]"}
     out.print(f"python        {sys.version.split()[0]}  ({os.cpu_count()} CPUs, {_ram_gb():.0f} GB RAM)")
