@@ -4,7 +4,7 @@ groups out. Needs only ``telescope-rollout`` (no torch, no Telescope CLI, no con
 Start an OpenAI-compatible vLLM server first (``return_token_ids`` needs vLLM >= 0.10), e.g.
     python -m vllm.entrypoints.openai.api_server --model MODEL_DIR --port 8100
 then run
-    python examples/embed_rollout.py --model-dir MODEL_DIR --server http://127.0.0.1:8100
+    python packages/rollout/examples/embed_rollout.py --model-dir MODEL_DIR --server http://127.0.0.1:8100
 
 Each batch holds ``prompts_batch_size_for_trainer`` groups of ``group_size`` completions with their
 token ids, vLLM logprobs, rewards and group advantages. After you change the server's weights,
