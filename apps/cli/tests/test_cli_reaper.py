@@ -80,3 +80,27 @@ def test_a_missing_command_is_a_usage_error(tmp_path):
     result = subprocess.run([*REAPER, "--pid-file", str(tmp_path / "p")], capture_output=True, check=False)
     assert result.returncode == 2
     assert b"command" in result.stderr
+
+
+def test_kill_group_reaps_its_own_leader():
+    """A dead leader that is our child stays a zombie (and keeps its group) until reaped.
+
+    Without ``reap`` kill_group would wait out its whole grace period (here an hour) for that
+    zombie; with it, it returns as soon as the group is gone.
+    """
+    import threading
+
+    from telescope_cli._reaper import kill_group
+
+    proc = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
+    done = threading.Event()
+    worker = threading.Thread(
+        target=lambda: (kill_group(proc.pid, grace_s=3600, reap=proc.poll), done.set()), daemon=True
+    )
+    worker.start()
+    finished = done.wait(timeout=60)
+    if not finished:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert finished, "kill_group waited for a zombie group leader"
+    assert proc.returncode == -signal.SIGTERM

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 GRACE_S = 15.0
@@ -47,12 +48,18 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def kill_group(pgid: int, grace_s: float = GRACE_S) -> None:
-    """SIGTERM the group, then SIGKILL whatever is left after the grace period."""
+def kill_group(pgid: int, grace_s: float = GRACE_S, reap: Callable[[], object] | None = None) -> None:
+    """SIGTERM the group, then SIGKILL whatever is left after the grace period.
+
+    ``reap`` (e.g. ``Popen.poll`` of the group leader when it is our child) is called while
+    waiting: an unreaped zombie leader keeps the group alive until the grace period ends.
+    """
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
+        if reap is not None:
+            reap()
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
@@ -69,7 +76,7 @@ def _reap(cmd: list[str], watch: int | None, pid_file: Path) -> int:
     tmp.replace(pid_file)  # atomic: the launcher never reads half a line
 
     def finish(code: int) -> int:
-        kill_group(proc.pid)
+        kill_group(proc.pid, reap=proc.poll)
         with contextlib.suppress(OSError), pid_file.open("a") as fh:
             fh.write(f"{code}\n")
         return code
