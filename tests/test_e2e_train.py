@@ -7,6 +7,7 @@ have spread and every step really trains.
 - a run is killed with SIGKILL after its step-2 checkpoint, resumed with
   ``--resume_from_checkpoint true`` and finished: steps 1..4 each appear once, with the metrics,
   rollouts and checkpoints the run directory promises, and nothing of either run is left running;
+- the final eval runs after step 4 and lands in ``evals/`` and in step 4's metrics;
 - Ctrl-C (SIGINT) stops a run with exit code 130 and leaves no process behind.
 
 Processes of a run are found by the ``TELESCOPE_RUN_DIR=<run dir>`` entry the driver puts in its
@@ -96,6 +97,7 @@ def setup(tmp_path: Path, tiny_model_dir: Path):
         sys.executable, "-m", "telescope_cli", "train", "--quiet", "--config", str(CONFIG),
         "--model", str(tiny_model_dir), "--inference_base_port", str(_free_port()),
         "--environments", '[{"name": "e2e_digits:DigitsEnv"}]',
+        "--evals", '[{"name": "e2e_digits:DigitsEnv", "num_samples": 3, "pass_k": [2]}]',
     ]  # fmt: skip
     return args, env
 
@@ -145,6 +147,13 @@ def test_kill_resume_and_finish(setup, tmp_path: Path, tiny_model_dir: Path):
         kept = [r for r in rows if r["status"] == "kept"]
         assert len(kept) == 2 * 4  # prompts_batch_size_for_trainer x group_size
         assert all(r["completion_tokens"] > 0 and 0.0 <= r["reward"] <= 1.0 for r in kept)
+    # the final eval: 3 items x 2 completions (max k), recorded as a table and as step-4 metrics
+    evals = pq.read_table(run / "evals" / "e2e_digits_DigitsEnv" / "step_000004.parquet").to_pylist()
+    assert len(evals) == 3 * 2
+    final = metrics[-1]
+    assert 0.0 <= final["eval/e2e_digits:DigitsEnv/digits"] <= 1.0
+    assert 0.0 <= final["eval/e2e_digits:DigitsEnv/pass@2/digits"] <= 1.0
+    assert not any(k.startswith("eval/") for m in metrics[:-1] for k in m)
     for step in (2, 4):
         meta = json.loads((run / "checkpoints" / f"step_{step}" / "meta.json").read_text())
         assert meta["step"] == step

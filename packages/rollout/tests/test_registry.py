@@ -45,7 +45,9 @@ def test_original_environments_block_builds():
 
 
 def test_errors_name_the_fix():
-    with pytest.raises(UnknownEnvironmentError, match=r"known: countdown, dapo_math.*my_pkg.my_module:MyEnv"):
+    with pytest.raises(
+        UnknownEnvironmentError, match=r"known: aime_2024, .*countdown, dapo_math.*my_pkg.my_module:MyEnv"
+    ):
         get_environment("countdwn")
     with pytest.raises(ValueError, match="twice"):
         build_environments([{"name": "countdown"}, {"name": "countdown"}])

@@ -6,6 +6,7 @@
     metrics = train_step on every rank               # trainer backend, through Ray
     publish weights (version = step)                 # telescope-weightsync, servers keep generating
     engine.weights_updated(version)                  # resumes paused dispatch, counts off-policy steps
+    evals due after this step                        # telescope-rollout EvalRunner, see _evals.py
 
 Steps are counted from 1 in metrics, rollouts and checkpoints (``step_N`` holds N finished steps);
 the weight version after step N is N, the base model is version 0.
@@ -22,6 +23,7 @@ from typing import Any
 
 import structlog
 
+from telescope_cli._evals import EvalPlan, eval_servers, run_scheduled_evals
 from telescope_cli._rundir import RunDir, rollout_rows, write_rollouts
 
 __all__ = ["LoopContext", "to_train_samples", "training_loop"]
@@ -46,6 +48,8 @@ class LoopContext:
     pad_token_id: int = 0
     wandb: Any = None
     extra_metrics: dict[str, float] = field(default_factory=dict)
+    evals: Any = None
+    """A telescope_rollout.EvalRunner (datasets loaded), or None when the config lists no evals."""
 
 
 def _filtered(s: Any, config: Any) -> dict[str, bool]:
@@ -152,60 +156,86 @@ def _should_checkpoint(config: Any, step: int) -> bool:
 
 
 async def training_loop(ctx: LoopContext) -> None:
-    """Run steps ``start_step + 1 .. number_of_steps``; the engine is started and stopped here."""
-    from telescope_algos import pack_samples
-
+    """Baseline evals, then steps ``start_step + 1 .. number_of_steps`` (engine started and stopped here)."""
     cfg, engine = ctx.config, ctx.engine
+    plan = EvalPlan.from_config(cfg, ctx.start_step) if ctx.evals is not None else None
     ctx.console.start_training(ctx.start_step)
     if ctx.start_step:
         engine.weights_updated(ctx.start_step)  # resumed: the servers hold that step's weights
-    async with ctx.client, engine:
-        for step in range(ctx.start_step + 1, cfg.number_of_steps + 1):
-            t0 = time.monotonic()
-            batch = await engine.next_batch()
-            t_rollout = time.monotonic() - t0
-            samples, filter_stats = to_train_samples(batch, cfg)
-            shards = pack_samples(
-                samples,
-                seq_len=cfg.seq_len,
-                pad_to_multiple_of=_pad_multiple(cfg),
-                num_ranks=ctx.dp_world_size,
-                pad_token_id=ctx.pad_token_id,
-            )
-            t1 = time.monotonic()
-            per_rank = await _gather(
-                [
-                    a.train_step.remote(shards[dp], step)
-                    for a, dp in zip(ctx.trainers, ctx.dp_ranks, strict=True)
-                ]
-            )
-            t2 = time.monotonic()
-            sync = await _gather([a.publish.remote(step) for a in ctx.trainers])
-            engine.weights_updated(step)
-            t3 = time.monotonic()
+    async with ctx.client:
+        if plan is not None and plan.baseline():
+            baseline = await _run_evals(ctx, 0, plan.baseline(), end=True)
+            _write_eval_step(ctx, 0, baseline)
+        async with engine:
+            await _steps(ctx, plan)
 
-            num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-            metrics: dict[str, Any] = {"step": step, "time": time.time(), **reward_metrics(batch)}
-            metrics.update(_mean_metrics(per_rank))
-            metrics.update(filter_stats)
-            metrics.update({f"weight_sync/{k}": v for k, v in (sync[0] or {}).items()})
-            metrics.update(batch.metrics)
-            metrics.update(
-                {
-                    "async_level": batch.metrics.get("rollout/async_level", 0),
-                    "groups/kept": len(batch.groups),
-                    "groups/discarded": len(batch.discarded),
-                    "groups/cancelled": len(batch.cancelled),
-                    "throughput/tokens_per_s": num_tokens / max(t2 - t1, 1e-9),
-                    "timing/rollout_wait_s": t_rollout,
-                    "timing/train_s": t2 - t1,
-                    "timing/weight_sync_s": t3 - t2,
-                    "timing/step_s": time.monotonic() - t0,
-                }
-            )
-            _write_step(ctx, step, batch, metrics)
-            if _should_checkpoint(cfg, step):
-                await save_checkpoint(ctx, step)
+
+async def _run_evals(ctx: LoopContext, step: int, names: list[str], *, end: bool) -> dict[str, float]:
+    cfg = ctx.config
+    servers = eval_servers(
+        ctx.client.server_urls,
+        eval_num_servers=int(cfg.eval_num_servers),
+        use_all_at_ends=bool(cfg.eval_start_end_use_all_servers),
+        end=end,
+    )
+    return await run_scheduled_evals(ctx.evals, ctx.run, ctx.console, step=step, names=names, servers=servers)
+
+
+async def _steps(ctx: LoopContext, plan: EvalPlan | None) -> None:
+    from telescope_algos import pack_samples
+
+    cfg, engine = ctx.config, ctx.engine
+    for step in range(ctx.start_step + 1, cfg.number_of_steps + 1):
+        t0 = time.monotonic()
+        batch = await engine.next_batch()
+        t_rollout = time.monotonic() - t0
+        samples, filter_stats = to_train_samples(batch, cfg)
+        shards = pack_samples(
+            samples,
+            seq_len=cfg.seq_len,
+            pad_to_multiple_of=_pad_multiple(cfg),
+            num_ranks=ctx.dp_world_size,
+            pad_token_id=ctx.pad_token_id,
+        )
+        t1 = time.monotonic()
+        per_rank = await _gather(
+            [a.train_step.remote(shards[dp], step) for a, dp in zip(ctx.trainers, ctx.dp_ranks, strict=True)]
+        )
+        t2 = time.monotonic()
+        sync = await _gather([a.publish.remote(step) for a in ctx.trainers])
+        engine.weights_updated(step)
+        t3 = time.monotonic()
+        due = plan.after_step(step) if plan is not None else []
+        last = step == cfg.number_of_steps
+        if due and last:
+            await engine.stop()  # nothing more to train: the final evals get every server alone
+        eval_results = await _run_evals(ctx, step, due, end=last) if due else {}
+        t4 = time.monotonic()
+
+        num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+        metrics: dict[str, Any] = {"step": step, "time": time.time(), **reward_metrics(batch)}
+        metrics.update(_mean_metrics(per_rank))
+        metrics.update(filter_stats)
+        metrics.update({f"weight_sync/{k}": v for k, v in (sync[0] or {}).items()})
+        metrics.update(batch.metrics)
+        metrics.update(
+            {
+                "async_level": batch.metrics.get("rollout/async_level", 0),
+                "groups/kept": len(batch.groups),
+                "groups/discarded": len(batch.discarded),
+                "groups/cancelled": len(batch.cancelled),
+                "throughput/tokens_per_s": num_tokens / max(t2 - t1, 1e-9),
+                "timing/rollout_wait_s": t_rollout,
+                "timing/train_s": t2 - t1,
+                "timing/weight_sync_s": t3 - t2,
+                "timing/eval_s": t4 - t3,
+                "timing/step_s": time.monotonic() - t0,
+            }
+        )
+        metrics.update(eval_results)
+        _write_step(ctx, step, batch, metrics)
+        if _should_checkpoint(cfg, step):
+            await save_checkpoint(ctx, step)
 
 
 def _write_step(ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any]) -> None:
@@ -219,6 +249,14 @@ def _write_step(ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any]
         ctx.wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=step)
     ctx.console.step(metrics)
     log.info("step done", **{k: v for k, v in metrics.items() if not k.startswith("rollout/")})
+
+
+def _write_eval_step(ctx: LoopContext, step: int, eval_results: dict[str, float]) -> None:
+    """A metrics line of its own for evals outside a training step (the baseline, step 0)."""
+    metrics = {"step": step, "time": time.time(), **eval_results}
+    ctx.run.append_metrics(metrics)
+    if ctx.wandb is not None:
+        ctx.wandb.log(eval_results, step=step)
 
 
 async def save_checkpoint(ctx: LoopContext, step: int) -> None:

@@ -1,4 +1,4 @@
-"""Build the rollout side of a run from the config: tokenizer, environments, sampler, engine.
+"""Build the rollout side of a run from the config: tokenizer, environments, evals, sampler, engine.
 
 The chat template comes from the model's tokenizer files unless the config's ``chat_template``
 overrides it; environments are weighted by their ``weight`` entries; advantages use
@@ -50,10 +50,15 @@ def algos_advantage_fn(algorithm: str, advantage_norm: str):
     return advantages
 
 
-def build_engine(cfg: Any, model_path: str, urls: list[str]) -> tuple[Any, Any, int]:
-    """(engine, client, pad token id) for the run; the caller enters ``client`` then ``engine``."""
+def build_engine(cfg: Any, model_path: str, urls: list[str]) -> tuple[Any, Any, int, Any]:
+    """(engine, client, pad token id, eval runner or None) for the run.
+
+    The caller enters ``client`` then ``engine``. Eval datasets are loaded here too, so that
+    ``separate_eval_samples`` can hold their items out of the training sampler.
+    """
     from telescope_rollout import (
         EngineSettings,
+        EvalRunner,
         InferenceClient,
         MultiEnvSampler,
         RolloutEngine,
@@ -68,12 +73,19 @@ def build_engine(cfg: Any, model_path: str, urls: list[str]) -> tuple[Any, Any, 
     for b in built:
         b.env.load_dataset()
         log.info("environment ready", name=b.name, weight=b.weight, samples=len(b.env))
-    if cfg.evals:
-        log.warning("in-training evals are not run yet; the evals block is ignored", evals=len(cfg.evals))
-    sampler = MultiEnvSampler([SamplerEntry(b.name, b.weight, len(b.env)) for b in built], seed=cfg.seed)
     client = InferenceClient(urls, timeout_s=1200.0)
+    settings = EngineSettings.from_config(cfg)
+    evals, held_out = None, {}
+    if cfg.evals:
+        evals = EvalRunner(cfg.evals, tokenizer=tokenizer, client=client, settings=settings)
+        evals.load()
+        held_out = evals.exclusions(built)
+        for name, indices in held_out.items():
+            log.info("eval samples held out of training", environment=name, samples=len(indices))
+    entries = [SamplerEntry(b.name, b.weight, len(b.env)) for b in built]
+    sampler = MultiEnvSampler(entries, seed=cfg.seed, exclude=held_out)
     engine = RolloutEngine(
-        EngineSettings.from_config(cfg),
+        settings,
         environments=built,
         sampler=sampler,
         tokenizer=tokenizer,
@@ -81,4 +93,4 @@ def build_engine(cfg: Any, model_path: str, urls: list[str]) -> tuple[Any, Any, 
         advantage_fn=algos_advantage_fn(cfg.algorithm, cfg.advantage_norm),
     )
     pad = getattr(tokenizer, "pad_token_id", None)
-    return engine, client, int(pad) if isinstance(pad, int) else 0
+    return engine, client, int(pad) if isinstance(pad, int) else 0, evals

@@ -4,9 +4,12 @@ Layout (``runs/<wandb_run_name>/`` when the config sets that name, else ``runs/<
 ``--run-dir`` or ``$TELESCOPE_RUN_DIR`` pick another place)::
 
     config.yaml            the resolved config (every field)
-    metrics.jsonl          one JSON object per training step
+    metrics.jsonl          one JSON object per training step (and one for step 0 with a baseline eval)
     rollouts/step_NNNNNN.parquet
                            every sample of the step: kept, discarded or cancelled (with the reason)
+    evals/<eval>/step_NNNNNN.parquet
+                           every completion of an in-training eval at that step (step 0 = baseline);
+                           its aggregates are ``eval/<eval>/<metric>`` in metrics.jsonl
     logs/telescope.jsonl   structured logs of the driver (structlog, JSON lines)
     logs/inference/        one log file per vLLM server
     logs/trainer/          one log file per trainer rank

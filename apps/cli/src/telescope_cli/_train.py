@@ -1,7 +1,8 @@
 """``telescope train``: start-up phases, then the loop, then a clean stop, whatever happens.
 
 Phases (one console line each): run directory → model → Ray → vLLM servers and trainer ranks
-(placed concurrently) → environments and the rollout engine → weight-sync group → resume → loop.
+(placed concurrently) → environments, evals and the rollout engine → weight-sync group → resume
+→ loop (baseline evals, steps, periodic and final evals).
 Every process the run starts is stopped on the way out: normal end, error, Ctrl-C or SIGTERM.
 """
 
@@ -116,10 +117,10 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
         with console.phase("Ray"):
             cluster.start(run_env={k: v for k, v in env_for_actors.items() if v})
         servers, trainers, infos = _start_workers(cluster, resolved, model_path, run, console)
-        with console.phase("environments and rollout engine"):
+        with console.phase("environments, evals and rollout engine"):
             from telescope_cli._rollout import build_engine
 
-            engine, client, pad_id = build_engine(cfg, model_path, [s["url"] for s in servers])
+            engine, client, pad_id, evals = build_engine(cfg, model_path, [s["url"] for s in servers])
         with console.phase("weight-sync group"):
             import ray
 
@@ -140,7 +141,7 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
             config=cfg, engine=engine, client=client, trainers=trainers,
             dp_ranks=[i["dp_rank"] for i in infos],
             dp_world_size=infos[0]["dp_world_size"], run=run, console=console, checkpoint_root=ckpt_root,
-            start_step=start_step, pad_token_id=pad_id, wandb=wandb_run,
+            start_step=start_step, pad_token_id=pad_id, wandb=wandb_run, evals=evals,
         )  # fmt: skip
         asyncio.run(training_loop(ctx))
         console.close()

@@ -16,8 +16,10 @@ from telescope_rollout._client import (
 )
 from telescope_rollout._engine import RolloutEngine, RolloutError
 from telescope_rollout._env import Environment, MultiTurnEnvironment, SingleTurnEnvironment
+from telescope_rollout._evals import EvalResult, EvalRunner, EvalSpec
 from telescope_rollout._math import verify_math_answer
 from telescope_rollout._multiturn import MultiTurnTokens, TokenTrajectory, TurnTokenizer
+from telescope_rollout._passk import PassKSpec, pass_at_k, pass_pow_k
 from telescope_rollout._registry import (
     BuiltEnvironment,
     UnknownEnvironmentError,
@@ -73,12 +75,16 @@ __all__ = [
     "EngineSettings",
     "Environment",
     "EvalMetricsResult",
+    "EvalResult",
+    "EvalRunner",
+    "EvalSpec",
     "InferenceClient",
     "InferenceError",
     "Message",
     "MultiEnvSampler",
     "MultiTurnEnvironment",
     "MultiTurnTokens",
+    "PassKSpec",
     "PromptTooLongError",
     "RewardResult",
     "RolloutBatch",
@@ -123,6 +129,8 @@ __all__ = [
     "launch_server",
     "list_environments",
     "parse_tool_calls",
+    "pass_at_k",
+    "pass_pow_k",
     "port_in_use",
     "server_command",
     "start_servers",

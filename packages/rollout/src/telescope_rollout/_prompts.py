@@ -37,12 +37,15 @@ class PreparedPrompt:
 
 
 class PromptSource:
-    """Draws from the sampler and prepares prompts, optionally ahead of time."""
+    """Draws from the sampler and prepares prompts, optionally ahead of time.
+
+    Without a sampler (``None``) only :meth:`prepare` works: evals render their own samples.
+    """
 
     def __init__(
         self,
         environments: Mapping[str, Environment],
-        sampler: MultiEnvSampler,
+        sampler: MultiEnvSampler | None,
         tokenizer: Any,
         *,
         buffer_size: int = 0,
@@ -71,15 +74,18 @@ class PromptSource:
 
     def prepare_next(self) -> PreparedPrompt:
         draw = self.sampler.draw()
-        env = self.environments[draw.entry]
         sample = sample_from(self.environments, draw)
+        return self.prepare(self.environments[draw.entry], draw.entry, draw.index, sample)
+
+    def prepare(self, env: Environment, env_name: str, index: int, sample: Sample) -> PreparedPrompt:
+        """Render one sample through the chat template and tokenize it (also used by evals)."""
         if env.is_multi_turn:
             messages = env.get_initial_prompt(sample, self.tokenizer)
             text = self.turn_tokenizer.for_kwargs(env.template_kwargs())._render(messages, True)
-            return PreparedPrompt(draw.entry, draw.index, sample, text, self.tokenizer.encode(text), messages)
+            return PreparedPrompt(env_name, index, sample, text, self.tokenizer.encode(text), messages)
         kwargs = self.chat_template_kwargs
         text = env.format_prompt(sample.prompt, self.tokenizer, chat_template_kwargs=kwargs)
-        return PreparedPrompt(draw.entry, draw.index, sample, text, self.tokenizer.encode(text))
+        return PreparedPrompt(env_name, index, sample, text, self.tokenizer.encode(text))
 
     def take(self) -> PreparedPrompt:
         """The next prompt: a returned one, a prefetched one, or one prepared now."""

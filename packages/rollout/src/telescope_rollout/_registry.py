@@ -26,6 +26,11 @@ BUILTINS: dict[str, str] = {
     "wordle": "telescope_rollout.envs.wordle:WordleEnv",
     "i3_code": "telescope_rollout.envs.i3_code:I3CodeEnv",
     "quickstart_add": "telescope_rollout.envs.quickstart_add:QuickstartAddEnv",
+    # dedicated evals (kind "eval"): benchmarks without a training set, usable in ``evals``
+    "math500": "telescope_rollout.envs.evals:Math500Eval",
+    "aime_2024": "telescope_rollout.envs.evals:Aime2024Eval",
+    "aime_2025": "telescope_rollout.envs.evals:Aime2025Eval",
+    "gpqa_diamond": "telescope_rollout.envs.evals:GpqaDiamondEval",
 }
 
 

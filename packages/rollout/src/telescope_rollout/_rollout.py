@@ -3,7 +3,8 @@
 The engine owns lanes and weight versions; these functions own the protocol with the server and
 the environment. ``on_generated`` is called once generation is over and before the reward, so
 the engine can free the lane while a slow reward runs. Failures raise :class:`SampleError`
-carrying the error kind the group-acceptance rules use.
+carrying the error kind the group-acceptance rules use. Request ids are
+``<request_prefix>-<sample_id>[-turn-<k>]`` (``sample`` for training, ``eval-...`` for evals).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ async def run_single_turn(
     settings: EngineSettings,
     eos_token: str,
     on_generated: Callable[[], None],
+    request_prefix: str = "sample",
 ) -> None:
     budget = completion_budget(settings, len(prompt.ids))
     if budget <= 0:
@@ -82,7 +84,7 @@ async def run_single_turn(
     try:
         comp = await client.complete(
             out.server, prompt.ids, max_tokens=budget, sampling=settings.sampling_params(),
-            request_id=f"sample-{out.sample_id}",
+            request_id=f"{request_prefix}-{out.sample_id}",
         )  # fmt: skip
     except PromptTooLongError as exc:
         raise SampleError("prompt_too_long", str(exc)) from exc
@@ -111,6 +113,7 @@ async def run_multi_turn(
     prompts: PromptSource,
     eos_token: str,
     on_generated: Callable[[], None],
+    request_prefix: str = "sample",
 ) -> None:
     """Interleaved multi-turn: later turns send ids (previous prompt + model ids + env ids)."""
     assert prompt.messages is not None
@@ -131,7 +134,7 @@ async def run_multi_turn(
         try:
             comp = await client.complete(
                 out.server, ids, max_tokens=budget, sampling=settings.sampling_params(), priority=priority,
-                request_id=f"sample-{out.sample_id}-turn-{turn}",
+                request_id=f"{request_prefix}-{out.sample_id}-turn-{turn}",
             )  # fmt: skip
         except PromptTooLongError as exc:
             if turn == 0:

@@ -1,0 +1,133 @@
+"""pass@k and pass^k for evals (spec §6.1): the estimators and the ``pass_k`` config forms.
+
+For one prompt with ``n`` scored completions of which ``c`` succeed (metric value > 0):
+
+* pass@k = P(at least one of k completions drawn without replacement succeeds)
+  = 1 - C(n-c, k) / C(n, k)   (the unbiased estimator of Chen et al. 2021, "Evaluating Large
+  Language Models Trained on Code", eq. 1);
+* pass^k = P(all k drawn completions succeed) = C(c, k) / C(n, k).
+
+Every prompt is sampled ``n = max(k)`` times and the estimators use **all n completions** for
+every k. The original used only the first k completions for each k, so n == k and pass@k
+degenerated to "any of the first k succeeded" (a high-variance estimate that wastes the other
+completions). When fewer than k completions are left (some failed), the estimator is undefined;
+then pass@k is 1 if any succeeded else 0, and pass^k is 1 only if at least k succeeded (so 0),
+as in the original.
+
+``pass_k`` config forms (validated by telescope-config):
+* ``[1, 4, 8]``: pass@k for these k over **every** metric the eval reports;
+* ``{at_k: {metrics: [correct], k: [1, 4]}, pow_k: {metrics: [correct], k: [2]}}``; ``at_k.k``
+  defaults to ``[1]``, ``pow_k.k`` to none; ``metrics`` omitted means every metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from math import comb
+from typing import Any
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """P(at least one success among k of n completions, c of them successful)."""
+    _check(n, c, k)
+    if n < k:
+        return 1.0 if c > 0 else 0.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def pass_pow_k(n: int, c: int, k: int) -> float:
+    """P(all k of k drawn completions succeed), n completions, c successful."""
+    _check(n, c, k)
+    if n < k:
+        return 1.0 if c >= k else 0.0
+    return comb(c, k) / comb(n, k)
+
+
+def _check(n: int, c: int, k: int) -> None:
+    if k < 1 or n < 0 or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs k >= 1 and 0 <= c <= n, got n={n} c={c} k={k}")
+
+
+@dataclass(frozen=True)
+class PassKSpec:
+    """Which pass metrics an eval reports. ``None`` metrics = every metric the eval returns."""
+
+    at_k: tuple[int, ...] = ()
+    at_k_metrics: tuple[str, ...] | None = None
+    pow_k: tuple[int, ...] = ()
+    pow_k_metrics: tuple[str, ...] | None = None
+
+    @classmethod
+    def parse(cls, value: Any) -> PassKSpec:
+        """From the config's ``pass_k`` (a list of k, or the at_k/pow_k mapping; empty = none)."""
+        if value is None or (isinstance(value, Sequence | Mapping) and not value):
+            return cls()
+        if isinstance(value, PassKSpec):
+            return value
+        if isinstance(value, Sequence) and not isinstance(value, str):
+            return cls(at_k=_ks(value, "pass_k"))
+        if not isinstance(value, Mapping):
+            raise ValueError(f"pass_k must be a list of k values or a mapping, got {value!r}")
+        unknown = set(value) - {"at_k", "pow_k"}
+        if unknown:
+            raise ValueError(f"pass_k: unknown kind(s) {sorted(unknown)}; the kinds are at_k and pow_k")
+        at, pow_ = value.get("at_k"), value.get("pow_k")
+        return cls(
+            at_k=_ks((at or {}).get("k", [1]), "pass_k.at_k.k") if at is not None else (),
+            at_k_metrics=_metrics(at, "pass_k.at_k"),
+            pow_k=_ks((pow_ or {}).get("k", []), "pass_k.pow_k.k") if pow_ is not None else (),
+            pow_k_metrics=_metrics(pow_, "pass_k.pow_k"),
+        )
+
+    @property
+    def completions_per_sample(self) -> int:
+        """How many completions each prompt gets: the largest k, or 1."""
+        return max((*self.at_k, *self.pow_k), default=1)
+
+
+def _ks(values: Any, where: str) -> tuple[int, ...]:
+    if isinstance(values, int):
+        values = [values]
+    ks = tuple(sorted({int(k) for k in values}))
+    if any(k < 1 for k in ks) or any(isinstance(k, bool) for k in values):
+        raise ValueError(f"{where}: every k must be an integer >= 1, got {list(values)}")
+    return ks
+
+
+def _metrics(spec: Any, where: str) -> tuple[str, ...] | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{where} must be a mapping with keys metrics and k, got {spec!r}")
+    names = spec.get("metrics")
+    if names is None:
+        return None
+    if isinstance(names, str):
+        names = [names]
+    return tuple(str(m) for m in names)
+
+
+def sample_pass_metrics(
+    spec: PassKSpec, completion_metrics: Sequence[Mapping[str, float]]
+) -> dict[str, float]:
+    """pass@k/pass^k of one prompt from its valid completions' metrics (success = value > 0).
+
+    A metric missing from a completion counts as a failure for it. With no completion at all the
+    result is empty (the prompt is left out of the eval's means).
+    """
+    n = len(completion_metrics)
+    if n == 0:
+        return {}
+    reported = sorted({m for cm in completion_metrics for m in cm})
+    out: dict[str, float] = {}
+    for ks, wanted, name, fn in (
+        (spec.at_k, spec.at_k_metrics, "pass@", pass_at_k),
+        (spec.pow_k, spec.pow_k_metrics, "pass^", pass_pow_k),
+    ):
+        metrics = reported if wanted is None else [m for m in wanted if m in reported]
+        for metric in metrics:
+            c = sum(1 for cm in completion_metrics if float(cm.get(metric, 0.0)) > 0)
+            for k in ks:
+                out[f"{name}{k}/{metric}"] = fn(n, c, k)
+    return out
