@@ -300,12 +300,34 @@ def test_megatron_expert_parallel_divides_a_pipeline_stage(run, problems, only):
     assert run({**values, "megatron_expert_parallel_size": 3}).config.megatron_expert_parallel_size == 3
 
 
-def test_megatron_context_parallel_is_not_implemented(problems, only):
-    p = only(problems({**MEGATRON, "megatron_context_parallel_size": 2}), "megatron_context_parallel_size")
+def test_megatron_context_parallel_is_accepted_with_every_other_parallelism(run):
+    # CP runs in the backend's own attention: TP, PP and EP combine with it, and seq_len need not be
+    # a multiple of 2 x CP (the trainer pads each row to one).
+    values = {
+        **MEGATRON,
+        "trainer_num_workers": 16,
+        "megatron_tensor_parallel_size": 2,
+        "megatron_pipeline_parallel_size": 2,
+        "megatron_context_parallel_size": 2,
+        "megatron_expert_parallel_size": 2,
+        "seq_len": 4097,
+        "max_model_len": 4097,
+    }
+    cfg = run(values).config
+    assert (cfg.megatron_context_parallel_size, cfg.seq_len) == (2, 4097)
+
+
+def test_megatron_context_parallel_refuses_transformer_engine(run, problems, only):
+    values = {**MEGATRON, "megatron_context_parallel_size": 2, "megatron_use_transformer_engine": True}
+    p = only(problems(values), "megatron_context_parallel_size")
     assert p.value == 2
-    assert "not implemented" in p.rule
     assert "Transformer Engine" in p.rule
+    assert "megatron_use_transformer_engine: false" in p.fix
     assert "megatron_context_parallel_size: 1" in p.fix
+    # Transformer Engine without CP, and CP without Transformer Engine, are both fine.
+    assert run({**values, "megatron_context_parallel_size": 1}).config.megatron_use_transformer_engine
+    without_te = run({**values, "megatron_use_transformer_engine": False}).config
+    assert without_te.megatron_context_parallel_size == 2
 
 
 @pytest.mark.parametrize(

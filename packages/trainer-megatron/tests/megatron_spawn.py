@@ -1,4 +1,4 @@
-"""Launch N ranks of ``megatron_worker.py`` on gloo (free port, own TMPDIR, hard timeout)."""
+"""Launch N ranks of a worker script (``megatron_worker.py`` by default) on gloo, with a timeout."""
 
 from __future__ import annotations
 
@@ -21,8 +21,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(spec: dict[str, Any], world: int, tmp: Path, *, timeout: float = 600.0) -> dict[str, Any]:
-    """Run the worker on ``world`` processes; return rank 0's result. Kills every rank on failure."""
+def run_ranks(
+    spec: dict[str, Any], world: int, tmp: Path, *, timeout: float = 600.0, worker: Path = WORKER
+) -> dict[str, Any]:
+    """Run ``worker`` (default ``megatron_worker.py``) on ``world`` processes; return rank 0's result
+    (the file ``spec["out"]``). Kills every rank on failure."""
     spec = {**spec, "out": str(tmp / "result.pt")}
     spec_path = tmp / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -44,7 +47,7 @@ def run_ranks(spec: dict[str, Any], world: int, tmp: Path, *, timeout: float = 6
         logs.append(log)
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKER), str(spec_path)], env=env, stdout=log, stderr=subprocess.STDOUT
+                [sys.executable, str(worker), str(spec_path)], env=env, stdout=log, stderr=subprocess.STDOUT
             )
         )
     try:

@@ -272,17 +272,20 @@ def _megatron_expert_groups(c: TelescopeConfig) -> Iterator[Violation]:  # rule 
         )
 
 
-@_rule("train_backend", "megatron_context_parallel_size")
-def _megatron_no_context_parallel_yet(c: TelescopeConfig) -> Iterator[Violation]:  # new
+@_rule("train_backend", "megatron_context_parallel_size", "megatron_use_transformer_engine")
+def _megatron_context_parallel_without_te(c: TelescopeConfig) -> Iterator[Violation]:  # new
+    # The backend does CP in its own packed attention on the local layers (it pads every row to a
+    # multiple of 2 x CP itself, so seq_len needs no rule); TE's CP attention is not wired.
     cp = c.megatron_context_parallel_size
-    if c.train_backend == "megatron" and cp > 1:
+    if c.train_backend == "megatron" and cp > 1 and c.megatron_use_transformer_engine:
         yield Violation(
             "megatron_context_parallel_size",
             cp,
-            "Megatron context parallelism is not implemented in this version of the Megatron backend (it "
-            "needs Transformer Engine's context-parallel attention, which the backend does not wire yet)",
-            "set megatron_context_parallel_size: 1; for long sequences use more "
-            "megatron_tensor_parallel_size or a shorter seq_len",
+            "Megatron context parallelism runs in the backend's own packed attention on the local layers; "
+            "Transformer Engine's context-parallel attention is not wired, and "
+            "megatron_use_transformer_engine is true",
+            "set megatron_use_transformer_engine: false (and megatron_fp8: false), or "
+            "megatron_context_parallel_size: 1",
         )
 
 

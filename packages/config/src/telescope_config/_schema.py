@@ -287,9 +287,9 @@ class TelescopeConfig(BaseModel):
     )
     megatron_context_parallel_size: int = Field(
         ge=1,
-        description="Megatron context parallelism, >= 1: would split each sequence over GPUs with "
-        "Transformer Engine; not implemented by the Megatron backend yet, so only 1 is accepted with "
-        "train_backend megatron.",
+        description="Megatron context parallelism, >= 1: splits each packed micro-batch row over this many "
+        "GPUs along the sequence (load-balanced zig-zag chunks, keys and values all-gathered in attention). "
+        "Needs megatron_use_transformer_engine false; rows are padded to a multiple of twice this value.",
     )
     megatron_expert_parallel_size: int = Field(
         ge=1,
@@ -354,7 +354,7 @@ class TelescopeConfig(BaseModel):
     )
     megatron_use_transformer_engine: bool = Field(
         description="Build the layers from NVIDIA Transformer Engine (fused attention, FP8-capable); needed"
-        " for megatron_context_parallel_size > 1 and for megatron_fp8."
+        " for megatron_fp8, not available with megatron_context_parallel_size > 1."
     )
     megatron_fp8: bool = Field(
         description="Run matrix multiplies in FP8; needs megatron_use_transformer_engine and a Hopper or "

@@ -1,29 +1,46 @@
 """Core attention for packed rows on the local (non-Transformer-Engine) layer spec, without a mask.
 
-megatron-core's local ``DotProductAttention`` only accepts a dense ``[s × s]`` mask, and refuses
-``PackedSeqParams``. Upstream therefore built one segment-plus-causal mask per micro-batch
-(O(seq_len²) memory). :class:`PackedDotProductAttention` takes the sample boundaries instead
-(``PackedSeqParams`` with ``qkv_format="sbhd"`` and ``cu_seqlens_q``) and runs causal
-scaled-dot-product attention on each sample separately, so memory is O(Σ len_i²) and no mask is
-built. RoPE was applied before with positions counted from the row start; attention scores depend
-only on position differences, which are the same inside a sample, so the result equals the
-per-sample computation. Without ``packed_seq_params`` it falls back to Megatron's implementation.
-With Transformer Engine the backend passes ``qkv_format="thd"`` params to TE's fused attention.
+megatron-core's local ``DotProductAttention`` only accepts a dense ``[s × s]`` mask, refuses
+``PackedSeqParams`` and asserts that context parallelism is off. Upstream therefore built one
+segment-plus-causal mask per micro-batch (O(seq_len²) memory) and needed Transformer Engine for CP.
+:class:`PackedDotProductAttention` takes the sample boundaries instead (``PackedSeqParams`` with
+``qkv_format="sbhd"``, ``cu_seqlens_q`` in *global* row positions, ``max_seqlen_q`` the global row
+length) and runs causal scaled-dot-product attention on each sample separately, so memory is
+O(Σ len_i²) and no row-wide mask is built. RoPE was applied before with positions counted from the
+row start; attention scores depend only on position differences, which are the same inside a
+sample, so the result equals the per-sample computation.
+
+Context parallelism (``context_parallel_size`` = cp > 1): this rank holds the zig-zag chunks of the
+row (``_context_parallel``), RoPE already used their global positions (Megatron slices its rotary
+table the same way). Keys and values are all-gathered over the CP group (backward: reduce-scatter),
+and every local query attends to the keys of its own sample up to its own global position: for a
+query block that starts inside a sample, a small lower-right causal mask of
+``[block queries × sample keys so far]``. This all-gather-KV scheme is exact (same scores as cp = 1).
+Without ``packed_seq_params`` (and cp = 1) it falls back to Megatron's implementation. With
+Transformer Engine the backend uses TE's attention instead of this class.
 """
 
 from __future__ import annotations
 
-import itertools
-
-import torch
-import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+from telescope_trainer_megatron._context_parallel import gather_partial, packed_attention
 
 __all__ = ["PackedDotProductAttention"]
 
 
 class PackedDotProductAttention(DotProductAttention):
-    """``DotProductAttention`` that isolates packed samples by their ``cu_seqlens``."""
+    """``DotProductAttention`` that isolates packed samples by their ``cu_seqlens`` (and does CP)."""
+
+    def __init__(self, config, *args, **kwargs):
+        # Megatron's local attention asserts cp == 1; this class does CP itself (module docstring).
+        cp = config.context_parallel_size
+        config.context_parallel_size = 1
+        try:
+            super().__init__(config, *args, **kwargs)
+        finally:
+            config.context_parallel_size = cp
+        self.cp = cp
 
     def forward(  # noqa: PLR0917 (Megatron's positional signature)
         self,
@@ -36,26 +53,28 @@ class PackedDotProductAttention(DotProductAttention):
         packed_seq_params=None,
     ):
         if packed_seq_params is None:
+            if self.cp > 1:
+                raise ValueError("context parallelism needs packed_seq_params (the sample boundaries)")
             return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias)
         if query.shape[1] != 1:
             raise ValueError(f"packed attention expects one packed row per micro-batch, got {query.shape[1]}")
+        cp_rank = 0
+        if self.cp > 1:
+            from megatron.core import parallel_state as ps
+
+            group = ps.get_context_parallel_group()
+            cp_rank = ps.get_context_parallel_rank()
+            key, value = gather_partial(key, 0, group), gather_partial(value, 0, group)
         # [s, 1, heads, d] -> [heads, s, d]
         q, k, v = (x[:, 0].transpose(0, 1) for x in (query, key, value))
-        dropout = self.config.attention_dropout if self.training else 0.0
-        bounds = packed_seq_params.cu_seqlens_q.tolist()
-        outs = []
-        for start, end in itertools.pairwise(bounds):
-            if end > start:
-                outs.append(
-                    F.scaled_dot_product_attention(
-                        q[:, start:end],
-                        k[:, start:end],
-                        v[:, start:end],
-                        is_causal=True,
-                        dropout_p=dropout,
-                        scale=self.softmax_scale,
-                        enable_gqa=True,
-                    )
-                )
-        context = torch.cat(outs, dim=1)  # [heads, s, d]
+        context = packed_attention(
+            q,
+            k,
+            v,
+            packed_seq_params.cu_seqlens_q.tolist(),
+            cp=self.cp,
+            cp_rank=cp_rank,
+            scale=self.softmax_scale,
+            dropout=self.config.attention_dropout if self.training else 0.0,
+        )
         return context.transpose(0, 1).reshape(query.shape[0], 1, self.hidden_size_per_partition)

@@ -7,7 +7,9 @@ the CPU: ``torch.cuda.current_device`` answers ``"cpu"`` (a valid ``device=`` ar
 ``torch.cuda.get_rng_state`` / ``set_rng_state`` and megatron's ``_get_cuda_rng_state`` /
 ``_set_cuda_rng_state`` use the CPU generator, and the optimizer modules that create small
 tensors with a literal ``device="cuda"`` (loss scale, overflow flag, grad-norm buffers) see a
-``torch`` whose ``tensor``/``zeros``/``ones``/``empty`` put ``"cuda"`` tensors on the CPU instead.
+``torch`` whose ``tensor``/``zeros``/``ones``/``empty`` put ``"cuda"`` tensors on the CPU instead,
+and the rotary embeddings' context-parallel slice (``get_pos_emb_on_this_cp_rank``, which pins and
+moves an index to CUDA) is the same zig-zag slice computed on the CPU.
 Nothing is touched where CUDA is available, so
 the same code path runs unchanged on GPUs. :func:`uninstall_cpu_shim` restores every original
 (tests use it). Megatron's optimizer also checks ``param.type() == "torch.cuda.FloatTensor"``
@@ -48,6 +50,12 @@ _CUDA_LITERAL_MODULES = (
     "megatron.core.pipeline_parallel.p2p_communication",
     "megatron.core.transformer.utils",
     "megatron.core.utils",
+)
+
+_ROPE_CP_MODULES = (
+    "megatron.core.models.common.embeddings.rope_utils",
+    "megatron.core.models.common.embeddings.rotary_pos_embedding",
+    "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding",
 )
 
 
@@ -96,6 +104,16 @@ def _cpu_manual_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _cpu_pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group: Any) -> torch.Tensor:
+    """Megatron's ``get_pos_emb_on_this_cp_rank`` (chunks r and 2·cp−1−r) without CUDA."""
+    from telescope_trainer_megatron._context_parallel import zigzag_indices
+
+    if cp_group is None:
+        raise ValueError("cp_group must be provided to get positional embedding per CP rank")
+    index = zigzag_indices(pos_emb.shape[seq_dim], cp_group.size(), cp_group.rank(), pos_emb.device)
+    return pos_emb.index_select(seq_dim, index)
+
+
 def cpu_shim_active() -> bool:
     """True while the redirections of :func:`install_cpu_shim` are in place."""
     return bool(_saved)
@@ -124,6 +142,9 @@ def install_cpu_shim() -> bool:
     for module_name in _CUDA_LITERAL_MODULES:
         module = importlib.import_module(module_name)
         patches.append((module, "torch", _CpuDeviceTorch("torch")))
+    for module_name in _ROPE_CP_MODULES:
+        module = importlib.import_module(module_name)
+        patches.append((module, "get_pos_emb_on_this_cp_rank", _cpu_pos_emb_on_this_cp_rank))
     for owner, name, replacement in patches:
         _saved.append((owner, name, getattr(owner, name)))
         setattr(owner, name, replacement)

@@ -1,7 +1,7 @@
 """The Megatron backend's view of the run config: parallel layout, precision, and its checks.
 
-The rules that need only the config (world divisible by TP×PP×CP, no context parallelism yet,
-FP8 needs Transformer Engine, the optimizer options that need the distributed or the
+The rules that need only the config (world divisible by TP×PP×CP, context parallelism without
+Transformer Engine, FP8 needs Transformer Engine, the optimizer options that need the distributed or the
 precision-aware optimizer, no float16) live in ``telescope_config`` and hold for every validated
 config. :func:`megatron_problems` adds the ones that need the model's ``config.json`` (heads,
 layers, experts) or this machine (the world size, CUDA, Transformer Engine installed), as

@@ -14,11 +14,21 @@ forward-backward schedule (pipelined when PP > 1). Each micro-batch loss is
 every data-parallel rank, so gradients are *summed* over micro-batches and ranks
 (``calculate_per_token_loss``) and the result is the group's exact token mean. The step is skipped
 when the gradient norm is not finite; otherwise gradients are clipped to ``grad_clip`` (0: no clip).
+
+Context parallelism (CP > 1, ``_context_parallel``): every CP rank of a data-parallel replica gets
+the same micro-batches; each row is padded to a multiple of 2·CP and the model runs on this rank's
+zig-zag chunks (RoPE on their global positions, keys and values all-gathered inside attention). The
+per-token log-probabilities and entropies are all-gathered back to the full row, and every CP rank
+runs ``compute_loss`` on the *whole* row: sequence-level terms (GSPO's ratio, sequence IS masking,
+Dr. GRPO's per-sample lengths) and every metric are exactly those of CP = 1, while the gather's
+backward keeps each rank's own tokens, and Megatron's DDP sums the gradients over data × context
+parallel ranks.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,6 +44,7 @@ import torch.distributed as dist
 from telescope_algos import MicroBatch, compute_loss, lr_multiplier
 from telescope_trainer_megatron import _checkpoint as ckpt
 from telescope_trainer_megatron._arch import Architecture, padded_vocab_size
+from telescope_trainer_megatron._context_parallel import gather_replicated, zigzag_indices
 from telescope_trainer_megatron._cpu_shim import cuda_type_names, install_cpu_shim
 from telescope_trainer_megatron._export import ExportPlan, export_plan, iter_hf_weights
 from telescope_trainer_megatron._hf_io import save_hf_weights
@@ -50,7 +61,11 @@ from telescope_trainer_megatron._settings import (
     te_available,
     torch_dtype,
 )
-from telescope_trainer_megatron._vocab_parallel import vocab_parallel_logprobs_and_entropy
+from telescope_trainer_megatron._vocab_parallel import (
+    align_to_inputs,
+    next_token_labels,
+    vocab_parallel_label_logprobs_and_entropy,
+)
 
 __all__ = ["MegatronTrainer", "create_trainer"]
 
@@ -90,6 +105,11 @@ class _Batch:
     rollout_logprobs: torch.Tensor
     packed: Any
     num_tokens: int
+    model_ids: torch.Tensor
+    """This CP rank's tokens (its zig-zag chunks; the whole row when CP = 1), ``[1, L / CP]``."""
+    model_positions: torch.Tensor
+    labels: torch.Tensor
+    """The next token after each of ``model_ids`` (0 after the row's last token), ``[1, L / CP]``."""
     old_logprobs: torch.Tensor | None = None
 
 
@@ -105,7 +125,6 @@ def create_trainer(config: Any, *, model_path: str | Path | None = None, **optio
 
     Raises:
         telescope_config.ConfigError: the settings cannot work with this model on this machine.
-        NotImplementedError: ``megatron_context_parallel_size > 1`` (also refused by the config).
     """
     return MegatronTrainer(config, model_path=model_path, **options)
 
@@ -132,11 +151,6 @@ class MegatronTrainer:
         self._cpu = install_cpu_shim()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         layout = ParallelLayout.from_config(config, self.world_size)
-        if layout.cp > 1:
-            raise NotImplementedError(
-                "megatron_context_parallel_size > 1 is not implemented by the Megatron backend yet; set "
-                "megatron_context_parallel_size: 1"
-            )
         check_megatron_settings(
             config, self.arch, layout, has_te=te_available(), has_cuda=torch.cuda.is_available()
         )
@@ -225,6 +239,8 @@ class MegatronTrainer:
         with cuda_type_names():
             self.optimizer = get_megatron_optimizer(opt_config, [self.model])
         self.tp_group = ps.get_tensor_model_parallel_group()
+        self.cp_group = ps.get_context_parallel_group()
+        self.cp_rank = ps.get_context_parallel_rank()
         self.dp_group = ps.get_data_parallel_group()
         self.dp_rank = ps.get_data_parallel_rank()
         self.dp_world_size = ps.get_data_parallel_world_size()
@@ -428,7 +444,10 @@ class MegatronTrainer:
         tensors = [mb.input_ids, mb.position_ids, mb.loss_mask, mb.advantages, mb.rollout_logprobs]
         if tensors[0].dim() != 2 or tensors[0].shape[0] != 1:
             raise ValueError(f"a micro-batch must be one packed row [1, L], got {tuple(tensors[0].shape)}")
-        pad = -tensors[0].shape[1] % self.layout.tp  # sequence parallel splits the row over TP ranks
+        tp, cp = self.layout.tp, self.layout.cp
+        # Sequence parallel splits the (local) row over TP ranks; CP needs 2·CP equal chunks.
+        multiple = tp if cp == 1 else cp * math.lcm(2, tp)
+        pad = -tensors[0].shape[1] % multiple
         if pad:
             tensors = [torch.cat([t, t.new_zeros(1, pad)], dim=1) for t in tensors]
             tensors[1][0, -pad:] = torch.arange(pad)
@@ -441,24 +460,41 @@ class MegatronTrainer:
         packed = PackedSeqParams(
             qkv_format="sbhd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=length, max_seqlen_kv=length
         )
-        return _Batch(ids, pos, mask.bool(), adv.float(), lps.float(), packed, int(mb.num_tokens))
+        labels = next_token_labels(ids)
+        local = zigzag_indices(length, cp, self.cp_rank, dev) if cp > 1 else slice(None)
+        return _Batch(
+            ids,
+            pos,
+            mask.bool(),
+            adv.float(),
+            lps.float(),
+            packed,
+            int(mb.num_tokens),
+            model_ids=ids[:, local],
+            model_positions=pos[:, local],
+            labels=labels[:, local],
+        )
 
     def _logprobs(self, logits: torch.Tensor, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        return vocab_parallel_logprobs_and_entropy(
+        """Full-row ``[1, L]`` log-probabilities and entropies in the ``telescope_algos`` layout."""
+        lp, ent = vocab_parallel_label_logprobs_and_entropy(
             logits,
-            batch.input_ids,
+            batch.labels,
             vocab_size=self.arch.vocab_size,
             temperature=self.config.temperature,
             group=self.tp_group,
             chunk_size=self.config.entropy_chunk_size,
         )
+        if self.layout.cp > 1:  # every CP rank computes the loss of the whole row (module docstring)
+            lp, ent = gather_replicated(lp, 1, self.cp_group), gather_replicated(ent, 1, self.cp_group)
+        return align_to_inputs(lp), align_to_inputs(ent)
 
     def _run_schedule(self, batches: list[_Batch], loss_func: Any, *, forward_only: bool) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def forward_step(data_iterator: Iterator[_Batch], model: Any) -> tuple[torch.Tensor, Any]:
             b = next(data_iterator)
-            out = model(b.input_ids, b.position_ids, None, packed_seq_params=b.packed)
+            out = model(b.model_ids, b.model_positions, None, packed_seq_params=b.packed)
             return out, functools.partial(loss_func, b)
 
         return get_forward_backward_func()(
@@ -466,7 +502,7 @@ class MegatronTrainer:
             data_iterator=iter(batches),
             model=[self.model],
             num_microbatches=len(batches),
-            seq_length=max(b.input_ids.shape[1] for b in batches),
+            seq_length=max(b.model_ids.shape[1] for b in batches),
             micro_batch_size=1,
             forward_only=forward_only,
         )

@@ -19,7 +19,12 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-__all__ = ["vocab_parallel_logprobs_and_entropy"]
+__all__ = [
+    "align_to_inputs",
+    "next_token_labels",
+    "vocab_parallel_label_logprobs_and_entropy",
+    "vocab_parallel_logprobs_and_entropy",
+]
 
 
 def _all_reduce(t: torch.Tensor, op: dist.ReduceOp, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -73,6 +78,56 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
         return grad.to(logits.dtype), None, None, None, None, None
 
 
+def vocab_parallel_label_logprobs_and_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    vocab_size: int,
+    temperature: float = 1.0,
+    group: dist.ProcessGroup | None = None,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unshifted ``[batch, seq]`` log p(``labels[t]`` | logits t) and the entropy of logits t.
+
+    Under context parallelism a rank's logits are not contiguous, so the caller passes each
+    position's next-token label itself. Arguments as :func:`vocab_parallel_logprobs_and_entropy`.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    b, t, v_local = logits.shape
+    if tuple(labels.shape) != (b, t):
+        raise ValueError(f"labels have shape {tuple(labels.shape)}, expected {(b, t)} like the logits")
+    rank = dist.get_rank(group) if group is not None and dist.get_world_size(group) > 1 else 0
+    flat, flat_labels = logits.reshape(b * t, v_local), labels.reshape(-1)
+    chunk = chunk_size if chunk_size > 0 else max(b * t, 1)
+    lps, ents = [], []
+    for s in range(0, b * t, chunk):
+        lp, ent = _VocabParallelLogprobEntropy.apply(
+            flat[s : s + chunk],
+            flat_labels[s : s + chunk],
+            float(temperature),
+            rank * v_local,
+            vocab_size,
+            group,
+        )
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps).view(b, t), torch.cat(ents).view(b, t)
+
+
+def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
+    """``labels[:, t] = input_ids[:, t + 1]``; the last column (nothing follows) is 0."""
+    labels = torch.zeros_like(input_ids)
+    labels[:, :-1] = input_ids[:, 1:]
+    return labels
+
+
+def align_to_inputs(values: torch.Tensor) -> torch.Tensor:
+    """Unshifted per-position values ``[batch, seq]`` → the ``telescope_algos`` layout (value t from
+    logits t−1; column 0 is 0)."""
+    return torch.cat([values.new_zeros(values.shape[0], 1), values[:, :-1]], dim=1)
+
+
 def vocab_parallel_logprobs_and_entropy(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
@@ -93,26 +148,12 @@ def vocab_parallel_logprobs_and_entropy(
         group: the tensor-parallel process group (None: no split).
         chunk_size: positions per chunk (bounds the float32 ``chunk × V/TP`` work buffers); ≤ 0: all.
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    b, t, v_local = logits.shape
-    rank = dist.get_rank(group) if group is not None and dist.get_world_size(group) > 1 else 0
-    labels = torch.zeros_like(input_ids)
-    labels[:, :-1] = input_ids[:, 1:]
-    flat, flat_labels = logits.reshape(b * t, v_local), labels.reshape(-1)
-    chunk = chunk_size if chunk_size > 0 else max(b * t, 1)
-    lps, ents = [], []
-    for s in range(0, b * t, chunk):
-        lp, ent = _VocabParallelLogprobEntropy.apply(
-            flat[s : s + chunk],
-            flat_labels[s : s + chunk],
-            float(temperature),
-            rank * v_local,
-            vocab_size,
-            group,
-        )
-        lps.append(lp)
-        ents.append(ent)
-    lp, ent = torch.cat(lps).view(b, t), torch.cat(ents).view(b, t)
-    pad = lp.new_zeros(b, 1)
-    return torch.cat([pad, lp[:, :-1]], dim=1), torch.cat([pad, ent[:, :-1]], dim=1)
+    lp, ent = vocab_parallel_label_logprobs_and_entropy(
+        logits,
+        next_token_labels(input_ids),
+        vocab_size=vocab_size,
+        temperature=temperature,
+        group=group,
+        chunk_size=chunk_size,
+    )
+    return align_to_inputs(lp), align_to_inputs(ent)

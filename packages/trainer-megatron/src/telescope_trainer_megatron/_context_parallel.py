@@ -1,0 +1,194 @@
+"""Context parallelism (CP) for packed rows: the load-balanced split and the sequence all-gathers.
+
+A packed row of length ``L`` (a multiple of ``2·cp``) is cut into ``2·cp`` chunks of ``c = L/(2·cp)``
+tokens; CP rank ``r`` holds chunks ``r`` and ``2·cp−1−r`` (Megatron's zig-zag convention, the one its
+rotary embeddings use, see ``get_pos_emb_on_this_cp_rank``), so every rank has the same amount of
+causal-attention work. Example, ``L = 8``, ``cp = 2``: rank 0 holds positions ``[0, 1, 6, 7]``, rank 1
+``[2, 3, 4, 5]``.
+
+Two autograd-aware all-gathers put the local pieces back in global order:
+
+* :func:`gather_partial` for keys and values: every rank's *own* queries use the gathered tensor, so
+  the gradient of the full tensor is a sum over ranks; the backward is a reduce-scatter.
+* :func:`gather_replicated` for per-token log-probabilities and entropies: every rank then runs the
+  *same* loss on the full row, so each rank's gradient of the full tensor is already the whole one,
+  and the backward keeps this rank's slice (no communication). Summing parameter gradients over the
+  CP ranks (Megatron's DDP reduces over data × context parallel ranks) then gives the exact gradient.
+
+:func:`packed_attention` is the per-sample causal attention of one rank's queries against the
+gathered keys (used by ``PackedDotProductAttention``); it is plain torch, so it is tested without
+megatron-core.
+
+Everything here is exact: no approximation against the CP = 1 computation beyond summation order.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+__all__ = [
+    "chunk_bounds",
+    "gather_order",
+    "gather_partial",
+    "gather_replicated",
+    "packed_attention",
+    "split_length",
+    "zigzag_indices",
+]
+
+
+def _check(length: int, cp: int, rank: int | None = None) -> None:
+    if cp < 1:
+        raise ValueError(f"context parallel size must be >= 1, got {cp}")
+    if length % (2 * cp) and cp > 1:
+        raise ValueError(
+            f"a row of {length} tokens cannot be split over {cp} context-parallel ranks: its length must be "
+            f"a multiple of 2 x {cp} = {2 * cp} (pad the row)"
+        )
+    if rank is not None and not 0 <= rank < cp:
+        raise ValueError(f"context-parallel rank {rank} is outside 0..{cp - 1}")
+
+
+def split_length(length: int, cp: int) -> int:
+    """Smallest length ≥ ``length`` that splits evenly: a multiple of ``2·cp`` (``length`` when cp = 1)."""
+    if cp <= 1:
+        return length
+    return -(-length // (2 * cp)) * 2 * cp
+
+
+def chunk_bounds(length: int, cp: int, rank: int) -> list[tuple[int, int]]:
+    """The global ``[start, end)`` ranges rank ``rank`` holds, in its local order.
+
+    ``cp = 1``: ``[(0, length)]``. Otherwise chunks ``rank`` and ``2·cp−1−rank`` of size ``length/(2·cp)``.
+    """
+    _check(length, cp, rank)
+    if cp == 1:
+        return [(0, length)]
+    c = length // (2 * cp)
+    return [(rank * c, (rank + 1) * c), ((2 * cp - 1 - rank) * c, (2 * cp - rank) * c)]
+
+
+def zigzag_indices(length: int, cp: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
+    """Global positions held by ``rank``, in local order (long tensor of ``length / cp``)."""
+    return torch.cat([torch.arange(s, e, device=device) for s, e in chunk_bounds(length, cp, rank)])
+
+
+def gather_order(length: int, cp: int, device: torch.device | None = None) -> torch.Tensor:
+    """Global position of every element of the rank-ordered concatenation of the local pieces.
+
+    ``torch.cat([local_0, …, local_{cp−1}])[j]`` is the token at global position ``gather_order[j]``.
+    """
+    return torch.cat([zigzag_indices(length, cp, r, device) for r in range(cp)])
+
+
+def _all_gather_seq(x: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """Rank-ordered concatenation of every rank's ``x`` along ``dim`` (contiguous copies)."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
+
+
+def _to_global(gathered: torch.Tensor, order: torch.Tensor, dim: int) -> torch.Tensor:
+    out = torch.empty_like(gathered)
+    index = [slice(None)] * gathered.dim()
+    index[dim] = order
+    out[tuple(index)] = gathered
+    return out
+
+
+class _GatherSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group, replicated):
+        cp, rank = dist.get_world_size(group), dist.get_rank(group)
+        length = x.shape[dim] * cp
+        order = gather_order(length, cp, x.device)
+        ctx.dim, ctx.group, ctx.replicated, ctx.rank, ctx.local = dim, group, replicated, rank, x.shape[dim]
+        ctx.save_for_backward(order)
+        return _to_global(_all_gather_seq(x, dim, group), order, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (order,) = ctx.saved_tensors
+        dim = ctx.dim
+        in_rank_order = grad.index_select(dim, order)  # the gradient of the gathered concatenation
+        if ctx.replicated:
+            mine = in_rank_order.narrow(dim, ctx.rank * ctx.local, ctx.local)
+            return mine.contiguous(), None, None, None
+        moved = in_rank_order.movedim(dim, 0).contiguous()
+        out = moved.new_empty((ctx.local, *moved.shape[1:]))
+        dist.reduce_scatter_tensor(out, moved, group=ctx.group)
+        return out.movedim(0, dim).contiguous(), None, None, None
+
+
+def gather_partial(x: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """Full sequence (global order) from every rank's zig-zag piece; backward: reduce-scatter (sum).
+
+    Use it when each rank goes on with its own part of the computation (attention of its queries).
+    """
+    if dist.get_world_size(group) == 1:
+        return x
+    return _GatherSequence.apply(x, dim, group, False)
+
+
+def gather_replicated(x: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """Full sequence (global order) from every rank's zig-zag piece; backward: keep this rank's slice.
+
+    Use it when every rank computes the same function of the full tensor (the loss).
+    """
+    if dist.get_world_size(group) == 1:
+        return x
+    return _GatherSequence.apply(x, dim, group, True)
+
+
+def packed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: list[int],
+    *,
+    cp: int = 1,
+    cp_rank: int = 0,
+    scale: float | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Per-sample causal attention of this rank's queries.
+
+    Args:
+        q: ``[heads, s_local, d]``, this rank's queries (its zig-zag chunks when cp > 1).
+        k, v: ``[kv_heads, s_global, d]``, every key and value of the row in global order.
+        cu_seqlens: sample boundaries in global positions, ``0 … s_global``.
+        cp, cp_rank: context-parallel size and this rank's index in the CP group.
+
+    Returns:
+        ``[heads, s_local, d]`` in the local order of ``q``.
+    """
+    length = k.shape[1]
+    if q.shape[1] * cp != length:
+        raise ValueError(f"{q.shape[1]} local queries x cp {cp} != {length} keys")
+    outs, offset = [], 0
+    for g0, g1 in chunk_bounds(length, cp, cp_rank):
+        for s, e in itertools.pairwise(cu_seqlens):
+            qs, qe = max(s, g0), min(e, g1)
+            if qe <= qs:
+                continue
+            mask = None  # a block that starts its sample is plain causal (square)
+            if qs > s:  # query i (global qs+i) sees keys s … qs+i: lower-right aligned causal mask
+                mask = torch.ones(qe - qs, qe - s, dtype=torch.bool, device=q.device).tril(qs - s)
+            outs.append(
+                F.scaled_dot_product_attention(
+                    q[:, offset + qs - g0 : offset + qe - g0],
+                    k[:, s:qe],
+                    v[:, s:qe],
+                    attn_mask=mask,
+                    is_causal=mask is None,
+                    dropout_p=dropout,
+                    scale=scale,
+                    enable_gqa=True,
+                )
+            )
+        offset += g1 - g0
+    return torch.cat(outs, dim=1)
