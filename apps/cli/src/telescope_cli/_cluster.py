@@ -111,10 +111,6 @@ class Cluster:
         cpus = max(os.cpu_count() or 1, int(need + 1))
         if need + 1 > (os.cpu_count() or 1):
             log.info("more CPUs reserved than this machine has; they will share cores", reserved=need)
-        # A local Ray lives and dies with this driver. Should the driver be SIGKILLed, Ray's per-node
-        # agents would wait 60 s (Ray's default) for a GCS that is gone before exiting: 5 s is plenty
-        # when nothing can bring that GCS back. The daemons inherit this process's environment.
-        os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
         with _output_to(self.log_path):  # Ray's own notices go to the run's log, not the console
             ray.init(num_cpus=cpus, include_dashboard=False, **common)
         self.started_ray = True

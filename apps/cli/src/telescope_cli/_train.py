@@ -13,11 +13,13 @@ import contextlib
 import os
 import signal
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from telescope_cli._guard import start_guard
 from telescope_cli._rundir import RunDir, choose_run_dir
 
 __all__ = ["TrainError", "train"]
@@ -101,6 +103,9 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
     run.write_config(resolved.to_yaml())
     # every process of the run (Ray daemons, actors, vLLM) inherits this: tests and users find them by it
     os.environ["TELESCOPE_RUN_DIR"] = str(run.path)
+    # ... and this marker, unique to this launch: the guard stops them all should the driver be killed
+    os.environ["TELESCOPE_RUN_ID"] = uuid.uuid4().hex
+    start_guard(f"TELESCOPE_RUN_ID={os.environ['TELESCOPE_RUN_ID']}")
     _setup_file_logging(run, debug)
     console = Console(cfg.number_of_steps, enabled=not quiet)
     console.info(f"run directory: {run.path}")

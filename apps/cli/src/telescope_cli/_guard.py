@@ -1,0 +1,106 @@
+"""The run guard: whatever ends the driver, no process of the run outlives it for long.
+
+    python -m telescope_cli._guard --watch DRIVER_PID --marker KEY=VALUE
+
+``telescope train`` puts a marker unique to this launch (``TELESCOPE_RUN_ID=<hex>``) into its
+environment before it starts anything; a local Ray's daemons, the actors, the vLLM servers and
+their reapers all inherit it. The guard is forked into a session of its own (the launcher returns
+at once) and waits for the driver to be gone:
+
+- after a normal end, Ctrl-C or SIGTERM the driver has already stopped everything, and the guard
+  finds nothing to do;
+- after a SIGKILL or a crash it SIGTERMs every process that carries the marker, SIGKILLs what is
+  left after a grace period, and exits. Without it, Ray's per-node agents of a local Ray wait on
+  a GCS that is gone (a 60 s publish timeout inside Ray) before they exit.
+
+Processes of a Ray cluster the run only joined were not started from this environment and are
+never touched. Linux only (it reads ``/proc``); elsewhere :func:`start_guard` does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from telescope_cli._reaper import pid_alive
+
+__all__ = ["marked_processes", "start_guard", "sweep"]
+
+GRACE_S = 5.0
+POLL_S = 0.5
+
+
+def marked_processes(marker: str, *, exclude: tuple[int, ...] = ()) -> list[int]:
+    """PIDs whose environment holds the entry ``marker`` (``KEY=VALUE``), zombies left out."""
+    entry = marker.encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in exclude:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        if entry in env.split(b"\0") and pid_alive(int(name)):
+            found.append(int(name))
+    return found
+
+
+def sweep(marker: str, grace_s: float = GRACE_S) -> list[int]:
+    """SIGTERM every marked process, SIGKILL the rest after ``grace_s``; return those signalled."""
+    me = (os.getpid(),)
+    signalled = marked_processes(marker, exclude=me)
+    for pid in signalled:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while (left := marked_processes(marker, exclude=me)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for _ in range(10):  # a dying parent may still start a child: repeat until none is left
+        if not left:
+            break
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        left = marked_processes(marker, exclude=me)
+    return signalled
+
+
+def start_guard(marker: str, watch: int | None = None) -> None:
+    """Start the guard for this process (the driver); returns at once."""
+    if not sys.platform.startswith("linux"):
+        return
+    watched = str(watch or os.getpid())
+    cmd = [sys.executable, "-m", "telescope_cli._guard", "--watch", watched, "--marker", marker]
+    subprocess.run(cmd, check=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m telescope_cli._guard")
+    parser.add_argument("--watch", type=int, required=True, help="the driver's PID")
+    parser.add_argument("--marker", required=True, help="KEY=VALUE environment entry of the run's processes")
+    parser.add_argument("--grace", type=float, default=GRACE_S)
+    args = parser.parse_args(argv)
+    if "=" not in args.marker:
+        parser.error("--marker must be KEY=VALUE")
+    if os.fork() > 0:
+        return 0
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # hold none of the driver's pipes open
+        os.dup2(devnull, fd)
+    while pid_alive(args.watch):
+        time.sleep(POLL_S)
+    sweep(args.marker, args.grace)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
