@@ -1,8 +1,10 @@
-"""In-training evals in the loop: the schedule, the servers each eval gets, and the records, with
-fake engine, trainers and eval runner (no Ray, no vLLM)."""
+"""In-training evals in the loop: the schedule, the servers each eval gets, periodic evals on drained
+servers beside training (weight groups ``full``/``training_only``), and the records, with fake
+engine, trainers and eval runner (no Ray, no vLLM)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -10,7 +12,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from telescope_cli._evals import EvalPlan, console_line, eval_servers
+from telescope_cli._evals import EvalPlan, console_line, eval_servers, weight_groups
 from telescope_cli._loop import LoopContext, training_loop
 from telescope_cli._rundir import RunDir
 from telescope_rollout import EvalResult, RolloutBatch, ScoredGroup, ScoredSample
@@ -60,6 +62,17 @@ def test_servers_for_each_kind_of_eval():
     assert eval_servers(SERVERS, eval_num_servers=0, use_all_at_ends=False, end=True) == SERVERS
 
 
+def test_weight_groups_leave_the_eval_servers_out_of_training_only():
+    assert weight_groups(SERVERS, has_evals=True, eval_num_servers=1) == {
+        "full": SERVERS, "training_only": SERVERS[:2],
+    }  # fmt: skip
+    assert weight_groups(SERVERS, has_evals=True, eval_num_servers=2)["training_only"] == SERVERS[:1]
+    # no periodic evals (none configured, 0 eval servers, or no server left to train): one group
+    assert weight_groups(SERVERS, has_evals=False, eval_num_servers=1) == {"full": SERVERS}
+    assert weight_groups(SERVERS, has_evals=True, eval_num_servers=0) == {"full": SERVERS}
+    assert weight_groups(SERVERS, has_evals=True, eval_num_servers=3) == {"full": SERVERS}
+
+
 def test_console_line_shows_the_main_metric_and_its_pass_metrics():
     r = EvalResult(
         "math500", 10,
@@ -74,11 +87,16 @@ def test_console_line_shows_the_main_metric_and_its_pass_metrics():
 
 # ----------------------------------------------------------------------------- loop with fakes
 class FakeEngine:
+    """Counts batches (``step``), tracks each server's weight version and the drained servers."""
+
     def __init__(self):
         self.version = 0
         self.running = False
         self.stopped_at_version: int | None = None
         self.step = 0
+        self.server_versions = dict.fromkeys(SERVERS, 0)
+        self.drained: set[str] = set()
+        self.events: list[tuple[Any, ...]] = []
 
     async def __aenter__(self):
         self.running = True
@@ -92,8 +110,23 @@ class FakeEngine:
             self.stopped_at_version = self.version
         self.running = False
 
-    def weights_updated(self, v):
+    def weights_updated(self, v, servers=None):
+        targets = SERVERS if servers is None else list(servers)
+        assert set(SERVERS) - self.drained <= set(targets), "a server in the pool missed an update"
+        for url in targets:
+            self.server_versions[url] = v
         self.version = v
+
+    async def drain_servers(self, servers, reason="eval_drain"):
+        await asyncio.sleep(0)
+        self.events.append(("drain", self.step, list(servers), reason))
+        self.drained |= set(servers)
+        return 0
+
+    def restore_servers(self, servers):
+        assert all(self.server_versions[u] == self.version for u in servers), "restored with old weights"
+        self.events.append(("restore", self.step, list(servers)))
+        self.drained -= set(servers)
 
     async def next_batch(self):
         assert self.running, "next_batch outside the engine's context"
@@ -133,19 +166,39 @@ class _Remote:
 
 class FakeTrainer:
     def __init__(self):
+        self.published: list[tuple[int, str]] = []
         self.train_step = _Remote(lambda shard, step: {"loss": 0.0, "grad_norm": 1.0})
-        self.publish = _Remote(lambda step: {"bytes": 8})
+        self.publish = _Remote(self._publish)
+
+    def _publish(self, step, group="full"):
+        self.published.append((step, group))
+        return {"bytes": 8}
 
 
 class FakeRunner:
-    """Records each call with the weight version live at that moment."""
+    """Records each call: (step, evals, servers, the weight version its servers hold, whether
+    rollouts run). With ``hold``, an eval run beside training lasts until training has taken
+    ``hold`` more batches (or the last one); ``ends`` records (step, batches taken, the versions
+    its servers hold) when it ends."""
 
-    def __init__(self, engine: FakeEngine):
-        self.engine = engine
+    def __init__(self, engine: FakeEngine, number_of_steps: int, hold: int = 0):
+        self.engine, self.number_of_steps, self.hold = engine, number_of_steps, hold
         self.calls: list[tuple[int, list[str], list[str], int, bool]] = []
+        self.ends: list[tuple[int, int, set[int]]] = []
+        self.fail_at: int | None = None
+
+    def _versions(self, servers) -> set[int]:
+        return {self.engine.server_versions[u] for u in servers}
 
     async def run(self, *, step, names, servers):
-        self.calls.append((step, list(names), list(servers), self.engine.version, self.engine.running))
+        (version,) = self._versions(servers)
+        self.calls.append((step, list(names), list(servers), version, self.engine.running))
+        until = min(step + self.hold, self.number_of_steps)
+        while self.engine.running and self.engine.step < until:
+            await asyncio.sleep(0)
+        if step == self.fail_at:
+            raise RuntimeError("eval server fell over")
+        self.ends.append((step, self.engine.step, self._versions(servers)))
         return [
             EvalResult(n, step, {"correct": step / 10, "completions": 2.0, "time_s": 0.5},
                        [{"step": step, "eval": n, "sample_index": 0, "completion": "x"}], "correct")
@@ -187,13 +240,14 @@ def loop_config(**kw: Any) -> SimpleNamespace:
     return SimpleNamespace(**{**base, **kw})
 
 
-def run_loop(tmp_path, start_step: int = 0, **kw: Any):
+def run_loop(tmp_path, start_step: int = 0, hold: int = 0, **kw: Any):
     engine = FakeEngine()
-    runner = FakeRunner(engine)
+    config = loop_config(**kw)
+    runner = FakeRunner(engine, config.number_of_steps, hold)
     console = FakeConsole()
     wandb = FakeWandb()
     ctx = LoopContext(
-        config=loop_config(**kw), engine=engine, client=FakeClient(), trainers=[FakeTrainer()], dp_ranks=[0],
+        config=config, engine=engine, client=FakeClient(), trainers=[FakeTrainer()], dp_ranks=[0],
         dp_world_size=1, run=RunDir(tmp_path / "run"), console=console, checkpoint_root=tmp_path / "ckpt",
         start_step=start_step, wandb=wandb, evals=runner,
     )  # fmt: skip
@@ -203,30 +257,52 @@ def run_loop(tmp_path, start_step: int = 0, **kw: Any):
 async def test_loop_runs_evals_on_the_policy_of_their_step_and_records_them(tmp_path):
     ctx, engine, runner, console, wandb = run_loop(tmp_path)
     await training_loop(ctx)
-    # (step, evals, servers, weight version live, engine generating)
+    # (step, evals, servers, weight version its servers hold, engine generating)
     assert runner.calls == [
         (0, ["quiz", "other"], SERVERS, 0, False),  # baseline: before any rollout, every server
         (2, ["quiz"], ["http://s2"], 2, True),  # periodic: after step 2's weights, the eval server
-        (3, ["other"], ["http://s2"], 3, True),
+        (3, ["other"], ["http://s2"], 3, True),  # waited for quiz@2, then got step 3's weights
         (4, ["quiz", "other"], SERVERS, 4, False),  # quiz periodic + other final; rollouts stopped
     ]
     assert engine.stopped_at_version == 4
+    # every publish reached every server: each eval ended before the next publish
+    assert ctx.trainers[0].published == [(1, "full"), (2, "full"), (3, "full"), (4, "full")]
+    assert engine.events == [
+        ("drain", 2, ["http://s2"], "eval_drain"),
+        ("drain", 3, ["http://s2"], "eval_drain"),  # still drained: the next eval takes it at once
+        ("restore", 4, ["http://s2"]),
+    ]
     lines = ctx.run.read_metrics()
-    assert [m["step"] for m in lines] == [0, 1, 2, 3, 4]
+    # periodic evals get a line of their own, written when they end (during the next step)
+    assert [m["step"] for m in lines] == [0, 1, 2, 2, 3, 3, 4]
     assert lines[0]["eval/quiz/correct"] == 0.0
     assert lines[0]["eval/other/completions"] == 2.0
-    assert not any(k.startswith("eval/") for k in lines[1])
-    assert lines[2]["eval/quiz/correct"] == pytest.approx(0.2)
-    assert "eval/other/correct" not in lines[2]
-    assert lines[4]["eval/other/correct"] == pytest.approx(0.4)
-    assert lines[4]["timing/eval_s"] >= 0
-    # W&B gets the same numbers at the same steps
+    assert lines[0]["eval/step"] == 0
+    assert not any(k.startswith("eval/") for k in lines[1] | lines[2])
+    assert lines[3]["eval/quiz/correct"] == pytest.approx(0.2)
+    assert lines[3]["eval/step"] == 2
+    assert "eval/other/correct" not in lines[3]
+    assert "reward/mean" not in lines[3]
+    assert lines[5]["eval/other/correct"] == pytest.approx(0.3)
+    assert lines[6]["eval/other/correct"] == pytest.approx(0.4)
+    assert lines[6]["eval/step"] == 4
+    assert lines[6]["timing/eval_s"] >= 0
+    # W&B gets the same numbers; an eval that ends after later steps goes to the latest one
     assert wandb.logged[0] == (0, {
         "eval/quiz/correct": 0.0, "eval/quiz/completions": 2.0, "eval/quiz/time_s": 0.5,
         "eval/other/correct": 0.0, "eval/other/completions": 2.0, "eval/other/time_s": 0.5,
+        "eval/step": 0,
     })  # fmt: skip
-    assert wandb.logged[3][0] == 3
-    assert wandb.logged[3][1]["eval/other/correct"] == pytest.approx(0.3)
+    assert [(s, d.get("eval/step")) for s, d in wandb.logged] == [
+        (0, 0),
+        (1, None),
+        (2, None),
+        (2, 2),
+        (3, None),
+        (3, 3),
+        (4, 4),
+    ]
+    assert wandb.logged[5][1]["eval/other/correct"] == pytest.approx(0.3)
     # one parquet table per eval per step
     tables = sorted(
         p.relative_to(ctx.run.path).as_posix() for p in (ctx.run.path / "evals").rglob("*.parquet")
@@ -240,6 +316,61 @@ async def test_loop_runs_evals_on_the_policy_of_their_step_and_records_them(tmp_
     assert rows == [{"step": 2, "eval": "quiz", "sample_index": 0, "completion": "x"}]
     assert console.lines[2] == "eval quiz @ step 2: correct 0.200  (2 completions, 0.5 s)"
     assert len(console.lines) == 6
+
+
+async def test_periodic_evals_run_on_drained_servers_while_training_goes_on(tmp_path):
+    # quiz every 3 of 7 steps: periodic after 3 and 6, final after 7; each eval lasts 2 batches
+    ctx, engine, runner, _, _ = run_loop(
+        tmp_path, number_of_steps=7, hold=2, evals=[SimpleNamespace(name="quiz", eval_every=3)]
+    )
+    await training_loop(ctx)
+    assert runner.calls == [
+        (0, ["quiz"], SERVERS, 0, False),
+        (3, ["quiz"], ["http://s2"], 3, True),
+        (6, ["quiz"], ["http://s2"], 6, True),
+        (7, ["quiz"], SERVERS, 7, False),
+    ]
+    # (eval step, batches taken by then, versions its servers held): training took batches 4 and 5
+    # during the eval at 3 while the eval server kept step 3's weights
+    assert runner.ends[1:3] == [(3, 5, {3}), (6, 7, {6})]
+    # step 4 published while the eval ran: training_only; step 5 found it done: full, and s2 rejoined
+    assert ctx.trainers[0].published == [
+        (1, "full"), (2, "full"), (3, "full"), (4, "training_only"), (5, "full"), (6, "full"), (7, "full"),
+    ]  # fmt: skip
+    assert engine.events == [
+        ("drain", 3, ["http://s2"], "eval_drain"),
+        ("restore", 5, ["http://s2"]),
+        ("drain", 6, ["http://s2"], "eval_drain"),
+        ("restore", 7, ["http://s2"]),  # the last step waited for the eval at 6
+    ]
+    assert engine.server_versions == dict.fromkeys(SERVERS, 7)
+    lines = ctx.run.read_metrics()
+    train = [m for m in lines if "reward/mean" in m]
+    assert [m["step"] for m in train] == [1, 2, 3, 4, 5, 6, 7]
+    assert [m["weight_sync/training_only"] for m in train] == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    evals = [(m["step"], m["eval/step"], m["eval/quiz/correct"]) for m in lines if "eval/step" in m]
+    # baseline, periodic at 3 (ends during step 5) and 6 (during 7), final in step 7's line
+    assert evals == [(0, 0, 0.0), (3, 3, 0.3), (6, 6, 0.6), (7, 7, 0.7)]
+    assert [m["step"] for m in lines] == [0, 1, 2, 3, 4, 3, 5, 6, 6, 7]
+
+
+async def test_a_failed_periodic_eval_stops_the_run_at_the_next_wait(tmp_path):
+    ctx, engine, runner, _, _ = run_loop(
+        tmp_path, number_of_steps=7, hold=2, evals=[SimpleNamespace(name="quiz", eval_every=3)]
+    )
+    runner.fail_at = 3
+    with pytest.raises(RuntimeError, match="eval server fell over"):
+        await training_loop(ctx)
+    # steps 4 and 5 trained beside it; step 5's publish found it failed
+    assert [m["step"] for m in ctx.run.read_metrics()] == [0, 1, 2, 3, 4]
+    assert not engine.running
+
+
+async def test_periodic_evals_need_a_server_left_for_training(tmp_path):
+    ctx, _, runner, _, _ = run_loop(tmp_path, eval_num_servers=3)
+    with pytest.raises(ValueError, match="eval_num_servers is 3 with 3 server"):
+        await training_loop(ctx)
+    assert runner.calls == []
 
 
 async def test_resume_skips_the_baseline_and_zero_eval_servers_skip_periodic_evals(tmp_path):

@@ -10,23 +10,33 @@ live on the servers, so the eval measures the policy of step s):
 * final after the last step when ``eval_after_training``, for the evals not already run there.
 
 Servers: the baseline and the final evals use every server when ``eval_start_end_use_all_servers``
-or when no server is reserved (nothing trains then), else the last ``eval_num_servers``; periodic
-evals use the last ``eval_num_servers``. The loop waits for an eval before the next training step,
-so the weights cannot change under it. The rollout engine keeps generating on all servers
-meanwhile (up to ``max_async_rollout`` batches ahead), so periodic evals share their servers with
-rollout requests. TODO(spec §1.9, §6.1): drain the eval servers and keep training on the others
-with a ``training_only`` weight group, as the original does.
+or when no server is reserved (nothing trains then), else the last ``eval_num_servers``; nothing
+trains while they run. Periodic evals run on the last ``eval_num_servers`` servers (the eval
+servers) while training goes on (spec §1.9 "Eval interplay", §6.1), see :class:`PeriodicEval`:
+
+1. after step s's weights went to every server (weight group ``full``), the eval servers are
+   drained from the rollout engine (their in-flight training groups are cancelled, reason
+   ``eval_drain``) and the evals start on them in the background;
+2. later steps train on rollouts of the other servers and publish on the ``training_only`` group
+   (trainer + the other servers): the eval servers keep step s's weights;
+3. at the first publish after the evals finished, the weights go to the ``full`` group again and
+   the eval servers rejoin the training pool. A new eval step waits for the running evals first
+   (training pauses only then), as does the last step.
 
 Records: ``evals/<eval>/step_NNNNNN.parquet`` (one row per completion) in the run directory, and
-the aggregates as ``eval/<eval>/<metric>`` in that step's ``metrics.jsonl`` line (step 0 gets a
-line of its own) and in W&B; one console line per eval.
+the aggregates as ``eval/<eval>/<metric>`` plus ``eval/step`` (the step whose weights were
+evaluated) in ``metrics.jsonl`` and W&B, one console line per eval. Final evals share the last
+step's line; baseline and periodic evals get a line of their own with ``step`` = the evaluated
+step, written when they finish (a periodic eval's line comes after the lines of the steps trained
+meanwhile). In W&B they are logged at the current step, and charted against ``eval/step``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +45,15 @@ import structlog
 
 from telescope_cli._rundir import RunDir
 
-__all__ = ["EvalPlan", "eval_metrics", "eval_servers", "run_scheduled_evals", "write_eval_rows"]
+__all__ = [
+    "EvalPlan",
+    "PeriodicEval",
+    "eval_metrics",
+    "eval_servers",
+    "run_scheduled_evals",
+    "weight_groups",
+    "write_eval_rows",
+]
 
 log = structlog.get_logger()
 
@@ -83,6 +101,58 @@ def eval_servers(
     if eval_num_servers <= 0 or (end and use_all_at_ends):
         return urls
     return urls[-min(eval_num_servers, len(urls)) :]
+
+
+def weight_groups(urls: Sequence[str], *, has_evals: bool, eval_num_servers: int) -> dict[str, list[str]]:
+    """The weight-sync groups of a run: ``full`` (every server), plus ``training_only`` (every
+    server but the last ``eval_num_servers``) when periodic evals can run beside training."""
+    urls = list(urls)
+    groups = {"full": urls}
+    if has_evals and 0 < eval_num_servers < len(urls):
+        groups["training_only"] = urls[:-eval_num_servers]
+    return groups
+
+
+@dataclass
+class PeriodicEval:
+    """Evals of one step running in the background on drained eval servers.
+
+    ``task`` returns the ``eval/...`` metrics (already written by then); ``servers`` are the eval
+    servers, out of the rollout engine's pool until the loop gives them the current weights.
+    """
+
+    step: int
+    servers: list[str]
+    task: asyncio.Task[dict[str, float]]
+
+    @classmethod
+    async def start(
+        cls,
+        engine: Any,
+        step: int,
+        servers: list[str],
+        evals: Callable[[], Coroutine[Any, Any, dict[str, float]]],
+    ) -> PeriodicEval:
+        """Drain ``servers`` from ``engine`` (cancelling their rollouts), then run ``evals()`` (runs
+        the evals and records the results) as a task."""
+        cancelled = await engine.drain_servers(servers, reason="eval_drain")
+        log.info("eval servers drained", step=step, servers=servers, cancelled_groups=cancelled)
+        return cls(step, list(servers), asyncio.create_task(evals(), name=f"evals-step-{step}"))
+
+    def done(self) -> bool:
+        return self.task.done()
+
+    async def wait(self) -> dict[str, float]:
+        """The metrics; re-raises the evals' error."""
+        return await self.task
+
+    async def cancel(self, timeout_s: float = 30.0) -> None:
+        """Stop the evals (the run is ending early); their error, if any, is only logged."""
+        if not self.task.done():
+            self.task.cancel()
+            await asyncio.wait([self.task], timeout=timeout_s)
+        if self.task.done() and not self.task.cancelled() and self.task.exception() is not None:
+            log.warning("periodic evals failed", step=self.step, error=repr(self.task.exception()))
 
 
 def _safe(name: str) -> str:
@@ -142,6 +212,6 @@ async def run_scheduled_evals(
     for r in results:
         write_eval_rows(run, r.name, step, r.rows)
         console.info(console_line(r))
-    metrics = eval_metrics(results)
+    metrics = {**eval_metrics(results), "eval/step": step} if results else {}
     log.info("evals done", step=step, seconds=round(time.monotonic() - t0, 2), **metrics)
     return metrics

@@ -8,6 +8,9 @@
     engine.weights_updated(version)                  # resumes paused dispatch, counts off-policy steps
     evals due after this step                        # telescope-rollout EvalRunner, see _evals.py
 
+Periodic evals run in the background on drained eval servers while training goes on; meanwhile
+weights go to the ``training_only`` group (see ``_evals``).
+
 Steps are counted from 1 in metrics, rollouts and checkpoints (``step_N`` holds N finished steps);
 the weight version after step N is N, the base model is version 0.
 """
@@ -23,7 +26,7 @@ from typing import Any
 
 import structlog
 
-from telescope_cli._evals import EvalPlan, eval_servers, run_scheduled_evals
+from telescope_cli._evals import EvalPlan, PeriodicEval, eval_servers, run_scheduled_evals, weight_groups
 from telescope_cli._rundir import RunDir, rollout_rows, write_rollouts
 
 __all__ = ["LoopContext", "to_train_samples", "training_loop"]
@@ -50,6 +53,8 @@ class LoopContext:
     extra_metrics: dict[str, float] = field(default_factory=dict)
     evals: Any = None
     """A telescope_rollout.EvalRunner (datasets loaded), or None when the config lists no evals."""
+    wandb_step: int = 0
+    """The last step logged to W&B (evals that end between steps are logged there)."""
 
 
 def _filtered(s: Any, config: Any) -> dict[str, bool]:
@@ -159,6 +164,12 @@ async def training_loop(ctx: LoopContext) -> None:
     """Baseline evals, then steps ``start_step + 1 .. number_of_steps`` (engine started and stopped here)."""
     cfg, engine = ctx.config, ctx.engine
     plan = EvalPlan.from_config(cfg, ctx.start_step) if ctx.evals is not None else None
+    if plan is not None and plan.periodic and "training_only" not in _groups(ctx):
+        raise ValueError(
+            f"periodic evals need a server left for training: eval_num_servers is {cfg.eval_num_servers} "
+            f"with {len(ctx.client.server_urls)} server(s); lower eval_num_servers or add inference workers"
+        )
+    ctx.wandb_step = ctx.start_step
     ctx.console.start_training(ctx.start_step)
     if ctx.start_step:
         engine.weights_updated(ctx.start_step)  # resumed: the servers hold that step's weights
@@ -170,72 +181,116 @@ async def training_loop(ctx: LoopContext) -> None:
             await _steps(ctx, plan)
 
 
-async def _run_evals(ctx: LoopContext, step: int, names: list[str], *, end: bool) -> dict[str, float]:
+def _groups(ctx: LoopContext) -> dict[str, list[str]]:
     cfg = ctx.config
-    servers = eval_servers(
+    return weight_groups(
+        ctx.client.server_urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers)
+    )
+
+
+def _servers(ctx: LoopContext, *, end: bool) -> list[str]:
+    cfg = ctx.config
+    return eval_servers(
         ctx.client.server_urls,
         eval_num_servers=int(cfg.eval_num_servers),
         use_all_at_ends=bool(cfg.eval_start_end_use_all_servers),
         end=end,
     )
+
+
+async def _run_evals(ctx: LoopContext, step: int, names: list[str], *, end: bool) -> dict[str, float]:
+    servers = _servers(ctx, end=end)
     return await run_scheduled_evals(ctx.evals, ctx.run, ctx.console, step=step, names=names, servers=servers)
 
 
+async def _background_evals(ctx: LoopContext, step: int, names: list[str]) -> dict[str, float]:
+    """A periodic eval's body: run, then record its metrics line as soon as it is done."""
+    results = await _run_evals(ctx, step, names, end=False)
+    _write_eval_step(ctx, step, results)
+    return results
+
+
 async def _steps(ctx: LoopContext, plan: EvalPlan | None) -> None:
+    pending: PeriodicEval | None = None
+    try:
+        for step in range(ctx.start_step + 1, ctx.config.number_of_steps + 1):
+            pending = await _step(ctx, plan, step, pending)
+    finally:
+        if pending is not None:
+            await pending.cancel()
+
+
+async def _step(
+    ctx: LoopContext, plan: EvalPlan | None, step: int, pending: PeriodicEval | None
+) -> PeriodicEval | None:
+    """One training step; returns the periodic eval still running after it (or None)."""
     from telescope_algos import pack_samples
 
     cfg, engine = ctx.config, ctx.engine
-    for step in range(ctx.start_step + 1, cfg.number_of_steps + 1):
-        t0 = time.monotonic()
-        batch = await engine.next_batch()
-        t_rollout = time.monotonic() - t0
-        samples, filter_stats = to_train_samples(batch, cfg)
-        shards = pack_samples(
-            samples,
-            seq_len=cfg.seq_len,
-            pad_to_multiple_of=_pad_multiple(cfg),
-            num_ranks=ctx.dp_world_size,
-            pad_token_id=ctx.pad_token_id,
-        )
-        t1 = time.monotonic()
-        per_rank = await _gather(
-            [a.train_step.remote(shards[dp], step) for a, dp in zip(ctx.trainers, ctx.dp_ranks, strict=True)]
-        )
-        t2 = time.monotonic()
-        sync = await _gather([a.publish.remote(step) for a in ctx.trainers])
-        engine.weights_updated(step)
-        t3 = time.monotonic()
-        due = plan.after_step(step) if plan is not None else []
-        last = step == cfg.number_of_steps
-        if due and last:
-            await engine.stop()  # nothing more to train: the final evals get every server alone
-        eval_results = await _run_evals(ctx, step, due, end=last) if due else {}
-        t4 = time.monotonic()
+    t0 = time.monotonic()
+    batch = await engine.next_batch()
+    t_rollout = time.monotonic() - t0
+    samples, filter_stats = to_train_samples(batch, cfg)
+    shards = pack_samples(
+        samples,
+        seq_len=cfg.seq_len,
+        pad_to_multiple_of=_pad_multiple(cfg),
+        num_ranks=ctx.dp_world_size,
+        pad_token_id=ctx.pad_token_id,
+    )
+    t1 = time.monotonic()
+    per_rank = await _gather(
+        [a.train_step.remote(shards[dp], step) for a, dp in zip(ctx.trainers, ctx.dp_ranks, strict=True)]
+    )
+    t2 = time.monotonic()
+    due = plan.after_step(step) if plan is not None else []
+    last = step == cfg.number_of_steps
+    rejoin: list[str] = []
+    if pending is not None and (pending.done() or due or last):
+        await pending.wait()  # a new eval step (or the end) waits for the running evals
+        rejoin, pending = pending.servers, None
+    t_wait = time.monotonic() - t2
+    group = "full" if pending is None else "training_only"
+    sync = await _gather([a.publish.remote(step, group) for a in ctx.trainers])
+    engine.weights_updated(step, servers=None if pending is None else _groups(ctx)["training_only"])
+    if rejoin and not (due and not last):  # back to training, unless a new periodic eval takes them
+        engine.restore_servers(rejoin)
+    t3 = time.monotonic()
+    eval_results: dict[str, float] = {}
+    if due and last:
+        await engine.stop()  # nothing more to train: the final evals get their servers alone
+        eval_results = await _run_evals(ctx, step, due, end=True)
+    elif due:
+        servers = _servers(ctx, end=False)
+        pending = await PeriodicEval.start(engine, step, servers, lambda: _background_evals(ctx, step, due))
+    t4 = time.monotonic()
 
-        num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-        metrics: dict[str, Any] = {"step": step, "time": time.time(), **reward_metrics(batch)}
-        metrics.update(_mean_metrics(per_rank))
-        metrics.update(filter_stats)
-        metrics.update({f"weight_sync/{k}": v for k, v in (sync[0] or {}).items()})
-        metrics.update(batch.metrics)
-        metrics.update(
-            {
-                "async_level": batch.metrics.get("rollout/async_level", 0),
-                "groups/kept": len(batch.groups),
-                "groups/discarded": len(batch.discarded),
-                "groups/cancelled": len(batch.cancelled),
-                "throughput/tokens_per_s": num_tokens / max(t2 - t1, 1e-9),
-                "timing/rollout_wait_s": t_rollout,
-                "timing/train_s": t2 - t1,
-                "timing/weight_sync_s": t3 - t2,
-                "timing/eval_s": t4 - t3,
-                "timing/step_s": time.monotonic() - t0,
-            }
-        )
-        metrics.update(eval_results)
-        _write_step(ctx, step, batch, metrics)
-        if _should_checkpoint(cfg, step):
-            await save_checkpoint(ctx, step)
+    num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    metrics: dict[str, Any] = {"step": step, "time": time.time(), **reward_metrics(batch)}
+    metrics.update(_mean_metrics(per_rank))
+    metrics.update(filter_stats)
+    metrics.update({f"weight_sync/{k}": v for k, v in (sync[0] or {}).items()})
+    metrics.update(batch.metrics)
+    metrics.update(
+        {
+            "async_level": batch.metrics.get("rollout/async_level", 0),
+            "groups/kept": len(batch.groups),
+            "groups/discarded": len(batch.discarded),
+            "groups/cancelled": len(batch.cancelled),
+            "throughput/tokens_per_s": num_tokens / max(t2 - t1, 1e-9),
+            "timing/rollout_wait_s": t_rollout,
+            "timing/train_s": t2 - t1,
+            "timing/weight_sync_s": t3 - t2 - t_wait,
+            "timing/eval_s": t4 - t3 + t_wait,
+            "weight_sync/training_only": float(group == "training_only"),
+            "timing/step_s": time.monotonic() - t0,
+        }
+    )
+    metrics.update(eval_results)
+    _write_step(ctx, step, batch, metrics)
+    if _should_checkpoint(cfg, step):
+        await save_checkpoint(ctx, step)
+    return pending
 
 
 def _write_step(ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any]) -> None:
@@ -247,16 +302,24 @@ def _write_step(ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any]
     ctx.run.append_metrics(metrics)
     if ctx.wandb is not None:
         ctx.wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=step)
+        ctx.wandb_step = max(ctx.wandb_step, step)
     ctx.console.step(metrics)
     log.info("step done", **{k: v for k, v in metrics.items() if not k.startswith("rollout/")})
 
 
 def _write_eval_step(ctx: LoopContext, step: int, eval_results: dict[str, float]) -> None:
-    """A metrics line of its own for evals outside a training step (the baseline, step 0)."""
+    """A metrics line of its own for evals outside a training step's line (baseline, periodic).
+
+    W&B cannot go back to an earlier step: a periodic eval that ends after later steps were
+    logged goes to the latest one (its ``eval/step`` says which weights it measured).
+    """
+    if not eval_results:
+        return
     metrics = {"step": step, "time": time.time(), **eval_results}
     ctx.run.append_metrics(metrics)
     if ctx.wandb is not None:
-        ctx.wandb.log(eval_results, step=step)
+        ctx.wandb.log(eval_results, step=max(step, ctx.wandb_step))
+        ctx.wandb_step = max(step, ctx.wandb_step)
 
 
 async def save_checkpoint(ctx: LoopContext, step: int) -> None:

@@ -4,7 +4,8 @@ Layout (``runs/<wandb_run_name>/`` when the config sets that name, else ``runs/<
 ``--run-dir`` or ``$TELESCOPE_RUN_DIR`` pick another place)::
 
     config.yaml            the resolved config (every field)
-    metrics.jsonl          one JSON object per training step (and one for step 0 with a baseline eval)
+    metrics.jsonl          one JSON object per training step, plus one per baseline (step 0) or
+                           periodic eval, with the evaluated step, written when the eval ends
     rollouts/step_NNNNNN.parquet
                            every sample of the step: kept, discarded or cancelled (with the reason)
     evals/<eval>/step_NNNNNN.parquet

@@ -2,7 +2,8 @@
 
 Phases (one console line each): run directory → model → Ray → vLLM servers and trainer ranks
 (placed concurrently) → environments, evals and the rollout engine → weight-sync group → resume
-→ loop (baseline evals, steps, periodic and final evals).
+→ loop (baseline evals, steps, periodic and final evals). The weight-sync groups are ``full`` and,
+when periodic evals run beside training, ``training_only`` (every server but the eval servers).
 Every process the run starts is stopped on the way out: normal end, error, Ctrl-C or SIGTERM.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from telescope_cli._evals import weight_groups
 from telescope_cli._guard import start_guard
 from telescope_cli._rundir import RunDir, choose_run_dir
 
@@ -126,13 +128,14 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
             from telescope_cli._rollout import build_engine
 
             engine, client, pad_id, evals = build_engine(cfg, model_path, [s["url"] for s in servers])
-        with console.phase("weight-sync group"):
+        urls = [s["url"] for s in servers]
+        groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
+        with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
             import ray
 
             settings = _publisher_settings(cfg)
-            urls = [s["url"] for s in servers]
             loopback = cfg.ray_broadcast_prefer_loopback_if_single_node
-            ray.get([a.connect_weights.remote({"full": urls}, settings, loopback) for a in trainers])
+            ray.get([a.connect_weights.remote(groups, settings, loopback) for a in trainers])
         start_step = 0
         ckpt_root = run.checkpoints(cfg.checkpoint_dir)
         if resuming:
@@ -251,7 +254,7 @@ def _start_wandb(cfg: Any, resolved: Any, run: RunDir) -> Any:
         ) from exc
     mode = _wandb_mode()
     log.info("wandb", mode=mode, dir=str(run.path / "wandb"))
-    return wandb.init(
+    wb = wandb.init(
         project=os.environ.get("WANDB_PROJECT", cfg.wandb_project),
         name=os.environ.get("WANDB_RUN_NAME", cfg.wandb_run_name),
         tags=os.environ["WANDB_TAGS"].split(",") if os.environ.get("WANDB_TAGS") else list(cfg.wandb_tags),
@@ -259,3 +262,7 @@ def _start_wandb(cfg: Any, resolved: Any, run: RunDir) -> Any:
         dir=str(run.path),
         mode=mode,
     )
+    # periodic evals end steps after the weights they measured: chart them against eval/step
+    wb.define_metric("eval/step")
+    wb.define_metric("eval/*", step_metric="eval/step")
+    return wb

@@ -5,6 +5,13 @@ slots busy with groups of ``group_size`` samples; ``await engine.next_batch()`` 
 ``RolloutBatch`` of ``prompts_batch_size_for_trainer`` kept groups; ``engine.weights_updated(v)``
 announces that weight version ``v`` is live on the servers.
 
+Draining (spec §6.1, periodic evals): ``await engine.drain_servers(urls)`` takes servers out of the
+training pool: nothing new is dispatched to them and their groups still using the server are
+cancelled (reason ``eval_drain``); ``engine.restore_servers(urls)`` gives them back once they hold
+the pool's weights again. While drained, a server may keep an older version: updates name the
+servers that got them (``weights_updated(v, servers=...)``), every server in the pool must be
+among them, and a sample's versions are those of the server it ran on.
+
 Counters (version v = number of weight updates applied, 0 = base model; step = batches assembled):
 - pause: no new group starts while ``step - v > max_async_rollout`` (resumes on an update);
 - staleness of a group = the step it lands in minus the oldest version its samples *started*
@@ -119,6 +126,10 @@ class RolloutEngine:
         self.next_group_id = 0
         self.next_sample_id = 0
         self.down: dict[str, str] = {}
+        self.drained: set[str] = set()
+        """Servers out of the training pool (:meth:`drain_servers`)."""
+        self.server_versions = dict.fromkeys(self.servers, 0)
+        """Weight version each server holds."""
         self.paused = False
         self._groups: dict[int, _GroupRun] = {}
         self._bucket: list[ScoredGroup] = []
@@ -184,22 +195,87 @@ class RolloutEngine:
             raise item
         return item
 
-    def weights_updated(self, version: int) -> None:
-        """Weight version ``version`` is now live on the servers (0 = the base model)."""
+    def weights_updated(self, version: int, servers: Sequence[str] | None = None) -> None:
+        """Weight version ``version`` is now live on ``servers`` (default: all; 0 = the base model).
+
+        ``servers`` must include every server in the training pool; drained servers may be left
+        out (they keep their version until they are updated and restored).
+        """
         if version < self.version:
             raise ValueError(f"weight version went back from {self.version} to {version}")
-        delta = version - self.version
+        targets = set(self.servers) if servers is None else self._known(servers)
+        missed = sorted(u for u in self.servers if u not in self.drained and u not in targets)
+        if missed:
+            raise ValueError(
+                f"servers {missed} are in the training pool but did not get weight version {version}: "
+                "send the weights to every server in the pool, or drain_servers() them first"
+            )
+        previous = dict(self.server_versions)
+        for url in targets:
+            self.server_versions[url] = version
         self.version = version
-        if delta == 0:
-            return
         limit = self.settings.max_off_policy_steps
         for group in list(self._groups.values()):
+            delta = self.server_versions[group.server] - previous[group.server]
+            if delta == 0:
+                continue
             for run in group.runs:
                 if run.generating:
                     run.out.off_policy_steps += delta
             if limit >= 0 and any(r.out.off_policy_steps > limit for r in group.runs):
                 self._cancel_group(group, "off_policy")
         self._wake.set()
+
+    async def drain_servers(
+        self, servers: Sequence[str], *, reason: str = "eval_drain", timeout_s: float = 60.0
+    ) -> int:
+        """Take ``servers`` out of the training pool; returns how many groups were cancelled.
+
+        No new group goes to them; each of their groups that still needs the server (a sample not
+        started or still generating) is cancelled with ``reason`` and reported in the next batch's
+        ``cancelled``; groups that are only being scored finish normally. Returns once the
+        cancelled requests have unwound (at most ``timeout_s``).
+        """
+        urls = self._known(servers)
+        self.drained |= urls
+        victims = [
+            g
+            for g in list(self._groups.values())
+            if g.server in urls and any(not r.done and (not r.started or r.generating) for r in g.runs)
+        ]
+        tasks = [t for g in victims for t in g.tasks]
+        for group in victims:
+            self._cancel_group(group, reason)
+        log.info(
+            "rollout_servers_drained", servers=sorted(urls), cancelled_groups=len(victims), reason=reason
+        )
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            if pending:
+                log.warning("rollout_drain_slow", servers=sorted(urls), still_unwinding=len(pending))
+        return len(victims)
+
+    def restore_servers(self, servers: Sequence[str]) -> None:
+        """Put drained ``servers`` back into the training pool (they must hold the pool's version)."""
+        urls = self._known(servers)
+        behind = {u: self.server_versions[u] for u in sorted(urls) if self.server_versions[u] != self.version}
+        if behind:
+            raise ValueError(
+                f"cannot restore servers holding weight versions {behind} into a pool at version "
+                f"{self.version}: send them the current weights and call weights_updated() first"
+            )
+        self.drained -= urls
+        log.info("rollout_servers_restored", servers=sorted(urls), version=self.version)
+        self._wake.set()
+
+    def _known(self, servers: Sequence[str]) -> set[str]:
+        if isinstance(servers, str):
+            raise TypeError("pass a list of server URLs, not one string")
+        urls = {u.rstrip("/") for u in servers}
+        unknown = sorted(urls - set(self.servers))
+        if unknown:
+            raise ValueError(f"unknown servers {unknown}; the engine's servers are {self.servers}")
+        return urls
 
     def mark_server_up(self, url: str) -> None:
         """A server that failed was restarted: dispatch to it again."""
@@ -233,6 +309,7 @@ class RolloutEngine:
         self.prompts.reset()
         self.step = int(state["step"])
         self.version = int(state["version"])
+        self.server_versions = dict.fromkeys(self.servers, self.version)
         self.next_group_id = int(state["next_group_id"])
         self.next_sample_id = int(state["next_sample_id"])
 
@@ -245,7 +322,7 @@ class RolloutEngine:
         G = self.settings.group_size
         for k in range(n):
             url = self.servers[(self._rr + k) % n]
-            if url in self.down:
+            if url in self.down or url in self.drained:
                 continue
             pool = self.lanes[url]
             if self.settings.enable_individual_sample_lanes:
@@ -334,14 +411,14 @@ class RolloutEngine:
             else:
                 out.lane = lane if lane is not None else -1
             run.started = run.generating = True
-            out.version_start = self.version
+            out.version_start = self.server_versions[group.server]
             t0 = self.clock()
             out.timings["queue_s"] = t0 - t_queued
 
             def on_generated() -> None:
                 nonlocal held
                 run.generating = False
-                out.version_end = self.version
+                out.version_end = self.server_versions[group.server]
                 out.timings["generation_s"] = self.clock() - t0
                 if held is not None and self.settings.free_lane_after_generation:
                     pool.release(held)
@@ -374,7 +451,7 @@ class RolloutEngine:
                 out.error, out.error_detail = "rollout_error", f"{type(exc).__name__}: {exc}"
             if run.generating:
                 run.generating = False
-                out.version_end = self.version
+                out.version_end = self.server_versions[group.server]
             out.timings["reward_s"] = self.clock() - t0 - out.timings.get("generation_s", 0.0)
         finally:
             if held is not None:
@@ -496,6 +573,7 @@ class RolloutEngine:
             "rollout/pauses": float(self._stats.get("pauses", 0)),
             "rollout/groups_in_flight": float(len(self._groups)),
             "rollout/lanes_busy": float(sum(p.busy for p in self.lanes.values())),
+            "rollout/servers_drained": float(len(self.drained)),
         }
         for key, value in self._stats.items():
             if key.startswith(("discarded_", "cancelled_")):

@@ -83,7 +83,8 @@ class DroppedGroup:
 
     group: ScoredGroup
     reason: str
-    """max_async, zero_advantage, off_policy, or an error kind (rollout_error, prompt_too_long, ...)."""
+    """max_async, zero_advantage, off_policy, eval_drain (cancelled: its server was drained for an
+    eval), or an error kind (rollout_error, prompt_too_long, ...)."""
     step: int
     """The batch that was being filled when it was dropped."""
     version: int
