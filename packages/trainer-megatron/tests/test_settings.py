@@ -40,6 +40,8 @@ def test_defaults_are_fine_on_cpu():
     assert _problems() == []
     assert _problems(megatron_tensor_parallel_size=2) == []
     assert _problems(MOE, megatron_expert_parallel_size=2) == []
+    moe_tp = {"megatron_tensor_parallel_size": 2, "megatron_use_transformer_engine": True}
+    assert _problems(MOE, has_te=True, megatron_sequence_parallel=True, **moe_tp) == []
 
 
 @pytest.mark.parametrize(
@@ -72,6 +74,13 @@ def test_defaults_are_fine_on_cpu():
             "megatron_expert_parallel_size",
             "config.json",
             "experts (4)",
+        ),
+        (
+            {"trainer_num_workers": 2, "megatron_tensor_parallel_size": 2},
+            MOE,
+            "megatron_tensor_parallel_size",
+            "config.json",
+            "only with sequence parallelism",
         ),
         (
             {"megatron_use_transformer_engine": True},
@@ -186,3 +195,40 @@ def test_cpu_shim_is_reversible_and_a_no_op_with_cuda(monkeypatch):
             uninstall_cpu_shim()
     if not was_active:
         assert torch.cuda.current_device is original
+
+
+def test_cpu_shim_runs_the_alltoall_dispatchers_host_copy_without_streams():
+    import numpy as np
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as Dispatcher
+
+    from telescope_trainer_megatron import install_cpu_shim, uninstall_cpu_shim
+    from telescope_trainer_megatron._cpu_shim import cpu_shim_active
+
+    original = Dispatcher._maybe_dtoh_and_synchronize
+    was_active = cpu_shim_active()
+    try:
+        install_cpu_shim()
+        assert Dispatcher.cuda_dtoh_stream is not None  # so __init__ makes no torch.cuda.Stream
+        tokens = torch.tensor([4, 0])
+        fake = SimpleNamespace(
+            drop_and_pad=False,
+            cuda_dtoh_point="before_permutation_1",
+            input_splits=torch.tensor([3, 1]),
+            output_splits=torch.tensor([2, 5]),
+            output_splits_tp=None,
+        )
+        # Not the copy point: nothing changes.
+        assert Dispatcher._maybe_dtoh_and_synchronize(fake, "before_finish", tokens) is tokens
+        assert torch.is_tensor(fake.input_splits)
+        # The copy point: split sizes become host arrays (what the CUDA path makes of them).
+        assert Dispatcher._maybe_dtoh_and_synchronize(fake, "before_permutation_1", tokens) is tokens
+        assert isinstance(fake.input_splits, np.ndarray)
+        assert fake.input_splits.tolist() == [3, 1]
+        assert fake.output_splits.tolist() == [2, 5]
+        assert fake.output_splits_tp is None
+    finally:
+        if not was_active:
+            uninstall_cpu_shim()
+    if not was_active:
+        assert Dispatcher._maybe_dtoh_and_synchronize is original
+        assert Dispatcher.cuda_dtoh_stream is None

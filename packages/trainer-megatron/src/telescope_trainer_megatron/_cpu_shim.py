@@ -10,6 +10,12 @@ tensors with a literal ``device="cuda"`` (loss scale, overflow flag, grad-norm b
 ``torch`` whose ``tensor``/``zeros``/``ones``/``empty`` put ``"cuda"`` tensors on the CPU instead,
 and the rotary embeddings' context-parallel slice (``get_pos_emb_on_this_cp_rank``, which pins and
 moves an index to CUDA) is the same zig-zag slice computed on the CPU.
+The MoE ``alltoall`` token dispatcher (upstream's, the one that handles a different token count on
+every expert-parallel rank) copies its split sizes to the host on a CUDA side stream
+(``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``, stream made in ``__init__``); on the
+CPU the tensors are already on the host, so the shim gives the class a placeholder stream and a
+method that only turns the splits into NumPy arrays at the same point, as the CUDA path does, and
+the same dispatcher code runs on CPU and GPU.
 Nothing is touched where CUDA is available, so
 the same code path runs unchanged on GPUs. :func:`uninstall_cpu_shim` restores every original
 (tests use it). Megatron's optimizer also checks ``param.type() == "torch.cuda.FloatTensor"``
@@ -114,6 +120,26 @@ def _cpu_pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group: 
     return pos_emb.index_select(seq_dim, index)
 
 
+_NO_STREAM = object()
+"""Stands for the dispatcher's CUDA copy stream on the CPU (so ``__init__`` does not create one)."""
+
+
+def _cpu_dtoh_and_synchronize(
+    self: Any, point: str, tokens_per_expert: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize`` on the CPU: no copy, no stream.
+
+    At the dispatcher's copy point the split sizes become NumPy arrays (what ``all_to_all_single``
+    takes as sizes, and what the CUDA path makes of them); there is nothing to wait for.
+    """
+    if not self.drop_and_pad and point == self.cuda_dtoh_point:
+        for name in ("input_splits", "output_splits", "output_splits_tp"):
+            value = getattr(self, name)
+            if torch.is_tensor(value):
+                setattr(self, name, value.numpy())
+    return tokens_per_expert
+
+
 def cpu_shim_active() -> bool:
     """True while the redirections of :func:`install_cpu_shim` are in place."""
     return bool(_saved)
@@ -129,6 +155,7 @@ def install_cpu_shim() -> bool:
     if _saved:
         return True
     from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
     patches: list[tuple[Any, str, Any]] = [
         (torch.cuda, "current_device", _cpu_current_device),
@@ -138,6 +165,8 @@ def install_cpu_shim() -> bool:
         (torch.cuda, "synchronize", _cpu_synchronize),
         (mrandom, "_get_cuda_rng_state", _cpu_get_rng_state),
         (mrandom, "_set_cuda_rng_state", _cpu_set_rng_state),
+        (MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", _NO_STREAM),
+        (MoEAlltoAllTokenDispatcher, "_maybe_dtoh_and_synchronize", _cpu_dtoh_and_synchronize),
     ]
     for module_name in _CUDA_LITERAL_MODULES:
         module = importlib.import_module(module_name)

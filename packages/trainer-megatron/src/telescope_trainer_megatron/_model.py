@@ -73,9 +73,10 @@ def transformer_config(
         "sequence_parallel": sequence_parallel and tp > 1,
         # Micro-batches differ in length; only the pipeline's p2p shape exchange needs to know.
         "variable_seq_lengths": pp > 1,
-        # alltoall is upstream's (and needed with variable lengths); its CUDA side streams do not
-        # exist on the CPU, where allgather (same routing, same results) is used instead.
-        "moe_token_dispatcher_type": "allgather" if cpu and pp == 1 else "alltoall",
+        # Upstream's dispatcher: each expert-parallel rank may send a different number of tokens
+        # (packed micro-batches differ in length). On the CPU it runs through the shim's no-stream
+        # host copy (``_cpu_shim``); allgather would assume equal token counts on every EP rank.
+        "moe_token_dispatcher_type": "alltoall",
         "batch_p2p_comm": False,
         "calculate_per_token_loss": True,  # the loss is already the step's token mean: no rescaling
         "use_cpu_initialization": cpu,

@@ -155,6 +155,22 @@ def megatron_problems(
                 _MODEL,
             )
         )
+    sequence_parallel = config.megatron_sequence_parallel and config.megatron_use_transformer_engine
+    if arch.is_moe and tp > 1 and not sequence_parallel:
+        # megatron-core's MoE layer refuses to train under TP without sequence parallel, and this
+        # backend runs sequence parallel only on the Transformer Engine layers.
+        out.append(
+            Problem(
+                "megatron_tensor_parallel_size",
+                tp,
+                f"{arch.model_type} has MoE layers, which megatron-core trains under tensor parallelism "
+                "only with sequence parallelism, and that needs the Transformer Engine layers here",
+                "set megatron_sequence_parallel: true and megatron_use_transformer_engine: true "
+                "(transformer-engine installed), or megatron_tensor_parallel_size: 1 and split the "
+                "experts with megatron_expert_parallel_size",
+                _MODEL,
+            )
+        )
     if config.megatron_use_transformer_engine and not has_te:
         out.append(
             Problem(

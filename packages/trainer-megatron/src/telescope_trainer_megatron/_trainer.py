@@ -23,6 +23,12 @@ runs ``compute_loss`` on the *whole* row: sequence-level terms (GSPO's ratio, se
 Dr. GRPO's per-sample lengths) and every metric are exactly those of CP = 1, while the gather's
 backward keeps each rank's own tokens, and Megatron's DDP sums the gradients over data × context
 parallel ranks.
+
+Expert parallelism (EP > 1): each MoE layer's routed experts are split over EP ranks (carved out
+of the data-parallel ranks) and megatron-core's ``alltoall`` token dispatcher sends every token to
+the rank of its experts and back; it takes a different token count from every rank, so packed
+micro-batches need no common length (on the CPU it runs through ``_cpu_shim``). Every rank must run
+the same number of micro-batches, which each step checks first.
 """
 
 from __future__ import annotations
@@ -271,6 +277,7 @@ class MegatronTrainer:
         """One training step on this data-parallel rank's micro-batches; returns the step metrics."""
         cfg = self.config
         t0 = time.perf_counter()
+        self._check_same_micro_batch_count(len(micro_batches))
         batches = [self._prepare(mb) for mb in micro_batches]
         timings: dict[str, float] = {}
         needs_ratio = cfg.use_ppo_clip or cfg.algorithm in _NEEDS_RATIO
@@ -432,6 +439,26 @@ class MegatronTrainer:
             "ep_size": lo.ep,
             "params_dtype": str(self.params_dtype).removeprefix("torch."),
         }
+
+    def _check_same_micro_batch_count(self, count: int) -> None:
+        """Every rank must run the same number of micro-batches (collective; raises on every rank).
+
+        Each micro-batch is one forward/backward with collectives inside (the expert-parallel
+        all-to-all in every MoE layer, pipeline sends) and each group of them ends in a gradient
+        all-reduce: a rank with fewer would leave the others waiting until the timeout.
+        """
+        if self.world_size == 1:
+            return
+        bounds = torch.tensor([count, -count], dtype=torch.int64)
+        dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+        most, fewest = int(bounds[0]), -int(bounds[1])
+        if most != fewest:
+            raise ValueError(
+                f"data-parallel ranks got different numbers of micro-batches ({fewest} to {most}; this "
+                f"rank {count}); every rank must run the same number. Pack the step with "
+                f"telescope_algos.pack_samples(..., num_ranks={self.dp_world_size}), which pads the "
+                "count with empty micro-batches"
+            )
 
     def _prepare(self, mb: MicroBatch) -> _Batch:
         from megatron.core.packed_seq_params import PackedSeqParams
