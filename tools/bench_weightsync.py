@@ -125,15 +125,23 @@ def bench_model(model_dir: Path, log_dir: Path, args: argparse.Namespace) -> dic
         pub.raw_broadcast(nbytes)
         updates, raws = [], []
         for version in range(1, args.repeats + 1):  # interleaved so both see the same load
-            updates.append(pub.publish(iter(named), version=version)["seconds"])
+            updates.append(pub.publish(iter(named), version=version))
             raws.append(pub.raw_broadcast(nbytes))
         assert pub.server_versions() == {url: args.repeats}
-    update_s, raw_s = statistics.median(updates), statistics.median(raws)
+    median = {k: statistics.median(u[k] for u in updates) for k in updates[0]}
+    update_s, raw_s = median["seconds"], statistics.median(raws)
     out = {"update_vs_raw": raw_s / update_s, "update_s": update_s, "raw_s": raw_s, "mb": nbytes / 2**20}
     mib = nbytes / 2**20
+    # Where an update's time goes (medians): the sender's stream (flatten + broadcasts, which wait
+    # for the receiver), the server's apply (receive + vLLM reload_weights + repack) and, inside
+    # it, the time the apply waited for the next bucket (the rest is vLLM's own work).
     print(
         f"{model_dir.name}: {mib:.1f} MiB, update {update_s:.3f}s, raw {raw_s:.3f}s, "
-        f"ratio {raw_s / update_s:.2f}"
+        f"ratio {raw_s / update_s:.2f} | send {median['send_seconds']:.3f}s, "
+        f"apply {median['apply_seconds_max']:.3f}s of which waiting for data "
+        f"{median['apply_wait_seconds_max']:.3f}s | updates {[round(u['seconds'], 3) for u in updates]} "
+        f"raws {[round(r, 3) for r in raws]}",
+        flush=True,
     )
     return out
 
@@ -191,7 +199,7 @@ def bench_transport(args: argparse.Namespace) -> dict[str, float]:
     import torch
 
     from telescope_weightsync import PublisherSettings, plan_buckets
-    from telescope_weightsync._stream import send_update
+    from telescope_weightsync._stream import Scratch, send_update
     from telescope_weightsync._transport import make_group, open_store, resolve_backend
 
     backend = resolve_backend(args.backend)
@@ -209,13 +217,17 @@ def bench_transport(args: argparse.Namespace) -> dict[str, float]:
         group = make_group(store, rank=0, world_size=2, backend=backend, timeout_s=120, name="b",
                            iface_host="127.0.0.1", device=device)  # fmt: skip
         cache: list = []
+        scratch = Scratch(group.device)  # kept across updates, as the publisher does
         raw_buf = torch.zeros(nbytes, dtype=torch.uint8, device=group.device)
         ack = torch.zeros(1, device=group.device)
         updates, raws = [], []
         for step in range(args.repeats + 1):
             start = time.perf_counter()
             send_update(
-                group, plan_buckets(iter(named), mode=args.mode, bucket_bytes=settings.bucket_bytes), cache
+                group,
+                plan_buckets(iter(named), mode=args.mode, bucket_bytes=settings.bucket_bytes),
+                cache,
+                scratch,
             )
             middle = time.perf_counter()
             group.broadcast(raw_buf, what="raw")
@@ -242,7 +254,9 @@ def main() -> None:
     )
     parser.add_argument("--models", default="tiny,smollm2", help="comma list of tiny, smollm2 or HF folders")
     parser.add_argument("--mode", default="flattened_bucket", choices=["flattened_bucket", "per_tensor"])
-    parser.add_argument("--bucket-mb", type=float, default=256)
+    parser.add_argument(
+        "--bucket-mb", type=float, default=None, help="default: the publisher's (256 MiB NCCL, 32 MiB gloo)"
+    )
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--transport-only", action="store_true", help="no vLLM: a plain receiver process")
@@ -272,8 +286,12 @@ def main() -> None:
         fields += [
             f"{name}_update_vs_raw={res['update_vs_raw']:.3f}",
             f"{name}_update_s={res['update_s']:.4f}",
+            f"{name}_raw_s={res['raw_s']:.4f}",
         ]
-    fields.append(f"mode={args.mode}")
+    from telescope_weightsync import PublisherSettings
+
+    bucket_mib = PublisherSettings(bucket_mb=args.bucket_mb, backend=args.backend).bucket_bytes / 2**20
+    fields += [f"mode={args.mode}", f"bucket_mb={bucket_mib:g}"]
     print("RESULT " + " ".join(fields))
 
 

@@ -86,3 +86,11 @@ def test_bad_input_is_explained():
     with pytest.raises(ValueError, match="unknown dtype"):
         dtype_from_name("float7")
     assert PublisherSettings(bucket_mb=2).bucket_bytes == 2 * 1024 * 1024
+    assert PublisherSettings(bucket_mb=256, backend="gloo").bucket_bytes == 256 * 1024 * 1024
+
+
+def test_default_bucket_size_depends_on_the_transport():
+    # None: 32 MiB on gloo (the faster size on CPU), 256 MiB on NCCL (the original's default)
+    assert PublisherSettings(backend="gloo").bucket_bytes == 32 * 1024 * 1024
+    if not torch.cuda.is_available():
+        assert PublisherSettings().bucket_bytes == 32 * 1024 * 1024  # auto -> gloo without CUDA

@@ -131,3 +131,22 @@ def test_dead_receiver_makes_the_sender_fail_within_its_timeout():
     finally:
         group.close()
     assert time.monotonic() - start < 5.0 + 10
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        torch.arange(12, dtype=torch.float32).reshape(3, 4),
+        torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),  # not contiguous: torch copy
+        torch.arange(6, dtype=torch.float32).to(torch.bfloat16).reshape(2, 3),  # no numpy bf16
+        torch.nn.Parameter(torch.ones(2, 2) * 3),  # requires grad
+        torch.empty(0, 4),
+    ],
+)
+def test_copy_flat_writes_the_tensor_in_row_major_order(src):
+    from telescope_weightsync._stream import copy_flat
+
+    dst = torch.full((src.numel() + 2,), -1.0, dtype=src.dtype)
+    copy_flat(dst[1 : 1 + src.numel()], src)
+    want = [-1.0, *src.detach().contiguous().reshape(-1).float().tolist(), -1.0]
+    assert dst.float().tolist() == want

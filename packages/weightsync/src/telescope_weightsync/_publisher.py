@@ -22,7 +22,7 @@ from telescope_weightsync._errors import WeightSyncError
 from telescope_weightsync._http import collective_rpc
 from telescope_weightsync._protocol import Layout, plan_buckets
 from telescope_weightsync._settings import PublisherSettings
-from telescope_weightsync._stream import send_update
+from telescope_weightsync._stream import Scratch, send_update
 from telescope_weightsync._transport import Group, make_group, open_store, resolve_backend
 
 log = structlog.get_logger()
@@ -70,7 +70,9 @@ class WeightPublisher:
         self.tp_sizes: dict[str, int] = {}
         self._groups: dict[str, Group] = {}
         self._members: dict[str, list[str]] = {}
+        self._ranks: dict[str, dict[str, list[int]]] = {}
         self._layouts: dict[str, list[Layout]] = {}
+        self._scratch: dict[str, Scratch] = {}
         self._store = None
         self._client = httpx.Client()
         self._pool = cf.ThreadPoolExecutor(max_workers=max(4, 2 * len(urls)), thread_name_prefix="weightsync")
@@ -105,12 +107,14 @@ class WeightPublisher:
         timeout = self.settings.init_timeout_s
         world = 1 + sum(self.tp_sizes[u] for u in members)
         offset, futures = 1, {}
+        futures_by_url: dict[str, cf.Future] = {}
         for url in members:
             payload = {
                 "group": name, "host": self.host, "port": port, "rank_offset": offset, "world_size": world,
                 "backend": self.backend, "timeout_s": self.settings.timeout_s, "iface_host": iface,
             }  # fmt: skip
-            futures[self._pool.submit(self._rpc, url, "telescope_join", payload, timeout)] = url
+            future = self._pool.submit(self._rpc, url, "telescope_join", payload, timeout)
+            futures[future], futures_by_url[url] = url, future
             offset += self.tp_sizes[url]
         store = open_store(self.host, port, is_master=False, timeout_s=timeout, prefix=f"telescope/{name}/")
         own = self._pool.submit(
@@ -128,8 +132,17 @@ class WeightPublisher:
         group.timeout_s = self.settings.timeout_s
         self._groups[name] = group
         self._members[name] = members
+        self._ranks[name] = {url: [int(r["rank"]) for r in futures_by_url[url].result()] for url in members}
+        taken = sorted(r for ranks in self._ranks[name].values() for r in ranks)
+        if taken != list(range(1, world)):
+            self._drop_group(name)
+            raise WeightSyncError(
+                f"group {name!r}: the servers' workers took ranks {taken}, expected 1..{world - 1} once each "
+                "(does every server report its tensor-parallel rank correctly?)"
+            )
         self._layouts[name] = []
-        log.info("weightsync.connected", group=name, world_size=world, backend=self.backend, servers=members)
+        ranks = self._ranks[name]
+        log.info("weightsync.connected", group=name, world_size=world, backend=self.backend, ranks=ranks)
 
     # ----------------------------------------------------------------------------- publish
     def publish(
@@ -152,7 +165,8 @@ class WeightPublisher:
             self._staged(named_tensors), mode=self.settings.mode, bucket_bytes=self.settings.bucket_bytes
         )
         try:
-            stats = send_update(handle, buckets, self._layouts[group])
+            scratch = self._scratch.setdefault(group, Scratch(handle.device))
+            stats = send_update(handle, buckets, self._layouts[group], scratch)
             failed = _first_error(futures, timeout)
             if failed is not None:
                 raise WeightSyncError(
@@ -235,6 +249,12 @@ class WeightPublisher:
         return time.perf_counter() - start
 
     # ----------------------------------------------------------------------------- queries
+    def group_ranks(self, group: str = DEFAULT_GROUP) -> dict[str, list[int]]:
+        """The group rank of each TP worker of each member server, in TP-rank order (trainer: 0)."""
+        if group not in self._ranks:
+            raise WeightSyncError(f"weight group {group!r} is not connected (known: {sorted(self._ranks)})")
+        return {url: list(ranks) for url, ranks in self._ranks[group].items()}
+
     def server_versions(self) -> dict[str, int]:
         """The weight version each server serves (the lowest over its TP workers; -1: base model)."""
         results = self._call_all(self.server_urls, "telescope_version", None, self.settings.timeout_s)
@@ -262,7 +282,9 @@ class WeightPublisher:
     def _drop_group(self, name: str, *, leave: bool = True) -> None:
         group = self._groups.pop(name, None)
         members = self._members.pop(name, [])
+        self._ranks.pop(name, None)
         self._layouts.pop(name, None)
+        self._scratch.pop(name, None)
         if group is not None:
             group.close()
         if leave and self._client is not None:

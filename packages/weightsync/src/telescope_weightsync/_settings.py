@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from telescope_weightsync._protocol import MODES
-from telescope_weightsync._transport import BACKENDS
+from telescope_weightsync._transport import BACKENDS, resolve_backend
+
+DEFAULT_BUCKET_MB = {"nccl": 256.0, "gloo": 32.0}
+"""``bucket_mb=None`` picks these per transport. 256 MiB is the original's GPU default; on gloo
+(CPU) 32 MiB updated SmolLM2-135M fastest on the 2-core CI machine (0.94 s against 1.22 s with
+256 MiB and 1.84 s per tensor): smaller buckets let the server apply one bucket while the next
+arrives, and a full model never sits in one buffer."""
 
 
 @dataclass(frozen=True)
@@ -14,7 +20,8 @@ class PublisherSettings:
 
     - ``mode``: ``flattened_bucket`` packs tensors of one dtype into flat buffers of at most
       ``bucket_mb`` MiB (one broadcast per bucket); ``per_tensor`` broadcasts each tensor alone.
-    - ``bucket_mb``: bucket size in MiB (> 0; the config uses whole MiB); a larger tensor travels alone.
+    - ``bucket_mb``: bucket size in MiB (> 0; the config uses whole MiB); a larger tensor travels
+      alone. ``None``: per transport, ``DEFAULT_BUCKET_MB`` (256 with NCCL, 32 with gloo).
     - ``cpu_staging``: copy each gathered tensor to host memory as it arrives (frees GPU memory
       early; needed when the transport is gloo and the trainer is on GPU).
     - ``pin_memory``: pin that host staging memory (only with CUDA).
@@ -24,7 +31,7 @@ class PublisherSettings:
     """
 
     mode: str = "flattened_bucket"
-    bucket_mb: float = 256
+    bucket_mb: float | None = None
     cpu_staging: bool = False
     pin_memory: bool = True
     backend: str = "auto"
@@ -34,7 +41,7 @@ class PublisherSettings:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"PublisherSettings.mode must be one of {MODES}, got {self.mode!r}")
-        if not float(self.bucket_mb) > 0:
+        if self.bucket_mb is not None and not float(self.bucket_mb) > 0:
             raise ValueError(f"PublisherSettings.bucket_mb must be > 0 MiB, got {self.bucket_mb}")
         if self.backend not in BACKENDS:
             raise ValueError(f"PublisherSettings.backend must be one of {BACKENDS}, got {self.backend!r}")
@@ -44,4 +51,8 @@ class PublisherSettings:
 
     @property
     def bucket_bytes(self) -> int:
-        return max(1, int(float(self.bucket_mb) * 1024 * 1024))
+        """Bucket size in bytes (``bucket_mb``, or the default of the transport ``backend`` resolves to)."""
+        mib = self.bucket_mb
+        if mib is None:
+            mib = DEFAULT_BUCKET_MB[resolve_backend(self.backend)]
+        return max(1, int(float(mib) * 1024 * 1024))
