@@ -497,8 +497,9 @@ class TelescopeConfig(BaseModel):
     )
     weight_broadcast_bucket_mb: int = Field(
         ge=1,
-        description="Bucket size of flattened_bucket in MiB, >= 1; larger is faster but needs more free GPU"
-        " memory.",
+        description="Bucket size of flattened_bucket in MiB, >= 1; larger is faster on GPUs but needs more"
+        " free GPU memory. Left unset, `telescope train` uses 32 on a CPU (gloo) transport, where smaller"
+        " buckets let a server apply one bucket while the next arrives.",
     )
     weight_broadcast_cpu_staging: bool = Field(
         description="Stage gathered weights in CPU memory before broadcasting: saves GPU memory, costs time."
