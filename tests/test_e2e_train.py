@@ -7,7 +7,7 @@ have spread and every step really trains.
 - a run is killed with SIGKILL after its step-2 checkpoint, resumed with
   ``--resume_from_checkpoint true`` and finished: steps 1..4 each appear once, with the metrics,
   rollouts and checkpoints the run directory promises, and nothing of either run is left running;
-- the final eval runs after step 4 and lands in ``evals/`` and in step 4's metrics;
+- the final eval runs after step 4 and lands in ``evals/`` and in a last metrics line of its own;
 - Ctrl-C (SIGINT) stops a run with exit code 130 and leaves no process behind.
 
 Processes of a run are found by the ``TELESCOPE_RUN_DIR=<run dir>`` entry the driver puts in its
@@ -130,8 +130,9 @@ def test_kill_resume_and_finish(setup, tmp_path: Path, tiny_model_dir: Path):
     assert second.wait(timeout=600) == 0, (run.parent / "run.console").read_text()[-3000:]
     assert _wait_gone(run, timeout_s=30) == []
 
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 3, 4, 4]  # the last line is the final eval's
+    metrics, final = lines[:-1], lines[-1]
     for m in metrics:
         missing = [k for k in REQUIRED if k not in m]
         assert not missing, f"step {m['step']} lacks {missing}"
@@ -150,10 +151,10 @@ def test_kill_resume_and_finish(setup, tmp_path: Path, tiny_model_dir: Path):
     # the final eval: 3 items x 2 completions (max k), recorded as a table and as step-4 metrics
     evals = pq.read_table(run / "evals" / "e2e_digits_DigitsEnv" / "step_000004.parquet").to_pylist()
     assert len(evals) == 3 * 2
-    final = metrics[-1]
+    assert final["eval/step"] == 4
     assert 0.0 <= final["eval/e2e_digits:DigitsEnv/digits"] <= 1.0
     assert 0.0 <= final["eval/e2e_digits:DigitsEnv/pass@2/digits"] <= 1.0
-    assert not any(k.startswith("eval/") for m in metrics[:-1] for k in m)
+    assert not any(k.startswith("eval/") for m in metrics for k in m)
     for step in (2, 4):
         meta = json.loads((run / "checkpoints" / f"step_{step}" / "meta.json").read_text())
         assert meta["step"] == step

@@ -273,8 +273,9 @@ async def test_loop_runs_evals_on_the_policy_of_their_step_and_records_them(tmp_
         ("restore", 4, ["http://s2"]),
     ]
     lines = ctx.run.read_metrics()
-    # periodic evals get a line of their own, written when they end (during the next step)
-    assert [m["step"] for m in lines] == [0, 1, 2, 2, 3, 3, 4]
+    # every eval gets a line of its own, written when it ends: periodic ones during the next step,
+    # the final ones last, after step 4's own line
+    assert [m["step"] for m in lines] == [0, 1, 2, 2, 3, 3, 4, 4]
     assert lines[0]["eval/quiz/correct"] == 0.0
     assert lines[0]["eval/other/completions"] == 2.0
     assert lines[0]["eval/step"] == 0
@@ -284,9 +285,12 @@ async def test_loop_runs_evals_on_the_policy_of_their_step_and_records_them(tmp_
     assert "eval/other/correct" not in lines[3]
     assert "reward/mean" not in lines[3]
     assert lines[5]["eval/other/correct"] == pytest.approx(0.3)
-    assert lines[6]["eval/other/correct"] == pytest.approx(0.4)
-    assert lines[6]["eval/step"] == 4
     assert lines[6]["timing/eval_s"] >= 0
+    assert not any(k.startswith("eval/") for k in lines[6])
+    assert lines[7]["eval/other/correct"] == pytest.approx(0.4)
+    assert lines[7]["eval/quiz/correct"] == pytest.approx(0.4)
+    assert lines[7]["eval/step"] == 4
+    assert "reward/mean" not in lines[7]
     # W&B gets the same numbers; an eval that ends after later steps goes to the latest one
     assert wandb.logged[0] == (0, {
         "eval/quiz/correct": 0.0, "eval/quiz/completions": 2.0, "eval/quiz/time_s": 0.5,
@@ -300,6 +304,7 @@ async def test_loop_runs_evals_on_the_policy_of_their_step_and_records_them(tmp_
         (2, 2),
         (3, None),
         (3, 3),
+        (4, None),
         (4, 4),
     ]
     assert wandb.logged[5][1]["eval/other/correct"] == pytest.approx(0.3)
@@ -349,21 +354,136 @@ async def test_periodic_evals_run_on_drained_servers_while_training_goes_on(tmp_
     assert [m["step"] for m in train] == [1, 2, 3, 4, 5, 6, 7]
     assert [m["weight_sync/training_only"] for m in train] == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
     evals = [(m["step"], m["eval/step"], m["eval/quiz/correct"]) for m in lines if "eval/step" in m]
-    # baseline, periodic at 3 (ends during step 5) and 6 (during 7), final in step 7's line
+    # baseline, periodic at 3 (ends during step 5) and 6 (during 7), final after step 7's line
     assert evals == [(0, 0, 0.0), (3, 3, 0.3), (6, 6, 0.6), (7, 7, 0.7)]
-    assert [m["step"] for m in lines] == [0, 1, 2, 3, 4, 3, 5, 6, 6, 7]
+    assert [m["step"] for m in lines] == [0, 1, 2, 3, 4, 3, 5, 6, 6, 7, 7]
 
 
-async def test_a_failed_periodic_eval_stops_the_run_at_the_next_wait(tmp_path):
-    ctx, engine, runner, _, _ = run_loop(
+async def test_a_failed_periodic_eval_is_recorded_and_training_goes_on(tmp_path):
+    ctx, engine, runner, console, _ = run_loop(
         tmp_path, number_of_steps=7, hold=2, evals=[SimpleNamespace(name="quiz", eval_every=3)]
     )
     runner.fail_at = 3
-    with pytest.raises(RuntimeError, match="eval server fell over"):
-        await training_loop(ctx)
-    # steps 4 and 5 trained beside it; step 5's publish found it failed
-    assert [m["step"] for m in ctx.run.read_metrics()] == [0, 1, 2, 3, 4]
+    await training_loop(ctx)  # no error: the run trains to the end
+    lines = ctx.run.read_metrics()
+    assert [m["step"] for m in lines] == [0, 1, 2, 3, 4, 3, 5, 6, 6, 7, 7]
+    failed = lines[5]
+    assert failed == {"step": 3, "time": failed["time"], "eval/quiz/failed": 1.0, "eval/step": 3}
+    assert [m.get("eval/quiz/failed") for m in lines if "eval/step" in m] == [None, 1.0, None, None]
+    assert "eval quiz @ step 3: FAILED (RuntimeError: eval server fell over)" in console.lines
+    # the eval server rejoined training after the failed eval, as after one that worked
+    assert engine.events[:2] == [("drain", 3, ["http://s2"], "eval_drain"), ("restore", 5, ["http://s2"])]
+    assert engine.server_versions == dict.fromkeys(SERVERS, 7)
     assert not engine.running
+
+
+async def test_a_failed_final_eval_keeps_the_last_step_and_its_checkpoint(tmp_path):
+    ctx, _engine, runner, _, _ = run_loop(
+        tmp_path, eval_num_servers=0, evals=[SimpleNamespace(name="quiz", eval_every=100)], checkpoint_every=2
+    )
+    saved = []
+    ctx.trainers[0].save_checkpoint = _Remote(lambda directory, step, extra: saved.append(step) or directory)
+    runner.fail_at = 4
+    await training_loop(ctx)
+    lines = ctx.run.read_metrics()
+    assert [m["step"] for m in lines] == [0, 1, 2, 3, 4, 4]
+    assert "reward/mean" in lines[4]
+    assert lines[5]["eval/quiz/failed"] == 1.0
+    assert saved == [2, 4]
+    assert (ctx.run.path / "rollouts" / "step_000004.parquet").is_file()
+
+
+async def test_ctrl_c_during_the_final_eval_keeps_the_last_step_and_its_checkpoint(tmp_path):
+    ctx, _engine, runner, _, _ = run_loop(
+        tmp_path, eval_num_servers=0, evals=[SimpleNamespace(name="quiz", eval_every=100)], checkpoint_every=2
+    )
+    saved = []
+    ctx.trainers[0].save_checkpoint = _Remote(lambda directory, step, extra: saved.append(step) or directory)
+    started = asyncio.Event()
+
+    async def hang(*, step, names, servers):
+        if step == 4:
+            started.set()
+            await asyncio.sleep(3600)
+        return []
+
+    runner.run = hang
+    task = asyncio.create_task(training_loop(ctx))
+    await asyncio.wait_for(started.wait(), 10)
+    task.cancel()  # what asyncio.run does on Ctrl-C
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert [m["step"] for m in ctx.run.read_metrics()] == [1, 2, 3, 4]
+    assert saved == [2, 4]
+
+
+async def test_ctrl_c_while_waiting_for_a_periodic_eval_still_records_the_trained_step(tmp_path):
+    # quiz every 2 of 4 steps; the eval at 2 never ends: step 4 (the last) waits for it
+    ctx, _engine, runner, _, _ = run_loop(
+        tmp_path, eval_num_servers=1, evals=[SimpleNamespace(name="quiz", eval_every=2)]
+    )
+    trained = []
+    ctx.trainers[0].train_step = _Remote(lambda shard, step: trained.append(step) or {"loss": 0.0})
+
+    async def hang(*, step, names, servers):
+        await asyncio.sleep(3600 if step == 2 else 0)
+        return []
+
+    runner.run = hang
+    task = asyncio.create_task(training_loop(ctx))
+    while trained != [1, 2, 3, 4]:
+        await asyncio.sleep(0.01)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    lines = ctx.run.read_metrics()
+    assert [m["step"] for m in lines] == [1, 2, 3, 4]
+    assert "weight_sync/bytes" not in lines[3]  # stopped before its publish
+    assert lines[3]["loss"] == 0.0
+    assert _eval_tasks() == []
+
+
+def _eval_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("evals-") and not t.done()]
+
+
+async def test_a_failed_checkpoint_keeps_the_step_and_leaves_no_eval_running(tmp_path):
+    # quiz every 3; the checkpoint of step 3 fails: its records are written first, its eval never starts
+    ctx, _engine, runner, _, _ = run_loop(
+        tmp_path, number_of_steps=7, hold=100, evals=[SimpleNamespace(name="quiz", eval_every=3)],
+        checkpoint_every=3,
+    )  # fmt: skip
+
+    def save(directory, step, extra):
+        raise OSError("disk full")
+
+    ctx.trainers[0].save_checkpoint = _Remote(save)
+    with pytest.raises(OSError, match="disk full"):
+        await training_loop(ctx)
+    assert [m["step"] for m in ctx.run.read_metrics()] == [0, 1, 2, 3]
+    assert _eval_tasks() == []
+    assert [c[0] for c in runner.calls] == [0]
+
+
+async def test_a_step_that_fails_beside_a_periodic_eval_stops_it(tmp_path):
+    ctx, _engine, runner, _, _ = run_loop(
+        tmp_path, number_of_steps=7, hold=100, evals=[SimpleNamespace(name="quiz", eval_every=3)]
+    )
+
+    def train(shard, step):
+        if step == 5:
+            raise RuntimeError("trainer died")
+        return {"loss": 0.0}
+
+    ctx.trainers[0].train_step = _Remote(train)
+    with pytest.raises(RuntimeError, match="trainer died"):
+        await training_loop(ctx)
+    assert [c[0] for c in runner.calls] == [0, 3]
+    assert runner.ends[1:] == []  # the eval at 3 was cancelled, not left running
+    assert _eval_tasks() == []
+    assert ctx.running_eval is None
 
 
 async def test_periodic_evals_need_a_server_left_for_training(tmp_path):
@@ -377,7 +497,7 @@ async def test_resume_skips_the_baseline_and_zero_eval_servers_skip_periodic_eva
     ctx, _engine, runner, _, _ = run_loop(tmp_path, start_step=2, eval_num_servers=0)
     await training_loop(ctx)
     assert runner.calls == [(4, ["quiz", "other"], SERVERS, 4, False)]
-    assert [m["step"] for m in ctx.run.read_metrics()] == [3, 4]
+    assert [m["step"] for m in ctx.run.read_metrics()] == [3, 4, 4]
 
 
 async def test_no_evals_leaves_the_loop_as_it_was(tmp_path):

@@ -87,10 +87,19 @@ async def test_gpqa_row_shuffles_choices_and_reads_the_last_answer_line():
     ("text", "letter"),
     [
         ("Answer: C", "C"),
-        ("answer: $b$", "B"),
+        ("answer: (B)", "B"),
+        ("Answer: $D$", "D"),
         ("Answer: (D)", "D"),
+        ("ANSWER: A.", "A"),
         ("Answer:A\nAnswer: B", "B"),
+        ("Answer: C\nThe answer: definitely C", "C"),  # the last real answer counts
         ("none", ""),
+        # no letter standing alone after "Answer:": no answer (these scored B and D before)
+        ("Answer: because it is a lepton", ""),
+        ("The answer: definitely C", ""),
+        ("answer: $b$", ""),  # the letters are upper case
+        ("Answer: Both are right", ""),
+        ("Answer: A1", ""),
     ],
 )
 def test_extract_choice(text, letter):

@@ -1,14 +1,20 @@
 """EvalRunner against the in-process fake server: completions per sample, sampling overrides,
-eval metrics, pass@k aggregation, errors, multi-turn evals and held-out training indices."""
+eval metrics, pass@k aggregation, errors, multi-turn evals and held-out training indices; and when
+things go wrong: unreachable servers get no more requests, a hung or broken eval comes back failed
+within ``timeout_s`` (never raises), a pass_k metric the eval never reports and a num_samples
+beyond the dataset are warned about, and a bare ``pass_k`` list keeps to the success metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from telescope_rollout import (
     EngineSettings,
@@ -23,6 +29,7 @@ from telescope_rollout import (
     SingleTurnEnvironment,
     get_environment,
 )
+from telescope_rollout._evals import DEFAULT_TIMEOUT_S
 from telescope_rollout.testing import FakeInferenceServer, FakeRequest
 
 # successes per prompt q0..q3 among 4 completions
@@ -138,9 +145,10 @@ async def test_failed_completions_are_rows_but_not_in_the_means(tokenizer):
     assert (m["completions"], m["errors"]) == (4.0, 1.0)
     # valid: q0 -> a0, a0 (right); q1 -> (boom failed), nope -> correct 2/3
     assert m["correct"] == pytest.approx(2 / 3)
-    # bare list of k: pass@2 over every metric. q0: n=2 c=2 -> 1; q1: n=1 < k, c=0 -> 0
+    # bare list of k: pass@2 over the success metrics. q0: n=2 c=2 -> 1; q1: n=1 < k, c=0 -> 0
     assert m["pass@2/correct"] == pytest.approx(0.5)
-    assert m["pass@2/chars"] == pytest.approx(1.0)  # chars > 0 for every valid completion
+    # chars (2 or 4) is a count, no outcome: no pass@k of it, though it is > 0 everywhere
+    assert "pass@2/chars" not in m
     failed = [row for row in res.rows if row["error"]]
     assert len(failed) == 1
     assert failed[0]["sample_index"] == 1
@@ -248,3 +256,149 @@ def test_separate_eval_samples_holds_out_the_same_dataset_under_any_name(tokeniz
     other = get_environment("hendrycks_math", dataset="bundled", split="test")
     other.load_dataset()
     assert r.exclusions({"other": other}) == {}
+
+
+# ---------------------------------------------------------------------------- failures, warnings
+def _warnings(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [e for e in logs if e["log_level"] == "warning" and e["event"] == event]
+
+
+async def test_an_unreachable_server_gets_no_more_requests(tokenizer):
+    server = quiz_server(tokenizer, {i: 9 for i in range(4)})
+    server.dead = {"http://fake-1"}
+    r = runner(tokenizer, server, {"name": "quiz", "num_samples": 4, "pass_k": [2]})
+    with capture_logs() as logs:
+        [res] = await r.run(step=1)
+    sent = [q.url for q in server.requests]
+    # the first request to fake-1 failed; every later one went to fake-0
+    assert sent.count("http://fake-1") == 1
+    assert sent.count("http://fake-0") == 8 - 1
+    assert (res.metrics["completions"], res.metrics["errors"]) == (8.0, 1.0)
+    assert res.metrics["correct"] == 1.0
+    assert not res.failed
+    [lost] = [row for row in res.rows if row["error"]]
+    assert lost["server"] == "http://fake-1"
+    [warn] = _warnings(logs, "eval server unreachable: no more eval requests go to it in this run")
+    assert (warn["eval"], warn["server"], warn["left"]) == ("quiz", "http://fake-1", ["http://fake-0"])
+    # the next call tries it again (it may have been restarted)
+    server.dead = set()
+    server.requests.clear()
+    await r.run(step=2)
+    assert {q.url for q in server.requests} == {"http://fake-0", "http://fake-1"}
+
+
+async def test_with_every_server_unreachable_the_rest_are_errors_not_requests(tokenizer):
+    server = quiz_server(tokenizer, RIGHT)
+    server.dead = {"http://fake-0", "http://fake-1"}
+    r = runner(tokenizer, server, {"name": "quiz", "num_samples": 3, "pass_k": [2]})
+    [res] = await r.run(step=1)
+    assert len(server.requests) == 2  # one each, then nothing is sent
+    assert (res.metrics["completions"], res.metrics["errors"]) == (6.0, 6.0)
+    assert [row["error"] for row in res.rows] == ["rollout_error"] * 6
+
+
+async def test_a_hung_eval_fails_after_timeout_s_and_the_others_still_report(tokenizer):
+    # every request of "quiz" hangs (a server that accepts and never answers); "quiz2" is fine
+    server = quiz_server(tokenizer, RIGHT)
+    server.hold = lambda req: req.request_id.startswith("eval-quiz-")
+    other = QuizEnv()
+    other.load_dataset(2)
+    quiz = QuizEnv()
+    quiz.load_dataset(2)
+    r = EvalRunner(
+        [{"name": "quiz"}, {"name": "quiz2"}], tokenizer=tokenizer, client=server, settings=settings(),
+        environments={"quiz": quiz, "quiz2": other}, timeout_s=0.3,
+    )  # fmt: skip
+    r.load()
+    with capture_logs() as logs:
+        hung, fine = await asyncio.wait_for(r.run(step=4), 30)
+    assert hung.failed
+    assert hung.error == "did not finish within 0.3 s (EvalRunner timeout_s)"
+    assert hung.metrics["failed"] == 1.0
+    assert hung.metrics["time_s"] >= 0.3
+    assert hung.rows == []
+    assert server.pending == []  # its requests were cancelled, none left waiting
+    assert not fine.failed
+    assert fine.metrics["samples"] == 2.0
+    assert "failed" not in fine.metrics
+    [warn] = _warnings(logs, "eval failed")
+    assert (warn["eval"], warn["step"]) == ("quiz", 4)
+
+
+async def test_an_eval_that_raises_comes_back_failed(tokenizer):
+    class Broken(QuizEnv):
+        def get_sample(self, idx: int) -> Sample:
+            raise KeyError(f"row {idx} is corrupt")
+
+    r = runner(tokenizer, quiz_server(tokenizer, RIGHT), {"name": "quiz", "num_samples": 2}, env=Broken())
+    with capture_logs() as logs:
+        [res] = await r.run(step=7)
+    assert res.failed
+    assert res.error == "KeyError: 'row 0 is corrupt'"
+    assert _warnings(logs, "eval failed")[0]["error"] == "KeyError: 'row 0 is corrupt'"
+
+
+def test_timeout_defaults_to_a_multiple_of_the_client_timeout(tokenizer):
+    client = SimpleNamespace(server_urls=["http://x"], timeout_s=1200.0)
+    assert EvalRunner([], tokenizer=tokenizer, client=client, settings=settings()).timeout_s == 4800.0
+    fake = FakeInferenceServer()  # no per-request timeout
+    assert (
+        EvalRunner([], tokenizer=tokenizer, client=fake, settings=settings()).timeout_s == DEFAULT_TIMEOUT_S
+    )
+    assert EvalRunner([], tokenizer=tokenizer, client=fake, settings=settings(), timeout_s=5).timeout_s == 5
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        EvalRunner([], tokenizer=tokenizer, client=fake, settings=settings(), timeout_s=0)
+
+
+async def test_a_pass_k_metric_the_eval_never_reports_is_warned_about_once(tokenizer):
+    server = quiz_server(tokenizer, RIGHT)
+    pass_k = {"at_k": {"metrics": ["corect", "correct"], "k": [2]}}  # a typo
+    r = runner(tokenizer, server, {"name": "quiz", "num_samples": 2, "pass_k": pass_k})
+    with capture_logs() as logs:
+        [res] = await r.run(step=1)
+        await r.run(step=2)
+    [warn] = _warnings(logs, "pass_k names a metric the eval does not report: no pass metrics for it")
+    assert (warn["eval"], warn["metric"], warn["reported"]) == ("quiz", "corect", ["chars", "correct"])
+    assert "pass@2/correct" in res.metrics
+
+
+def test_num_samples_beyond_the_dataset_is_warned_about(tokenizer):
+    with capture_logs() as logs:
+        r = runner(tokenizer, quiz_server(tokenizer, RIGHT), {"name": "quiz", "num_samples": 10})
+    assert len(r.environments["quiz"]) == 6  # QuizEnv has 6 items
+    [warn] = _warnings(logs, "eval dataset smaller than num_samples: evaluating all of it")
+    assert (warn["eval"], warn["asked"], warn["available"]) == ("quiz", 10, 6)
+    with capture_logs() as logs:
+        runner(tokenizer, quiz_server(tokenizer, RIGHT), {"name": "quiz", "num_samples": 6})
+    assert _warnings(logs, "eval dataset smaller than num_samples: evaluating all of it") == []
+
+
+class Leveled(QuizEnv):
+    """QuizEnv with a ``level`` metric, 1 for every item (so its values happen to lie in [0, 1] too)."""
+
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        r = super().compute_reward(completion, sample, eos_token)
+        return RewardResult(r.total_reward, {**r.sample_metrics, "level": 1.0})
+
+
+async def test_bare_pass_k_list_uses_the_declared_success_metrics(tokenizer):
+    class Declared(Leveled):
+        success_metrics = ("correct",)
+
+    r = runner(tokenizer, quiz_server(tokenizer, RIGHT), {"name": "quiz", "num_samples": 4, "pass_k": [4]},
+               env=Declared())  # fmt: skip
+    [res] = await r.run(step=1)
+    assert sorted(k for k in res.metrics if k.startswith("pass")) == ["pass@4/correct"]
+    assert res.metrics["pass@4/correct"] == pytest.approx(3 / 4)  # RIGHT: 3 of 4 prompts have a success
+    # undeclared, every metric within [0, 1] throughout counts (here level too; chars is 2 or 4)
+    r = runner(tokenizer, quiz_server(tokenizer, RIGHT), {"name": "quiz", "num_samples": 4, "pass_k": [4]},
+               env=Leveled())  # fmt: skip
+    [res] = await r.run(step=1)
+    assert sorted(k for k in res.metrics if k.startswith("pass")) == ["pass@4/correct", "pass@4/level"]
+
+
+def test_the_dedicated_evals_declare_correct_as_their_success_metric():
+    from telescope_rollout import get_environment
+
+    for name in ("math500", "aime_2024", "aime_2025", "gpqa_diamond"):
+        assert get_environment(name).success_metrics == ("correct",), name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from telescope_rollout import PassKSpec, pass_at_k, pass_pow_k
-from telescope_rollout._passk import sample_pass_metrics
+from telescope_rollout._passk import sample_pass_metrics, unit_metrics
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,15 @@ def test_all_completions_are_used_not_only_the_first_k():
 def test_sample_pass_metrics_per_metric_and_kind():
     spec = PassKSpec(at_k=(1, 2), at_k_metrics=None, pow_k=(2,), pow_k_metrics=("correct",))
     rows = [{"correct": 1.0, "fmt": 0.5}, {"correct": 0.0, "fmt": 0.0}, {"correct": 0.0}, {"correct": 1.0}]
-    out = sample_pass_metrics(spec, rows)
+    # no metrics named: the success metrics; by default those within [0, 1] (not tokens)
+    counted = [{**r, "tokens": 12.0} for r in rows]
+    assert sample_pass_metrics(PassKSpec(at_k=(1,)), counted) == pytest.approx(
+        {"pass@1/correct": 0.5, "pass@1/fmt": 0.25}
+    )
+    assert sample_pass_metrics(spec, rows, success=["correct"]) == pytest.approx(
+        {"pass@1/correct": 0.5, "pass@2/correct": 5 / 6, "pass^2/correct": 1 / 6}
+    )
+    out = sample_pass_metrics(spec, rows, success=["correct", "fmt"])
     # correct: n=4 c=2. fmt: reported by 2 completions, missing counts as failure: n=4 c=1
     assert out == pytest.approx(
         {
@@ -96,6 +104,42 @@ def test_parse_config_forms():
         PassKSpec.parse({"best_k": {}})
     with pytest.raises(ValueError, match="integer >= 1"):
         PassKSpec.parse([0, 2])
+    assert PassKSpec.parse({"at_k": {"k": 4}}).at_k == (4,)  # one k without a list
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"at_k": {"k": [2.5]}},  # was read as k = 2
+        {"at_k": {"k": "12"}},  # was read as k = 1, 2
+        {"at_k": {"k": ["x"]}},  # was a bare int() error
+        {"pow_k": {"k": [True]}},
+        {"pow_k": {"k": [0]}},
+        {"at_k": {"k": {"a": 1}}},
+        [2.5],
+        [1, "4"],
+    ],
+)
+def test_parse_rejects_k_values_that_are_not_integers(value):
+    with pytest.raises(ValueError, match=r"integer >= 1.*e\.g\. k: \[1, 4\]"):
+        PassKSpec.parse(value)
+
+
+def test_parse_rejects_malformed_kinds_and_metrics():
+    with pytest.raises(ValueError, match=r"pass_k\.at_k must be a mapping with keys metrics and k"):
+        PassKSpec.parse({"at_k": [1, 2]})
+    with pytest.raises(ValueError, match=r"pass_k\.pow_k must be a mapping"):
+        PassKSpec.parse({"pow_k": {"ks": [2]}})
+    with pytest.raises(ValueError, match="metrics must be a metric name or a list"):
+        PassKSpec.parse({"at_k": {"metrics": [1], "k": [1]}})
+    assert PassKSpec.parse({"at_k": {"metrics": "correct"}}).at_k_metrics == ("correct",)
+
+
+def test_unit_metrics_are_those_within_0_and_1():
+    rows = [{"correct": 1.0, "level": 3.0, "fmt": 0.0}, {"correct": 0.0, "level": 1.0, "fmt": 0.5}, {"x": 1}]
+    assert unit_metrics(rows) == ["correct", "fmt", "x"]
+    assert unit_metrics([{"neg": -0.5, "ok": 0.0}]) == ["ok"]
+    assert unit_metrics([]) == []
 
 
 def test_parse_what_telescope_config_validated():

@@ -25,10 +25,16 @@ servers) while training goes on (spec §1.9 "Eval interplay", §6.1), see :class
 
 Records: ``evals/<eval>/step_NNNNNN.parquet`` (one row per completion) in the run directory, and
 the aggregates as ``eval/<eval>/<metric>`` plus ``eval/step`` (the step whose weights were
-evaluated) in ``metrics.jsonl`` and W&B, one console line per eval. Final evals share the last
-step's line; baseline and periodic evals get a line of their own with ``step`` = the evaluated
-step, written when they finish (a periodic eval's line comes after the lines of the steps trained
-meanwhile). In W&B they are logged at the current step, and charted against ``eval/step``.
+evaluated) in ``metrics.jsonl`` and W&B, one console line per eval. Every eval gets a line of its
+own with ``step`` = the evaluated step, written when it finishes: a periodic eval's line comes
+after the lines of the steps trained meanwhile, the final evals' line is the last of the run
+(after the last step's line and checkpoint, so an eval never costs a trained step). In W&B they
+are logged at the current step, and charted against ``eval/step``.
+
+Failures: an eval that fails (it raised, its servers could not be reached, or it ran past the
+runner's time limit) is logged as a warning and recorded as ``eval/<eval>/failed: 1`` in its
+line; training goes on, and drained eval servers rejoin as usual. Only cancellation (Ctrl-C)
+stops the run.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ __all__ = [
     "PeriodicEval",
     "eval_metrics",
     "eval_servers",
+    "failed_metrics",
     "run_scheduled_evals",
     "weight_groups",
     "write_eval_rows",
@@ -143,7 +150,7 @@ class PeriodicEval:
         return self.task.done()
 
     async def wait(self) -> dict[str, float]:
-        """The metrics; re-raises the evals' error."""
+        """The metrics (the evals' failures are in them, see the module docstring)."""
         return await self.task
 
     async def cancel(self, timeout_s: float = 30.0) -> None:
@@ -175,12 +182,21 @@ def write_eval_rows(run: RunDir, name: str, step: int, rows: list[dict[str, Any]
 
 
 def eval_metrics(results: Sequence[Any]) -> dict[str, float]:
-    """``eval/<eval>/<metric>`` for every aggregate of every result."""
-    return {f"eval/{r.name}/{k}": float(v) for r in results for k, v in r.metrics.items()}
+    """``eval/<eval>/<metric>`` for every aggregate of every result (``failed: 1`` for a failed one)."""
+    out = {f"eval/{r.name}/{k}": float(v) for r in results for k, v in r.metrics.items()}
+    out.update({f"eval/{r.name}/failed": 1.0 for r in results if getattr(r, "error", "")})
+    return out
+
+
+def failed_metrics(names: Sequence[str], step: int) -> dict[str, float]:
+    """The record of evals that failed as a whole."""
+    return {**{f"eval/{n}/failed": 1.0 for n in names}, "eval/step": step}
 
 
 def console_line(result: Any) -> str:
     """``eval math500 @ step 10: correct 0.425  pass@4/correct 0.610  (40 completions, 12.3 s)``."""
+    if getattr(result, "error", ""):
+        return f"eval {result.name} @ step {result.step}: FAILED ({result.error[:200]})"
     m = result.metrics
     main = result.main_metric
     parts = [f"{main} {m[main]:.3f}"] if main else []
@@ -202,15 +218,27 @@ async def run_scheduled_evals(
 ) -> dict[str, float]:
     """Run ``names`` at ``step`` on ``servers``, write their tables, print one line each.
 
-    Returns the ``eval/...`` metrics to merge into the step's metrics line.
+    Returns the ``eval/...`` metrics for the evals' metrics line. Never raises for a failed eval
+    (it is logged and recorded as ``eval/<eval>/failed: 1``); cancellation propagates.
     """
     if not names:
         return {}
     t0 = time.monotonic()
     log.info("evals start", step=step, evals=names, servers=len(servers))
-    results = await runner.run(step=step, names=names, servers=servers)
+    try:
+        results = await runner.run(step=step, names=names, servers=servers)
+    except Exception as exc:
+        for name in names:
+            log.warning("eval failed", eval=name, step=step, error=f"{type(exc).__name__}: {exc}")
+            console.info(f"eval {name} @ step {step}: FAILED ({type(exc).__name__}: {str(exc)[:200]})")
+        return failed_metrics(names, step)
     for r in results:
-        write_eval_rows(run, r.name, step, r.rows)
+        if r.rows:
+            try:
+                write_eval_rows(run, r.name, step, r.rows)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("eval table not written", eval=r.name, step=step, error=error)
         console.info(console_line(r))
     metrics = {**eval_metrics(results), "eval/step": step} if results else {}
     log.info("evals done", step=step, seconds=round(time.monotonic() - t0, 2), **metrics)

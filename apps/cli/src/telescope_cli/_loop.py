@@ -6,10 +6,14 @@
     metrics = train_step on every rank               # trainer backend, through Ray
     publish weights (version = step)                 # telescope-weightsync, servers keep generating
     engine.weights_updated(version)                  # resumes paused dispatch, counts off-policy steps
+    write the step's metrics line and rollouts, then its checkpoint (when due)
     evals due after this step                        # telescope-rollout EvalRunner, see _evals.py
 
 Periodic evals run in the background on drained eval servers while training goes on; meanwhile
-weights go to the ``training_only`` group (see ``_evals``).
+weights go to the ``training_only`` group (see ``_evals``). A step's records and checkpoint are
+written before any eval of it runs, and once its trainers have stepped its records are written
+whatever happens next (a failed publish, Ctrl-C while waiting for a running eval): an eval never
+costs a trained step. Eval failures are recorded and training goes on (see ``_evals``).
 
 Steps are counted from 1 in metrics, rollouts and checkpoints (``step_N`` holds N finished steps);
 the weight version after step N is N, the base model is version 0.
@@ -26,7 +30,14 @@ from typing import Any
 
 import structlog
 
-from telescope_cli._evals import EvalPlan, PeriodicEval, eval_servers, run_scheduled_evals, weight_groups
+from telescope_cli._evals import (
+    EvalPlan,
+    PeriodicEval,
+    eval_servers,
+    failed_metrics,
+    run_scheduled_evals,
+    weight_groups,
+)
 from telescope_cli._rundir import RunDir, rollout_rows, write_rollouts
 
 __all__ = ["LoopContext", "to_train_samples", "training_loop"]
@@ -55,6 +66,9 @@ class LoopContext:
     """A telescope_rollout.EvalRunner (datasets loaded), or None when the config lists no evals."""
     wandb_step: int = 0
     """The last step logged to W&B (evals that end between steps are logged there)."""
+    running_eval: PeriodicEval | None = None
+    """The periodic evals running in the background, from their start until the loop took them back
+    (cancelled when the run ends early)."""
 
 
 def _filtered(s: Any, config: Any) -> dict[str, bool]:
@@ -204,26 +218,39 @@ async def _run_evals(ctx: LoopContext, step: int, names: list[str], *, end: bool
 
 
 async def _background_evals(ctx: LoopContext, step: int, names: list[str]) -> dict[str, float]:
-    """A periodic eval's body: run, then record its metrics line as soon as it is done."""
-    results = await _run_evals(ctx, step, names, end=False)
-    _write_eval_step(ctx, step, results)
+    """A periodic eval's body: run, then record its metrics line as soon as it is done.
+
+    Never raises but for cancellation: a failure is logged and recorded (``eval/<name>/failed``),
+    so the loop takes the eval servers back and trains on.
+    """
+    try:
+        results = await _run_evals(ctx, step, names, end=False)
+    except Exception as exc:  # run_scheduled_evals records failures itself; this is a last resort
+        for name in names:
+            log.warning("eval failed", eval=name, step=step, error=f"{type(exc).__name__}: {exc}")
+        results = failed_metrics(names, step)
+    try:
+        _write_eval_step(ctx, step, results)
+    except Exception as exc:
+        log.warning("eval metrics not recorded", step=step, evals=names, error=f"{type(exc).__name__}: {exc}")
     return results
 
 
 async def _steps(ctx: LoopContext, plan: EvalPlan | None) -> None:
-    pending: PeriodicEval | None = None
     try:
         for step in range(ctx.start_step + 1, ctx.config.number_of_steps + 1):
-            pending = await _step(ctx, plan, step, pending)
+            await _step(ctx, plan, step)
     finally:
-        if pending is not None:
-            await pending.cancel()
+        running, ctx.running_eval = ctx.running_eval, None
+        if running is not None:
+            await running.cancel()
 
 
-async def _step(
-    ctx: LoopContext, plan: EvalPlan | None, step: int, pending: PeriodicEval | None
-) -> PeriodicEval | None:
-    """One training step; returns the periodic eval still running after it (or None)."""
+async def _step(ctx: LoopContext, plan: EvalPlan | None, step: int) -> None:
+    """One training step, its records and checkpoint, then the evals due after it.
+
+    A periodic eval started here stays running in ``ctx.running_eval``.
+    """
     from telescope_algos import pack_samples
 
     cfg, engine = ctx.config, ctx.engine
@@ -243,33 +270,10 @@ async def _step(
         [a.train_step.remote(shards[dp], step) for a, dp in zip(ctx.trainers, ctx.dp_ranks, strict=True)]
     )
     t2 = time.monotonic()
-    due = plan.after_step(step) if plan is not None else []
-    last = step == cfg.number_of_steps
-    rejoin: list[str] = []
-    if pending is not None and (pending.done() or due or last):
-        await pending.wait()  # a new eval step (or the end) waits for the running evals
-        rejoin, pending = pending.servers, None
-    t_wait = time.monotonic() - t2
-    group = "full" if pending is None else "training_only"
-    sync = await _gather([a.publish.remote(step, group) for a in ctx.trainers])
-    engine.weights_updated(step, servers=None if pending is None else _groups(ctx)["training_only"])
-    if rejoin and not (due and not last):  # back to training, unless a new periodic eval takes them
-        engine.restore_servers(rejoin)
-    t3 = time.monotonic()
-    eval_results: dict[str, float] = {}
-    if due and last:
-        await engine.stop()  # nothing more to train: the final evals get their servers alone
-        eval_results = await _run_evals(ctx, step, due, end=True)
-    elif due:
-        servers = _servers(ctx, end=False)
-        pending = await PeriodicEval.start(engine, step, servers, lambda: _background_evals(ctx, step, due))
-    t4 = time.monotonic()
-
     num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     metrics: dict[str, Any] = {"step": step, "time": time.time(), **reward_metrics(batch)}
     metrics.update(_mean_metrics(per_rank))
     metrics.update(filter_stats)
-    metrics.update({f"weight_sync/{k}": v for k, v in (sync[0] or {}).items()})
     metrics.update(batch.metrics)
     metrics.update(
         {
@@ -280,17 +284,47 @@ async def _step(
             "throughput/tokens_per_s": num_tokens / max(t2 - t1, 1e-9),
             "timing/rollout_wait_s": t_rollout,
             "timing/train_s": t2 - t1,
-            "timing/weight_sync_s": t3 - t2 - t_wait,
-            "timing/eval_s": t4 - t3 + t_wait,
-            "weight_sync/training_only": float(group == "training_only"),
-            "timing/step_s": time.monotonic() - t0,
         }
     )
-    metrics.update(eval_results)
+    due = plan.after_step(step) if plan is not None else []
+    last = step == cfg.number_of_steps
+    try:
+        rejoin: list[str] = []
+        running = ctx.running_eval
+        if running is not None and (running.done() or due or last):
+            await running.wait()  # a new eval step (or the end) waits for the running evals
+            rejoin, ctx.running_eval = running.servers, None
+        t_wait = time.monotonic() - t2
+        group = "full" if ctx.running_eval is None else "training_only"
+        sync = await _gather([a.publish.remote(step, group) for a in ctx.trainers])
+        only = None if ctx.running_eval is None else _groups(ctx)["training_only"]
+        engine.weights_updated(step, servers=only)
+        if rejoin and not (due and not last):  # back to training, unless a new periodic eval takes them
+            engine.restore_servers(rejoin)
+        metrics.update({f"weight_sync/{k}": v for k, v in (sync[0] or {}).items()})
+        metrics.update(
+            {
+                "timing/weight_sync_s": time.monotonic() - t2 - t_wait,
+                "timing/eval_s": t_wait,
+                "weight_sync/training_only": float(group == "training_only"),
+                "timing/step_s": time.monotonic() - t0,
+            }
+        )
+    except BaseException:  # the trainers stepped: keep the step's records whatever stopped us
+        log.warning("step interrupted after training: recorded without weight-sync metrics", step=step)
+        _write_step(ctx, step, batch, metrics)
+        raise
     _write_step(ctx, step, batch, metrics)
     if _should_checkpoint(cfg, step):
         await save_checkpoint(ctx, step)
-    return pending
+    if due and last:
+        await engine.stop()  # nothing more to train: the final evals get their servers alone
+        _write_eval_step(ctx, step, await _run_evals(ctx, step, due, end=True))
+    elif due:
+        servers = _servers(ctx, end=False)
+        ctx.running_eval = await PeriodicEval.start(
+            engine, step, servers, lambda: _background_evals(ctx, step, due)
+        )
 
 
 def _write_step(ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any]) -> None:
@@ -308,7 +342,7 @@ def _write_step(ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any]
 
 
 def _write_eval_step(ctx: LoopContext, step: int, eval_results: dict[str, float]) -> None:
-    """A metrics line of its own for evals outside a training step's line (baseline, periodic).
+    """The metrics line of the evals of ``step`` (baseline, periodic or final): a line of its own.
 
     W&B cannot go back to an earlier step: a periodic eval that ends after later steps were
     logged goes to the latest one (its ``eval/step`` says which weights it measured).

@@ -4,8 +4,8 @@ Layout (``runs/<wandb_run_name>/`` when the config sets that name, else ``runs/<
 ``--run-dir`` or ``$TELESCOPE_RUN_DIR`` pick another place)::
 
     config.yaml            the resolved config (every field)
-    metrics.jsonl          one JSON object per training step, plus one per baseline (step 0) or
-                           periodic eval, with the evaluated step, written when the eval ends
+    metrics.jsonl          one JSON object per training step, plus one per baseline (step 0),
+                           periodic or final eval, with the evaluated step, written when the eval ends
     rollouts/step_NNNNNN.parquet
                            every sample of the step: kept, discarded or cancelled (with the reason)
     evals/<eval>/step_NNNNNN.parquet
@@ -14,6 +14,7 @@ Layout (``runs/<wandb_run_name>/`` when the config sets that name, else ``runs/<
     logs/telescope.jsonl   structured logs of the driver (structlog, JSON lines)
     logs/inference/        one log file per vLLM server
     logs/trainer/          one log file per trainer rank
+    logs/guard.log         what the run guard stopped after the driver died (one line per sweep)
     checkpoints/           unless checkpoint_dir is set
 """
 

@@ -41,10 +41,11 @@ def _sigterm_to_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _publisher_settings(cfg: Any) -> dict[str, Any]:
+def _publisher_settings(cfg: Any, user_keys: Any = ()) -> dict[str, Any]:
+    """PublisherSettings fields; an unset bucket size lets the publisher pick one per transport."""
     return {
         "mode": cfg.weight_broadcast_mode,
-        "bucket_mb": cfg.weight_broadcast_bucket_mb,
+        "bucket_mb": cfg.weight_broadcast_bucket_mb if "weight_broadcast_bucket_mb" in user_keys else None,
         "cpu_staging": cfg.weight_broadcast_cpu_staging,
         "pin_memory": cfg.weight_broadcast_pin_memory,
         "init_timeout_s": float(cfg.ray_broadcast_init_timeout_s),
@@ -107,7 +108,8 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
     os.environ["TELESCOPE_RUN_DIR"] = str(run.path)
     # ... and this marker, unique to this launch: the guard stops them all should the driver be killed
     os.environ["TELESCOPE_RUN_ID"] = uuid.uuid4().hex
-    start_guard(f"TELESCOPE_RUN_ID={os.environ['TELESCOPE_RUN_ID']}")
+    marker = f"TELESCOPE_RUN_ID={os.environ['TELESCOPE_RUN_ID']}"
+    start_guard(marker, log_file=run.path / "logs" / "guard.log")
     _setup_file_logging(run, debug)
     console = Console(cfg.number_of_steps, enabled=not quiet)
     console.info(f"run directory: {run.path}")
@@ -133,7 +135,7 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
         with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
             import ray
 
-            settings = _publisher_settings(cfg)
+            settings = _publisher_settings(cfg, resolved.user_keys)
             loopback = cfg.ray_broadcast_prefer_loopback_if_single_node
             ray.get([a.connect_weights.remote(groups, settings, loopback) for a in trainers])
         start_step = 0

@@ -20,9 +20,13 @@ _PASS_K_FIX = (
 )
 
 
+def _is_k(k: object) -> bool:
+    return isinstance(k, int) and not isinstance(k, bool) and k >= 1
+
+
 def _pass_k(value: object) -> object:
     if isinstance(value, list):
-        if all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in value):
+        if all(_is_k(k) for k in value):
             return value
         raise rule_error("every k must be an integer >= 1", _PASS_K_FIX)
     if isinstance(value, dict):
@@ -31,6 +35,17 @@ def _pass_k(value: object) -> object:
                 raise rule_error(f"unknown pass_k kind {kind!r}; the kinds are at_k and pow_k", _PASS_K_FIX)
             if not isinstance(spec, dict) or not set(spec) <= {"metrics", "k"}:
                 raise rule_error(f"pass_k.{kind} must be a mapping with keys metrics and k", _PASS_K_FIX)
+            ks = spec.get("k", [1])
+            if not (_is_k(ks) or (isinstance(ks, list) and ks and all(_is_k(k) for k in ks))):
+                problem = f"pass_k.{kind}.k must be an integer >= 1 or a list of them, got {ks!r}"
+                raise rule_error(problem, _PASS_K_FIX)
+            metrics = spec.get("metrics")
+            names = [metrics] if isinstance(metrics, str) else metrics
+            if metrics is not None and not (
+                isinstance(names, list) and names and all(isinstance(m, str) and m for m in names)
+            ):
+                problem = f"pass_k.{kind}.metrics must be a metric name or a list of them, got {metrics!r}"
+                raise rule_error(problem, _PASS_K_FIX)
         return value
     raise rule_error("must be a list of k values or a mapping", _PASS_K_FIX)
 

@@ -43,12 +43,11 @@ from telescope_rollout._advantage import (
     is_zero_advantage,
     overlong_penalty,
 )
-from telescope_rollout._client import ServerUnavailableError
-from telescope_rollout._env import Environment
+from telescope_rollout._env import Environment, environments_by_name
 from telescope_rollout._lanes import LanePool
 from telescope_rollout._prompts import PreparedPrompt, PromptSource
 from telescope_rollout._results import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
-from telescope_rollout._rollout import CompletionClient, SampleError, run_multi_turn, run_single_turn
+from telescope_rollout._rollout import CompletionClient, play_sample
 from telescope_rollout._sampler import MultiEnvSampler
 from telescope_rollout._settings import EngineSettings
 
@@ -80,12 +79,6 @@ class _GroupRun:
     cancelled: bool = False
 
 
-def _environments(environments: Any) -> dict[str, Environment]:
-    if isinstance(environments, Mapping):
-        return dict(environments)
-    return {b.name: b.env for b in environments}
-
-
 class RolloutEngine:
     """Generates scored groups from environments on inference servers; see the module docstring.
 
@@ -108,7 +101,7 @@ class RolloutEngine:
         clock: Callable[[], float] | None = None,
     ):
         self.settings = settings
-        self.environments = _environments(environments)
+        self.environments = environments_by_name(environments)
         self.tokenizer = tokenizer
         self.client = client
         self.advantage_fn = advantage_fn or advantage_fn_for(settings.algorithm, settings.advantage_norm)
@@ -427,28 +420,13 @@ class RolloutEngine:
 
             env = self.environments[group.prompt.env_name]
             eos = self.eos_token or env.eos_token
-            try:
-                if env.is_multi_turn:
-                    await run_multi_turn(
-                        env, group.prompt, out, client=self.client, settings=self.settings,
-                        prompts=self.prompts, eos_token=eos, on_generated=on_generated,
-                    )  # fmt: skip
-                else:
-                    await run_single_turn(
-                        env, group.prompt, out, client=self.client, settings=self.settings,
-                        eos_token=eos, on_generated=on_generated,
-                    )  # fmt: skip
-            except SampleError as exc:
-                out.error, out.error_detail = exc.kind, exc.detail
-            except ServerUnavailableError as exc:
-                out.error, out.error_detail = "rollout_error", str(exc)
-                if group.server not in self.down:
-                    log.error("inference_server_unreachable", server=group.server, error=str(exc))
-                    self.down[group.server] = str(exc)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                out.error, out.error_detail = "rollout_error", f"{type(exc).__name__}: {exc}"
+            unreachable = await play_sample(
+                env, group.prompt, out, client=self.client, settings=self.settings, prompts=self.prompts,
+                eos_token=eos, on_generated=on_generated,
+            )  # fmt: skip
+            if unreachable is not None and group.server not in self.down:
+                log.error("inference_server_unreachable", server=group.server, error=str(unreachable))
+                self.down[group.server] = str(unreachable)
             if run.generating:
                 run.generating = False
                 out.version_end = self.server_versions[group.server]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
 from telescope_rollout._types import EvalMetricsResult, Message, RewardResult, RolloutState, Sample
@@ -73,6 +74,9 @@ class Environment(ABC):
     reward_max: float | None = None
     metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {}
     tags_options: ClassVar[dict[str, list[str]]] = {}
+    success_metrics: ClassVar[tuple[str, ...] | None] = None
+    """The metrics that say whether a completion succeeded (> 0), for an eval's pass@k when its
+    ``pass_k`` names no metrics; ``None``: every metric whose values all lie in [0, 1] (see ``_passk``)."""
     is_multi_turn: ClassVar[bool] = False
 
     def __init__(self, eos_token: str | None = None, add_thinking_prefix: bool = False, **kwargs: Any):
@@ -249,3 +253,10 @@ class MultiTurnEnvironment(Environment):
     async def compute_eval_metrics(self, state: RolloutState, eos_token: str = "") -> EvalMetricsResult:
         r = await self.score(state, eos_token)
         return EvalMetricsResult(r.sample_metrics, r.golden_answers, r.info_turns, r.sample_tags)
+
+
+def environments_by_name(environments: Mapping[str, Environment] | Any) -> dict[str, Environment]:
+    """``{name: Environment}`` from such a mapping or from the list ``build_environments`` returns."""
+    if isinstance(environments, Mapping):
+        return dict(environments)
+    return {b.name: b.env for b in environments}

@@ -18,6 +18,15 @@ Requests spread over the given servers (fewest eval requests in flight first, ti
 ``concurrency_per_server`` in flight per server (default: the training lanes per server). All
 evals of one call run concurrently. Nothing here knows about training steps beyond the number
 written into the rows.
+
+Failures never raise out of ``run`` (cancellation does): a completion that fails is a row with
+its ``error`` and is left out of the means; a server that cannot be reached
+(``ServerUnavailableError``) gets no more requests in that call (the rest go to the other
+servers, or are recorded as errors when none is left); an eval that raises or runs past
+``timeout_s`` comes back as a failed :class:`EvalResult` (``error`` set, metrics
+``{"failed": 1.0, "time_s": ...}``, no rows). ``timeout_s`` defaults to
+``TIMEOUT_FACTOR`` (4) times the client's per-request ``timeout_s`` (4 x 1200 s = 80 min with the
+CLI's client), or ``DEFAULT_TIMEOUT_S`` (4800 s) for a client without one.
 """
 
 from __future__ import annotations
@@ -32,17 +41,21 @@ from typing import Any
 
 import structlog
 
-from telescope_rollout._client import ServerUnavailableError
-from telescope_rollout._env import Environment, maybe_await
-from telescope_rollout._passk import PassKSpec, sample_pass_metrics
+from telescope_rollout._env import Environment, environments_by_name, maybe_await
+from telescope_rollout._passk import PassKSpec, sample_pass_metrics, unit_metrics
 from telescope_rollout._prompts import PreparedPrompt, PromptSource
 from telescope_rollout._registry import get_environment
 from telescope_rollout._results import ScoredSample
-from telescope_rollout._rollout import CompletionClient, SampleError, run_multi_turn, run_single_turn
+from telescope_rollout._rollout import CompletionClient, play_sample
 from telescope_rollout._settings import EngineSettings
 from telescope_rollout._types import EvalMetricsResult, RewardResult, Sample
 
 log = structlog.get_logger()
+
+TIMEOUT_FACTOR = 4
+"""An eval's overall time limit, in per-request client timeouts (see the module docstring)."""
+DEFAULT_TIMEOUT_S = 4800.0
+"""An eval's overall time limit when the client has no ``timeout_s``."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,12 @@ class EvalResult:
     rows: list[dict[str, Any]]
     main_metric: str | None = None
     """``correct`` when reported, else the first metric by name (for the console line)."""
+    error: str = ""
+    """Why the whole eval failed (raised, or ran past the runner's ``timeout_s``); "" when it ran."""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error)
 
 
 ROW_COLUMNS = (
@@ -152,6 +171,7 @@ class EvalRunner:
         environments: Mapping[str, Environment] | None = None,
         concurrency_per_server: int | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
     ):
         self.specs = [EvalSpec.from_entry(e) for e in evals]
         names = [s.name for s in self.specs]
@@ -163,6 +183,11 @@ class EvalRunner:
         self.concurrency = concurrency_per_server or settings.lanes_per_server
         if self.concurrency < 1:
             raise ValueError("EvalRunner: concurrency_per_server must be >= 1")
+        client_timeout = getattr(client, "timeout_s", None)
+        default = TIMEOUT_FACTOR * float(client_timeout) if client_timeout else DEFAULT_TIMEOUT_S
+        self.timeout_s = float(timeout_s) if timeout_s is not None else default
+        if self.timeout_s <= 0:
+            raise ValueError(f"EvalRunner: timeout_s must be > 0, got {timeout_s}")
         kwargs = dict(chat_template_kwargs or {})
         if not kwargs and settings.enable_thinking is not None:
             kwargs["enable_thinking"] = settings.enable_thinking
@@ -172,6 +197,7 @@ class EvalRunner:
         self._in_flight: dict[str, int] = {}
         self._prepared: dict[str, list[PreparedPrompt]] = {}
         self._next_id = 0
+        self._warned: set[tuple[str, str]] = set()
 
     @property
     def names(self) -> list[str]:
@@ -193,6 +219,9 @@ class EvalRunner:
             env = self.environments[spec.name]
             if len(env) == 0:
                 raise ValueError(f"eval {spec.name!r} loaded no samples; check its dataset and kwargs")
+            if spec.num_samples > len(env):
+                log.warning("eval dataset smaller than num_samples: evaluating all of it",
+                            eval=spec.name, asked=spec.num_samples, available=len(env))  # fmt: skip
             log.info(
                 "eval ready", name=spec.name, samples=len(env), completions=spec.pass_k.completions_per_sample
             )
@@ -204,8 +233,8 @@ class EvalRunner:
         (:func:`dataset_key`): the first ``len(eval)`` indices, the items the eval loaded. The
         original matched the eval's name against ``env.name`` and missed renamed environments.
         """
-        envs = dict(training) if isinstance(training, Mapping) else {b.name: b.env for b in training}
-        out: dict[str, list[int]] = {}
+        envs = environments_by_name(training)
+        held: dict[str, set[int]] = {}
         for spec in self.specs:
             if not spec.separate_eval_samples:
                 continue
@@ -215,9 +244,8 @@ class EvalRunner:
                 log.warning("separate_eval_samples has no effect: no training environment uses its dataset",
                             eval=spec.name)  # fmt: skip
             for name in matched:
-                held = out.setdefault(name, [])
-                held.extend(i for i in range(min(len(ev), len(envs[name]))) if i not in held)
-        return out
+                held.setdefault(name, set()).update(range(min(len(ev), len(envs[name]))))
+        return {name: sorted(indices) for name, indices in held.items()}
 
     # ------------------------------------------------------------------------------------------ run
     async def run(
@@ -234,7 +262,24 @@ class EvalRunner:
         slots = asyncio.Semaphore(self.concurrency * len(urls))
         for u in urls:
             self._in_flight.setdefault(u, 0)
-        return list(await asyncio.gather(*(self._run_one(spec, step, urls, slots) for spec in specs)))
+        down: set[str] = set()  # servers found unreachable during this call: no more requests go there
+        runs = (self._run_guarded(spec, step, urls, slots, down) for spec in specs)
+        return list(await asyncio.gather(*runs))
+
+    async def _run_guarded(
+        self, spec: EvalSpec, step: int, urls: list[str], slots: asyncio.Semaphore, down: set[str]
+    ) -> EvalResult:
+        """:meth:`_run_one` within ``timeout_s``; an error or the timeout gives a failed result."""
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._run_one(spec, step, urls, slots, down)
+        except TimeoutError:
+            error = f"did not finish within {self.timeout_s:g} s (EvalRunner timeout_s)"
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        log.warning("eval failed", eval=spec.name, step=step, error=error)
+        return EvalResult(spec.name, step, {"failed": 1.0, "time_s": time.monotonic() - t0}, [], None, error)
 
     def _prepared_prompts(self, spec: EvalSpec) -> list[PreparedPrompt]:
         if spec.name not in self._prepared:
@@ -246,21 +291,35 @@ class EvalRunner:
         return self._prepared[spec.name]
 
     async def _run_one(
-        self, spec: EvalSpec, step: int, urls: list[str], slots: asyncio.Semaphore
+        self, spec: EvalSpec, step: int, urls: list[str], slots: asyncio.Semaphore, down: set[str]
     ) -> EvalResult:
         t0 = time.monotonic()
         settings = spec.sampling(self.settings)
         prompts = self._prepared_prompts(spec)
         n = spec.pass_k.completions_per_sample
         tasks = [
-            self._complete(spec, p, c, step=step, settings=settings, urls=urls, slots=slots)
+            self._complete(spec, p, c, step=step, settings=settings, urls=urls, slots=slots, down=down)
             for p in prompts
             for c in range(n)
         ]
         outs: list[ScoredSample] = list(await asyncio.gather(*tasks))
-        result = aggregate(spec, step, prompts, outs, n)
+        env = self.environments[spec.name]
+        result = aggregate(spec, step, prompts, outs, n, success=getattr(env, "success_metrics", None))
         result.metrics["time_s"] = time.monotonic() - t0
+        self._warn_unreported(spec, outs)
         return result
+
+    def _warn_unreported(self, spec: EvalSpec, outs: Sequence[ScoredSample]) -> None:
+        """Warn once per eval and metric about a pass_k metric the eval does not report."""
+        reported = sorted({m for o in outs if not o.error for m in o.metrics})
+        if not reported:
+            return  # nothing valid to judge by
+        named = (*(spec.pass_k.at_k_metrics or ()), *(spec.pass_k.pow_k_metrics or ()))
+        for metric in dict.fromkeys(named):
+            if metric not in reported and (spec.name, metric) not in self._warned:
+                self._warned.add((spec.name, metric))
+                log.warning("pass_k names a metric the eval does not report: no pass metrics for it",
+                            eval=spec.name, metric=metric, reported=reported)  # fmt: skip
 
     async def _complete(
         self,
@@ -272,34 +331,35 @@ class EvalRunner:
         settings: EngineSettings,
         urls: list[str],
         slots: asyncio.Semaphore,
+        down: set[str],
     ) -> ScoredSample:
         async with slots:
-            k = self._next_id % len(urls)  # ties go round-robin
-            url = min(urls[k:] + urls[:k], key=lambda u: self._in_flight[u])
-            self._in_flight[url] += 1
+            live = [u for u in urls if u not in down]
+            k = self._next_id % max(len(live), 1)  # ties go round-robin
+            url = min(live[k:] + live[:k], key=lambda u: self._in_flight[u]) if live else urls[0]
             out = ScoredSample(group_id=prompt.index, sample_id=self._next_id, env_name=spec.name,
                                prompt_ids=prompt.ids, prompt_text=prompt.text, server=url)  # fmt: skip
             self._next_id += 1
             out.lane = completion_index
+            if not live:
+                out.error = "rollout_error"
+                out.error_detail = f"not sent: every eval server is unreachable ({sorted(down)})"
+                return out
             env: Any = _EvalScoring(self.environments[spec.name])
-            eos = self.eos_token or env.eos_token
-            common = dict(client=self.client, settings=settings, eos_token=eos, on_generated=lambda: None,
-                          request_prefix=f"eval-{spec.name}-s{step}")  # fmt: skip
+            self._in_flight[url] += 1
             try:
-                if env.is_multi_turn:
-                    await run_multi_turn(env, prompt, out, prompts=self.prompts, **common)
-                else:
-                    await run_single_turn(env, prompt, out, **common)
-            except SampleError as exc:
-                out.error, out.error_detail = exc.kind, exc.detail
-            except ServerUnavailableError as exc:
-                out.error, out.error_detail = "rollout_error", str(exc)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                out.error, out.error_detail = "rollout_error", f"{type(exc).__name__}: {exc}"
+                unreachable = await play_sample(
+                    env, prompt, out, prompts=self.prompts, client=self.client, settings=settings,
+                    eos_token=self.eos_token or env.eos_token, on_generated=lambda: None,
+                    request_prefix=f"eval-{spec.name}-s{step}",
+                )  # fmt: skip
             finally:
                 self._in_flight[url] -= 1
+            if unreachable is not None and url not in down:
+                down.add(url)
+                log.warning("eval server unreachable: no more eval requests go to it in this run",
+                            eval=spec.name, server=url, left=[u for u in urls if u not in down],
+                            error=str(unreachable)[:300])  # fmt: skip
             if out.error:
                 log.warning(
                     "eval completion failed", eval=spec.name, error=out.error, detail=out.error_detail[:300]
@@ -323,11 +383,17 @@ def aggregate(
     prompts: Sequence[PreparedPrompt],
     outs: Sequence[ScoredSample],
     per_sample: int,
+    *,
+    success: Sequence[str] | None = None,
 ) -> EvalResult:
     """Means over valid completions, pass metrics per item (then averaged), and the rows.
 
-    ``outs`` holds ``per_sample`` completions per prompt, prompt by prompt.
+    ``outs`` holds ``per_sample`` completions per prompt, prompt by prompt. ``success``: the
+    metrics pass_k uses when it names none; default: the metrics that lie in [0, 1] in every valid
+    completion of the eval (:func:`~telescope_rollout._passk.unit_metrics`).
     """
+    if success is None:
+        success = unit_metrics([o.metrics for o in outs if not o.error])
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     pass_sums: dict[str, float] = {}
@@ -346,7 +412,7 @@ def aggregate(
             for k, v in o.metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
                 counts[k] = counts.get(k, 0) + 1
-        passed = sample_pass_metrics(spec.pass_k, [o.metrics for o in valid])
+        passed = sample_pass_metrics(spec.pass_k, [o.metrics for o in valid], success)
         for k, v in passed.items():
             pass_sums[k] = pass_sums.get(k, 0.0) + v
             pass_counts[k] = pass_counts.get(k, 0) + 1

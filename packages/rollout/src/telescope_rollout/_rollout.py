@@ -3,16 +3,18 @@
 The engine owns lanes and weight versions; these functions own the protocol with the server and
 the environment. ``on_generated`` is called once generation is over and before the reward, so
 the engine can free the lane while a slow reward runs. Failures raise :class:`SampleError`
-carrying the error kind the group-acceptance rules use. Request ids are
+carrying the error kind the group-acceptance rules use; :func:`play_sample` (the engine's and the
+eval runner's entry point) records them on the sample instead. Request ids are
 ``<request_prefix>-<sample_id>[-turn-<k>]`` (``sample`` for training, ``eval-...`` for evals).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from telescope_rollout._client import Completion, PromptTooLongError
+from telescope_rollout._client import Completion, PromptTooLongError, ServerUnavailableError
 from telescope_rollout._env import MultiTurnEnvironment
 from telescope_rollout._multiturn import MultiTurnTokens
 from telescope_rollout._prompts import PreparedPrompt, PromptSource
@@ -182,3 +184,41 @@ async def run_multi_turn(
     except Exception as exc:
         raise SampleError("sample_error", f"compute_reward raised {type(exc).__name__}: {exc}") from exc
     apply_reward(out, result)
+
+
+def sample_error(exc: Exception) -> tuple[str, str]:
+    """``(error kind, detail)`` recorded on a sample whose rollout raised ``exc``."""
+    if isinstance(exc, SampleError):
+        return exc.kind, exc.detail
+    if isinstance(exc, ServerUnavailableError):
+        return "rollout_error", str(exc)
+    return "rollout_error", f"{type(exc).__name__}: {exc}"
+
+
+async def play_sample(
+    env: Any,
+    prompt: PreparedPrompt,
+    out: ScoredSample,
+    *,
+    prompts: PromptSource,
+    **kwargs: Any,
+) -> ServerUnavailableError | None:
+    """Generate and score one sample (one turn or the whole episode) into ``out``.
+
+    A failure is recorded as ``out.error``/``out.error_detail`` (:func:`sample_error`), never
+    raised; cancellation propagates. Returns the :class:`ServerUnavailableError` when the server
+    could not be reached, so the caller can stop sending to it. ``kwargs`` go to
+    :func:`run_single_turn` / :func:`run_multi_turn`.
+    """
+    try:
+        if env.is_multi_turn:
+            await run_multi_turn(env, prompt, out, prompts=prompts, **kwargs)
+        else:
+            await run_single_turn(env, prompt, out, **kwargs)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        out.error, out.error_detail = sample_error(exc)
+        if isinstance(exc, ServerUnavailableError):
+            return exc
+    return None

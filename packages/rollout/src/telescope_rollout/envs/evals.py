@@ -9,13 +9,17 @@ Hub datasets and the columns ``row_to_sample`` reads:
 
 * math500, ``HuggingFaceH4/MATH-500`` split test: ``problem``, ``answer``, ``subject``, ``level``
   (an int, or a "Level N" string); metrics ``correct`` and ``level``, tag ``subject``.
+
+Every one declares ``success_metrics = ("correct",)``: a bare ``pass_k: [1, 4]`` gives pass@k of
+``correct`` only (never of math500's ``level``).
 * aime_2024, ``HuggingFaceH4/aime_2024`` split train: ``problem``, ``answer``.
 * aime_2025, ``opencompass/AIME2025`` configs ``AIME2025-I`` and ``AIME2025-II`` split test,
   concatenated: ``question`` (or ``problem``), ``answer``.
 * gpqa_diamond, ``Idavidrein/gpqa`` config ``gpqa_diamond`` split train (gated: accept its terms
   on the hub and log in): ``Question``, ``Correct Answer``, ``Incorrect Answer 1..3``. The four
   choices are shuffled with ``random.Random(shuffle_seed)`` (42) drawn in row order, so the first
-  N rows get the same letters whatever N is; metric ``correct`` from the last "Answer: X".
+  N rows get the same letters whatever N is; metric ``correct`` from the last "Answer: X" (X an
+  upper-case A-D standing alone, so "Answer: because ..." is no answer).
 
 The math evals append "Please reason step by step, and put your final answer within \\boxed{}."
 to the problem and score the think-stripped last ``\\boxed{}`` with :func:`verify_math_answer`.
@@ -41,7 +45,9 @@ GPQA_INSTRUCTION = (
     "form 'Answer: $LETTER' (without quotes) where LETTER is one of ABCD. Think step by step before "
     "answering.\n\n"
 )
-_ANSWER = re.compile(r"(?i)Answer\s*:\s*\$?\s*\(?([A-D])\)?\$?")
+_ANSWER = re.compile(r"(?i:answer)\s*:\s*\$?\s*\(?([A-D])\)?\$?(?![A-Za-z0-9])")
+"""``Answer: X`` with an upper-case letter standing alone (optionally in ``$..$`` or parentheses);
+"Answer: because ..." or "answer: definitely C" are no answer."""
 
 
 class HubEval(SingleTurnEnvironment):
@@ -55,6 +61,7 @@ class HubEval(SingleTurnEnvironment):
     metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {
         "correct": {"min": 0.0, "max": 1.0, "invert": False}
     }
+    success_metrics: ClassVar[tuple[str, ...] | None] = ("correct",)
     reward_min = 0.0
     reward_max = 1.0
     dataset: str = ""
@@ -144,9 +151,10 @@ class Aime2025Eval(_BoxedMathEval):
 
 
 def extract_choice(text: str) -> str:
-    """The letter of the last "Answer: X" (A-D, any case), or "" when there is none."""
+    """The letter of the last "Answer: X" (X one of A-D, upper case, standing alone; "answer" in
+    any case), or "" when there is none."""
     found = _ANSWER.findall(text)
-    return found[-1].upper() if found else ""
+    return found[-1] if found else ""
 
 
 class GpqaDiamondEval(HubEval):
