@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +76,17 @@ def test_guard_kills_marked_processes_after_the_driver_is_killed(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+def _child_named(marker: str, name: str) -> int | None:
+    """A marked process whose command name is ``name`` (after its exec), if any."""
+    for pid in marked_processes(marker):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                return pid
+        except OSError:
+            continue
+    return None
+
+
 def test_sweep_logs_what_it_signalled_and_what_it_had_to_kill(tmp_path):
     marker = f"TELESCOPE_RUN_ID={uuid.uuid4().hex}"
     key, value = marker.split("=")
@@ -86,10 +98,11 @@ def test_sweep_logs_what_it_signalled_and_what_it_had_to_kill(tmp_path):
     )  # fmt: skip
     try:
         assert stubborn.stdout.readline().strip() == "ready"
-        deadline = time.monotonic() + 10
-        while len(marked_processes(marker)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        (sleeper,) = set(marked_processes(marker)) - {stubborn.pid}
+        deadline = time.monotonic() + 30
+        while not (sleeper := _child_named(marker, "sleep")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the shell forks first and execs sleep a moment later
+        assert sleeper, "the shell's sleep never started"
+        assert set(marked_processes(marker)) == {stubborn.pid, sleeper}
         assert sorted(sweep(marker, grace_s=0.5, log_file=str(log))) == sorted([stubborn.pid, sleeper])
         stubborn.wait(timeout=10)
         assert _wait_dead([sleeper]) == []

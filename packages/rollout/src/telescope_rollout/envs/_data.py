@@ -3,7 +3,7 @@
 ``dataset="bundled"`` reads a small made-up sample shipped in ``envs/data`` (no network);
 anything else is a hub dataset name loaded with ``datasets`` (extra ``datasets``). The original's
 kwargs ``dataset_name``/``dataset_subset``/``dataset_split`` are accepted as aliases of
-``dataset``/``subset``/``split`` (see :func:`apply_dataset_kwargs`), so original configs pick the
+``dataset``/``subset``/``split`` (see :class:`DatasetAliases`), so original configs pick the
 same data.
 """
 
@@ -35,19 +35,25 @@ def hub_rows(name: str, subset: str | None = None, split: str = "train") -> Iter
     return datasets.load_dataset(name, subset, split=split)
 
 
-def apply_dataset_kwargs(
-    env: Any,
-    dataset_name: str | None = None,
-    dataset_subset: str | None = None,
-    dataset_split: str | None = None,
-) -> None:
-    """Set ``env.dataset``/``subset``/``split`` from the original's kwarg names when given."""
-    if dataset_name:
-        env.dataset = dataset_name
-    if dataset_subset:
-        env.subset = dataset_subset
-    if dataset_split:
-        env.split = dataset_split
+class DatasetAliases:
+    """Mixin for environments with ``dataset``/``subset``/``split`` attributes: also accepts the
+    original's kwargs ``dataset_name``/``dataset_subset``/``dataset_split`` (put it first in the bases)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        dataset_name: str | None = None,
+        dataset_subset: str | None = None,
+        dataset_split: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if dataset_name:
+            self.dataset = dataset_name
+        if dataset_subset:
+            self.subset = dataset_subset
+        if dataset_split:
+            self.split = dataset_split
 
 
 def take(rows: Iterable[dict[str, Any]], num_samples: int) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from telescope_rollout._env import SingleTurnEnvironment
 from telescope_rollout._math import verify_math_answer
 from telescope_rollout._types import RewardResult, Sample
-from telescope_rollout.envs._data import BUNDLED, apply_dataset_kwargs, bundled_rows, hub_rows, take_samples
+from telescope_rollout.envs._data import BUNDLED, DatasetAliases, bundled_rows, hub_rows, take_samples
 from telescope_rollout.parsers import extract_boxed_answer, strip_eos, strip_think_tags
 
 SYSTEM_PROMPT = (
@@ -47,7 +47,7 @@ def _json_dict(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-class MathEnv(SingleTurnEnvironment):
+class MathEnv(DatasetAliases, SingleTurnEnvironment):
     """Base for boxed-answer math tasks; subclasses name the hub dataset and map its rows.
 
     Kwargs: ``dataset`` (hub name or ``"bundled"``; alias ``dataset_name``), ``subset``
@@ -67,16 +67,6 @@ class MathEnv(SingleTurnEnvironment):
     dataset: str = ""
     subset: str | None = None
     split: str = "train"
-
-    def __init__(
-        self,
-        dataset_name: str | None = None,
-        dataset_subset: str | None = None,
-        dataset_split: str | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(**kwargs)
-        apply_dataset_kwargs(self, dataset_name, dataset_subset, dataset_split)
 
     def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
         raise NotImplementedError

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from telescope_rollout._env import SingleTurnEnvironment
 from telescope_rollout._rubric import Rubric
 from telescope_rollout._types import RewardResult, Sample
-from telescope_rollout.envs._data import BUNDLED, apply_dataset_kwargs, bundled_rows, hub_rows, take_samples
+from telescope_rollout.envs._data import BUNDLED, DatasetAliases, bundled_rows, hub_rows, take_samples
 from telescope_rollout.parsers import extract_answer_tags, strip_eos
 
 _FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>(.*?)</answer>\s*$", re.S)
@@ -81,7 +81,7 @@ def equation_reward(completion: str, nums: list[int], target: float) -> float:
     return 1.0 if value is not None and abs(value - float(target)) < 1e-5 else 0.0
 
 
-class CountdownEnv(SingleTurnEnvironment):
+class CountdownEnv(DatasetAliases, SingleTurnEnvironment):
     """Kwargs: ``dataset`` (hub name, or ``"bundled"``; alias ``dataset_name``), ``subset``
     (``dataset_subset``), ``split`` (``dataset_split``)."""
 
@@ -104,15 +104,8 @@ class CountdownEnv(SingleTurnEnvironment):
     subset: str | None = None
     split: str = "train"
 
-    def __init__(
-        self,
-        dataset_name: str | None = None,
-        dataset_subset: str | None = None,
-        dataset_split: str | None = None,
-        **kwargs: Any,
-    ):
+    def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        apply_dataset_kwargs(self, dataset_name, dataset_subset, dataset_split)
         self.rubric = Rubric()
         self.rubric.add_reward(self._format_reward, range_min=0.0, range_max=1.0)
         self.rubric.add_reward(self._equation_reward, range_min=0.0, range_max=1.0)

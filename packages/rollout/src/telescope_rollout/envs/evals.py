@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 from telescope_rollout._env import SingleTurnEnvironment
 from telescope_rollout._types import RewardResult, Sample
-from telescope_rollout.envs._data import apply_dataset_kwargs, hub_rows, take_samples
+from telescope_rollout.envs._data import DatasetAliases, hub_rows, take_samples
 from telescope_rollout.envs.boxed_math import score_math
 from telescope_rollout.parsers import strip_eos, strip_think_tags
 
@@ -50,7 +50,7 @@ _ANSWER = re.compile(r"(?i:answer)\s*:\s*\$?\s*\(?([A-D])\)?\$?(?![A-Za-z0-9])")
 "Answer: because ..." or "answer: definitely C" are no answer."""
 
 
-class HubEval(SingleTurnEnvironment):
+class HubEval(DatasetAliases, SingleTurnEnvironment):
     """Base of the dedicated evals: a hub dataset (``subsets`` concatenated), mapped row by row.
 
     Kwargs: ``dataset``/``dataset_name``, ``subset``/``dataset_subset``, ``split``/``dataset_split``.
@@ -68,16 +68,6 @@ class HubEval(SingleTurnEnvironment):
     subsets: tuple[str | None, ...] = (None,)
     subset: str | None = None
     split: str = "test"
-
-    def __init__(
-        self,
-        dataset_name: str | None = None,
-        dataset_subset: str | None = None,
-        dataset_split: str | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(**kwargs)
-        apply_dataset_kwargs(self, dataset_name, dataset_subset, dataset_split)
 
     def rows(self) -> Iterable[dict[str, Any]]:
         subsets = (self.subset,) if self.subset else self.subsets

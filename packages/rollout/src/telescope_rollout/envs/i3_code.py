@@ -26,7 +26,7 @@ from telescope_rollout.envs._code_tests import (
     program_for,
     tests_from_row,
 )
-from telescope_rollout.envs._data import BUNDLED, apply_dataset_kwargs, bundled_rows, hub_rows, take_samples
+from telescope_rollout.envs._data import BUNDLED, DatasetAliases, bundled_rows, hub_rows, take_samples
 from telescope_rollout.parsers import extract_code_block, strip_eos, strip_think_tags
 
 _tests_from_row = tests_from_row  # the name earlier code imported
@@ -35,7 +35,7 @@ __all__ = ["I3CodeEnv", "call_result_matches", "outputs_match", "tests_from_row"
 INFO_CAP = 4_000
 
 
-class I3CodeEnv(SingleTurnEnvironment):
+class I3CodeEnv(DatasetAliases, SingleTurnEnvironment):
     """Kwargs: ``sandbox``, ``dataset`` ("bundled" or a hub name; alias ``dataset_name``),
     ``subset``/``dataset_subset`` ("code"), ``split``/``dataset_split``, ``max_num_tests`` 15,
     ``timeout_per_test`` 10 s, ``memory_mb`` 2048, ``max_concurrent_tests`` 8, ``random_seed`` 42,
@@ -69,16 +69,6 @@ class I3CodeEnv(SingleTurnEnvironment):
     difficulty_key: str | None = "avg@8_qwen3_4b_instruct_2507"
     min_difficulty: float | None = None
     max_difficulty: float | None = None
-
-    def __init__(
-        self,
-        dataset_name: str | None = None,
-        dataset_subset: str | None = None,
-        dataset_split: str | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(**kwargs)
-        apply_dataset_kwargs(self, dataset_name, dataset_subset, dataset_split)
 
     async def prepare_resources(self) -> None:
         if self.sandbox is None:
