@@ -508,3 +508,22 @@ async def test_no_evals_leaves_the_loop_as_it_was(tmp_path):
     assert not (ctx.run.path / "evals").exists()
     assert console.lines == []
     assert json.dumps(ctx.run.read_metrics()).count("eval/") == 0
+
+
+async def test_resumed_at_the_last_step_runs_final_evals_that_never_ended(tmp_path):
+    # the run was killed after its step-4 checkpoint, while its final evals ran: no eval line for 4
+    ctx, _engine, runner, _, _ = run_loop(tmp_path, start_step=4, eval_num_servers=0)
+    ctx.run.append_metrics({"step": 4, "loss": 0.1})
+    await training_loop(ctx)
+    assert [(step, names) for step, names, *_ in runner.calls] == [(4, ["quiz", "other"])]
+    assert [m["step"] for m in ctx.run.read_metrics()] == [4, 4]
+    assert ctx.run.read_metrics()[-1]["eval/step"] == 4
+
+
+async def test_resumed_after_the_final_evals_does_not_repeat_them(tmp_path):
+    ctx, _engine, runner, _, _ = run_loop(tmp_path, start_step=4, eval_num_servers=0)
+    ctx.run.append_metrics({"step": 4, "loss": 0.1})
+    ctx.run.append_metrics({"step": 4, "eval/step": 4, "eval/quiz/correct": 0.5})
+    await training_loop(ctx)
+    assert runner.calls == []
+    assert [m["step"] for m in ctx.run.read_metrics()] == [4, 4]

@@ -193,6 +193,17 @@ async def training_loop(ctx: LoopContext) -> None:
             _write_eval_step(ctx, 0, baseline)
         async with engine:
             await _steps(ctx, plan)
+        last = int(cfg.number_of_steps)
+        if plan is not None and ctx.start_step >= last and not _final_evals_recorded(ctx, last):
+            # resumed from the last step's checkpoint: the run was stopped before its final evals ended
+            names = plan.after_step(last)
+            if names:
+                _write_eval_step(ctx, last, await _run_evals(ctx, last, names, end=True))
+
+
+def _final_evals_recorded(ctx: LoopContext, step: int) -> bool:
+    """True when metrics.jsonl already holds an eval line for ``step`` (the final evals ran)."""
+    return any(m.get("eval/step") == step for m in ctx.run.read_metrics())
 
 
 def _groups(ctx: LoopContext) -> dict[str, list[str]]:
