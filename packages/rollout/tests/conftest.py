@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# this folder's helper modules (engine_fakes) are importable by the tests
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Tests never touch the network, even where `datasets` is installed.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

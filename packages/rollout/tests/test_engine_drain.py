@@ -5,52 +5,16 @@ deterministically with the in-process fake server: two servers ``a`` and ``b``, 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
+from engine_fakes import EchoEnv, by_sample_parity, make_engine
 
 from telescope_rollout import (
-    EngineSettings,
-    MultiEnvSampler,
     RewardResult,
-    RolloutEngine,
-    Sample,
-    SamplerEntry,
-    SingleTurnEnvironment,
 )
-from telescope_rollout.testing import FakeInferenceServer, FakeRequest, sample_ids, settle
+from telescope_rollout.testing import FakeInferenceServer, sample_ids, settle
 
 A, B = "http://a", "http://b"
-
-
-class EchoEnv(SingleTurnEnvironment):
-    """Prompts ``q<i>``; reward = the completion text as a number."""
-
-    def load_dataset(self, num_samples: int = -1, **kw: Any) -> list[Sample]:
-        return self._set_samples([Sample(f"q{i}", str(i)) for i in range(8)], num_samples)
-
-    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
-        return RewardResult(float(completion))
-
-
-def by_sample_parity(req: FakeRequest) -> tuple[str, list[int]]:
-    """Reward 0 for even sample ids, 1 for odd: every group of 2 has spread (none is dropped)."""
-    sid = sample_ids([req])[0]
-    return str(sid % 2), [10 + sid % 2, 3]
-
-
-def make_engine(tokenizer, server, env=None, **overrides) -> RolloutEngine:
-    env = env if env is not None else EchoEnv()
-    env.load_dataset()
-    base = dict(
-        group_size=2, prompts_batch_size_for_trainer=1, max_concurrent_prompts_per_server=2,
-        max_async_rollout=10, max_tokens=16, max_model_len=256, enable_prompt_prefetch=False,
-    )  # fmt: skip
-    sampler = MultiEnvSampler([SamplerEntry("echo", 1.0, len(env))], seed=0)
-    return RolloutEngine(
-        EngineSettings(**{**base, **overrides}), environments={"echo": env}, sampler=sampler,
-        tokenizer=tokenizer, client=server,
-    )  # fmt: skip
 
 
 def on(url: str):
