@@ -197,6 +197,8 @@ def test_cpu_shim_is_reversible_and_a_no_op_with_cuda(monkeypatch):
         assert torch.cuda.current_device is original
 
 
+@pytest.mark.filterwarnings("ignore:Transformer Engine and Apex:UserWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_cpu_shim_runs_the_alltoall_dispatchers_host_copy_without_streams():
     import numpy as np
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as Dispatcher
