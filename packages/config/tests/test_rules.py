@@ -118,7 +118,18 @@ def test_rule8_seq_len_divisible_by_twice_cp(run, problems, only):
     p = only(problems({"fsdp_context_parallel_size": 2, "seq_len": 4098}), "seq_len")
     assert "divisible by 4" in p.rule
     assert "seq_len: 4100" in p.fix
-    assert run({"fsdp_context_parallel_size": 4, "seq_len": 4096}).config.seq_len == 4096
+    cfg = run({"fsdp_context_parallel_size": 4, "seq_len": 4096, "trainer_num_workers": 4}).config
+    assert cfg.seq_len == 4096
+
+
+def test_rule8_trainer_ranks_are_whole_context_parallel_replicas(run, problems, only):
+    p = only(problems({"fsdp_context_parallel_size": 2, "trainer_num_workers": 3}), "trainer_num_workers")
+    assert p.value == 3
+    assert "multiple of 2" in p.rule
+    assert "multiple of 2 for trainer_num_workers" in p.fix
+    assert run({"fsdp_context_parallel_size": 2, "trainer_num_workers": 6}).config.trainer_num_workers == 6
+    # Megatron's own CP sizes are checked by its own rule; fsdp_context_parallel_size 1 needs nothing
+    assert run({"trainer_num_workers": 3}).config.trainer_num_workers == 3
 
 
 @pytest.mark.parametrize("value", [0, -0.5])

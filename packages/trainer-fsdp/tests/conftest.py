@@ -8,6 +8,7 @@ own processes (test_two_ranks.py).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +18,10 @@ import torch
 
 import telescope_config
 from telescope_algos import Sample
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:  # the helper modules (fsdp_spawn) of the multi-rank tests
+    sys.path.insert(0, _HERE)
 
 
 def make_config(model_dir: Path | str, **overrides) -> telescope_config.TelescopeConfig:

@@ -1,8 +1,9 @@
-"""One rank of the two-rank tests (run as a script by test_two_ranks.py, never collected by pytest).
+"""One rank of the multi-rank tests (run as a script by ``fsdp_spawn.run_ranks``, never collected).
 
     python fsdp_worker.py JOB_DIR      with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set
 
-Reads ``JOB_DIR/job.pt`` ({"config": dict, "micro_batches": [per rank], "steps": int}), trains, and
+Reads ``JOB_DIR/job.pt`` ({"config": dict, "micro_batches": [per data-parallel rank], "steps": int}),
+trains (the context-parallel ranks of a replica share its micro-batches), and
 writes ``JOB_DIR/rank_<r>.pt`` with the metrics of every step and (rank 0) the gathered HF weights;
 then saves a checkpoint under ``JOB_DIR/ckpt``.
 """
@@ -25,12 +26,13 @@ def main(job_dir: Path) -> None:
     trainer = create_trainer(config, dist_timeout_s=240)
     rank = trainer.rank
     try:
-        metrics = [trainer.train_step(job["micro_batches"][rank], step=s) for s in range(job["steps"])]
+        mine = job["micro_batches"][trainer.dp_rank]
+        metrics = [trainer.train_step(mine, step=s) for s in range(job["steps"])]
         weights = {name: t.clone() for name, t in trainer.hf_weights()}  # every rank exhausts it
         trainer.save_checkpoint(
             job_dir / "ckpt", step=job["steps"], extra_state={"ranks": trainer.world_size}
         )
-        result = {"metrics": metrics, "dp": (trainer.dp_rank, trainer.dp_world_size)}
+        result = {"metrics": metrics, "dp": (trainer.dp_rank, trainer.dp_world_size), "cp": trainer.cp_size}
         if rank == 0:
             result["weights"] = weights
         torch.save(result, job_dir / f"rank_{rank}.pt")
@@ -39,5 +41,5 @@ def main(job_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    assert "RANK" in os.environ, "run by test_two_ranks.py with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT"
+    assert "RANK" in os.environ, "run by fsdp_spawn.run_ranks with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT"
     main(Path(sys.argv[1]))

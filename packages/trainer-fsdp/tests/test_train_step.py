@@ -204,6 +204,7 @@ def test_config_checks_fail_clearly_and_leave_no_process_group(helpers, tiny_mod
     with pytest.raises(ValueError, match=r"trainer_num_workers is 2 but .* 1 ranks"):
         create_trainer(helpers.make_config(tiny_model_dir, trainer_num_workers=2))
     assert not dist.is_initialized()
-    cp = helpers.make_config(tiny_model_dir, fsdp_context_parallel_size=2)
-    with pytest.raises(NotImplementedError, match="fsdp_context_parallel_size: 1"):
-        create_trainer(cp)
+    cp = helpers.make_config(tiny_model_dir, fsdp_context_parallel_size=2, trainer_num_workers=2)
+    with pytest.raises(ValueError, match="context parallelism uses its own attention"):
+        create_trainer(cp, attn_implementation="eager")
+    assert not dist.is_initialized()

@@ -7,56 +7,11 @@ order of floating-point sums).
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from fsdp_spawn import one_rank_order, run_ranks
 
 from telescope_algos import pack_samples
-
-WORKER = Path(__file__).with_name("fsdp_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_two_ranks(job_dir: Path, timeout_s: float = 420.0) -> list[dict]:
-    port = _free_port()
-    procs = []
-    logs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
-        log = (job_dir / f"rank_{rank}.log").open("wb")
-        logs.append(log)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER), str(job_dir)], env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-        )
-    try:
-        for p in procs:
-            p.wait(timeout=timeout_s)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
-    for rank, p in enumerate(procs):
-        if p.returncode != 0:
-            text = (job_dir / f"rank_{rank}.log").read_text(errors="replace")[-4000:]
-            pytest.fail(f"rank {rank} exited with {p.returncode}:\n{text}")
-    return [torch.load(job_dir / f"rank_{r}.pt", weights_only=False) for r in range(2)]
 
 
 @pytest.mark.slow
@@ -73,14 +28,14 @@ def test_two_ranks_equal_one_rank_and_reshard_on_load(
     torch.save(
         {"config": cfg2.model_dump(mode="json"), "micro_batches": by_rank, "steps": 2}, tmp_path / "job.pt"
     )
-    results = run_two_ranks(tmp_path)
+    results = run_ranks(tmp_path)
 
     assert [r["dp"] for r in results] == [(0, 2), (1, 2)]
     assert results[0]["metrics"] == results[1]["metrics"]  # identical on every rank, timings included
 
     # One rank holding both ranks' micro-batches, ordered so that each minibatch group gets the same members.
     cfg1 = helpers.make_config(model_dir, **overrides)
-    one_rank = _one_rank_order(by_rank, cfg1.number_of_minibatches)
+    one_rank = one_rank_order(by_rank, cfg1.number_of_minibatches)
     with helpers.open_trainer(cfg1) as trainer:
         metrics = [trainer.train_step(one_rank, step=s) for s in range(2)]
         expected = helpers.hf_state(trainer)
@@ -96,19 +51,3 @@ def test_two_ranks_equal_one_rank_and_reshard_on_load(
         assert trainer.load_checkpoint(tmp_path / "ckpt") == {"ranks": 2}
         for name, tensor in trainer.hf_weights():
             torch.testing.assert_close(tensor, weights[name], atol=0, rtol=0)
-
-
-def _one_rank_order(by_rank, n):
-    """One list whose round-robin groups (``i mod n``) hold what group g held over all ranks.
-
-    Groups can differ in size by more than one (3 micro-batches per rank, n=2: 4 and 2 in all), which
-    round-robin dealing on one rank cannot reproduce: shorter groups are topped up with dummy
-    micro-batches (no loss tokens), which change nothing.
-    """
-    blocks = [[mb for mbs in by_rank for mb in mbs[g::n]] for g in range(n)]
-    size = max(len(b) for b in blocks)
-    dummy = dataclasses.replace(
-        blocks[0][0], loss_mask=torch.zeros_like(blocks[0][0].loss_mask), num_samples=0, num_tokens=0
-    )
-    blocks = [b + [dummy] * (size - len(b)) for b in blocks]
-    return [blocks[g][i] for i in range(size) for g in range(n)]

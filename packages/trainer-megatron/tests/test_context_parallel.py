@@ -30,8 +30,7 @@ import torch
 from megatron_spawn import run_ranks
 from safetensors.torch import load_file
 
-from telescope_algos import Sample, pack_samples
-from telescope_trainer_megatron._context_parallel import chunk_bounds, split_length
+from telescope_algos import Sample, chunk_bounds, pack_samples, split_length
 
 ROOT = Path(__file__).resolve().parents[3]
 SEQ_LEN, PAD = 50, 5

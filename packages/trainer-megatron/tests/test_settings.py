@@ -234,3 +234,23 @@ def test_cpu_shim_runs_the_alltoall_dispatchers_host_copy_without_streams():
     if not was_active:
         assert Dispatcher._maybe_dtoh_and_synchronize is original
         assert Dispatcher.cuda_dtoh_stream is None
+
+
+class _Group:
+    def __init__(self, size: int, rank: int) -> None:
+        self._size, self._rank = size, rank
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+
+def test_cpu_shim_rope_slice_is_megatrons_zigzag():
+    from telescope_trainer_megatron._cpu_shim import _cpu_pos_emb_on_this_cp_rank
+
+    # Megatron's get_pos_emb_on_this_cp_rank: view [2cp, L/2cp], index_select [r, 2cp-1-r]
+    emb = torch.arange(8.0).view(8, 1, 1, 1)
+    assert _cpu_pos_emb_on_this_cp_rank(emb, 0, _Group(2, 0)).flatten().tolist() == [0, 1, 6, 7]
+    assert _cpu_pos_emb_on_this_cp_rank(emb, 0, _Group(2, 1)).flatten().tolist() == [2, 3, 4, 5]

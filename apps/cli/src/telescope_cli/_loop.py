@@ -122,12 +122,13 @@ def to_train_samples(batch: Any, config: Any) -> tuple[list[Any], dict[str, floa
 
 
 def _pad_multiple(config: Any) -> int:
-    multiple = math.lcm(config.pad_to_multiple_of, 1)
+    """Rows are padded to a multiple of ``pad_to_multiple_of`` and, with context parallelism over cp
+    ranks, of ``2·cp`` (each rank holds two of ``2·cp`` equal chunks)."""
     if config.train_backend == "megatron":
-        multiple = math.lcm(multiple, config.megatron_context_parallel_size)
+        cp = config.megatron_context_parallel_size
     else:
-        multiple = math.lcm(multiple, 2 * config.fsdp_context_parallel_size)
-    return multiple
+        cp = config.fsdp_context_parallel_size
+    return math.lcm(config.pad_to_multiple_of, 2 * cp if cp > 1 else 1)
 
 
 SCORED_DROPS = ("zero_advantage", "max_async")

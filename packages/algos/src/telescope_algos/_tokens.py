@@ -20,7 +20,14 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-__all__ = ["token_entropy", "token_logprobs", "token_logprobs_and_entropy"]
+__all__ = [
+    "align_to_inputs",
+    "label_logprobs_and_entropy",
+    "next_token_labels",
+    "token_entropy",
+    "token_logprobs",
+    "token_logprobs_and_entropy",
+]
 
 
 def _check_temperature(temperature: float) -> None:
@@ -86,6 +93,52 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         return grad_logits, None, None, None
 
 
+def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
+    """``labels[:, t] = input_ids[:, t + 1]``; the last column (nothing follows) is 0."""
+    labels = torch.zeros_like(input_ids)
+    labels[:, :-1] = input_ids[:, 1:]
+    return labels
+
+
+def align_to_inputs(values: torch.Tensor) -> torch.Tensor:
+    """Per-position values ``[batch, seq]`` (value t from logits t) → the aligned layout of this
+    package (value t from logits t−1; column 0 is 0)."""
+    return torch.cat([values.new_zeros(values.shape[0], 1), values[:, :-1]], dim=1)
+
+
+def label_logprobs_and_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log softmax(logits[b, t] / T)[labels[b, t]]`` and that distribution's entropy, **unshifted**.
+
+    The building block of :func:`token_logprobs_and_entropy` for callers that hold only some positions
+    of a row (context parallelism): pass ``next_token_labels(input_ids)`` at the same positions, and
+    :func:`align_to_inputs` the full row afterwards.
+
+    Args:
+        logits: ``[batch, seq, vocab]``. labels: ``[batch, seq]`` long.
+        temperature, chunk_size: as in :func:`token_logprobs_and_entropy`.
+
+    Returns:
+        ``(logprobs, entropy)``, both ``[batch, seq]`` float32 (float64 for float64 logits).
+    """
+    _check_temperature(temperature)
+    if logits.dim() != 3 or labels.shape != logits.shape[:2]:
+        raise ValueError(
+            f"expected logits [batch, seq, vocab] and labels [batch, seq], got {tuple(logits.shape)} "
+            f"and {tuple(labels.shape)}"
+        )
+    b, t, v = logits.shape
+    chunk = chunk_size if chunk_size > 0 else max(b * t, 1)
+    flat = logits.reshape(b * t, v)  # a view for contiguous logits: no copy
+    lp, ent = _ChunkedLogprobEntropy.apply(flat, labels.reshape(-1), float(temperature), chunk)
+    return lp.view(b, t), ent.view(b, t)
+
+
 def token_logprobs_and_entropy(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
@@ -105,23 +158,16 @@ def token_logprobs_and_entropy(
         ``(logprobs, entropy)``, both ``[batch, seq]`` float32 (float64 for float64 logits), aligned with
         ``input_ids`` (column 0 is 0; see the module docstring). Backpropagate through either or both.
     """
-    _check_temperature(temperature)
     if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
         raise ValueError(
             f"expected logits [batch, seq, vocab] and input_ids [batch, seq], got {tuple(logits.shape)} "
             f"and {tuple(input_ids.shape)}"
         )
-    b, t, v = logits.shape
     # Position t predicts input_ids[t+1]; the last position has no label (its outputs are dropped).
-    labels = torch.zeros_like(input_ids)
-    labels[:, :-1] = input_ids[:, 1:]
-    chunk = chunk_size if chunk_size > 0 else max(b * t, 1)
-    flat = logits.reshape(b * t, v)  # a view for contiguous logits: no copy
-    lp, ent = _ChunkedLogprobEntropy.apply(flat, labels.reshape(-1), float(temperature), chunk)
-    pad = lp.new_zeros(b, 1)
-    lp = torch.cat([pad, lp.view(b, t)[:, :-1]], dim=1)
-    ent = torch.cat([pad, ent.view(b, t)[:, :-1]], dim=1)
-    return lp, ent
+    lp, ent = label_logprobs_and_entropy(
+        logits, next_token_labels(input_ids), temperature=temperature, chunk_size=chunk_size
+    )
+    return align_to_inputs(lp), align_to_inputs(ent)
 
 
 def token_logprobs(

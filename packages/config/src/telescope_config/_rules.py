@@ -152,7 +152,7 @@ def _whole_inference_servers(c: TelescopeConfig) -> Iterator[Violation]:  # rule
         )
 
 
-@_rule("fsdp_context_parallel_size", "train_backend", "seq_len")
+@_rule("fsdp_context_parallel_size", "train_backend", "seq_len", "trainer_num_workers")
 def _fsdp_context_parallel(c: TelescopeConfig) -> Iterator[Violation]:  # rule 8
     cp = c.fsdp_context_parallel_size
     if cp <= 1:
@@ -171,6 +171,14 @@ def _fsdp_context_parallel(c: TelescopeConfig) -> Iterator[Violation]:  # rule 8
             f"with fsdp_context_parallel_size {cp}, seq_len must be divisible by {2 * cp} "
             "(two chunks per rank)",
             f"use a multiple of {2 * cp}, e.g. seq_len: {(c.seq_len // (2 * cp) + 1) * 2 * cp}",
+        )
+    if c.train_backend == "fsdp" and c.trainer_num_workers % cp:
+        yield Violation(
+            "trainer_num_workers",
+            c.trainer_num_workers,
+            f"with fsdp_context_parallel_size {cp}, trainer_num_workers must be a multiple of {cp} "
+            "(each data-parallel replica is that many ranks)",
+            f"use a multiple of {cp} for trainer_num_workers, or lower fsdp_context_parallel_size",
         )
 
 

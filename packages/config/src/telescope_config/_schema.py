@@ -273,9 +273,10 @@ class TelescopeConfig(BaseModel):
     )
     fsdp_context_parallel_size: int = Field(
         ge=1,
-        description="FSDP context parallelism (ring attention), >= 1: each sequence is split over this many"
-        " ranks. 1 disables it; more needs train_backend fsdp and seq_len divisible by twice "
-        "this value.",
+        description="FSDP context parallelism, >= 1: each packed row is split over this many trainer ranks"
+        " (keys and values all-gathered; exact, GSPO included), for rows too long for one GPU. 1 "
+        "disables it; more needs train_backend fsdp, seq_len divisible by twice this value and "
+        "trainer_num_workers a multiple of it.",
     )
 
     # Megatron

@@ -47,8 +47,12 @@ class StepMetrics:
         """A per-rank quantity averaged over ranks (e.g. a timing)."""
         self._rank_means[name] = float(value)
 
-    def reduce(self, *, device: torch.device) -> dict[str, float]:
-        """All-reduce (collective; every rank must have added the same names) and return the step's values."""
+    def reduce(self, *, device: torch.device, copies: int = 1) -> dict[str, float]:
+        """All-reduce (collective; every rank must have added the same names) and return the step's values.
+
+        ``copies``: how many ranks computed each micro-batch (context parallelism); sums count it once.
+        Means need no correction: every copy adds the same value and the same weight.
+        """
         means = sorted(self._weights)
         sums = sorted(self._sums)
         ranks = sorted(self._rank_means)
@@ -65,6 +69,6 @@ class StepMetrics:
         flat = t.cpu().tolist()
         k = len(means)
         out = {n: flat[i] / flat[k + i] if flat[k + i] > 0 else 0.0 for i, n in enumerate(means)}
-        out.update(zip(sums, flat[2 * k : 2 * k + len(sums)], strict=True))
+        out.update(zip(sums, (v / copies for v in flat[2 * k : 2 * k + len(sums)]), strict=True))
         out.update({n: v / world for n, v in zip(ranks, flat[2 * k + len(sums) :], strict=True)})
         return out

@@ -82,9 +82,13 @@ class StepCounts:
 
 
 def gather_step_counts(
-    micro_batches: Sequence[MicroBatch], groups: list[list[int]], *, device: torch.device
+    micro_batches: Sequence[MicroBatch], groups: list[list[int]], *, device: torch.device, copies: int = 1
 ) -> StepCounts:
-    """One all-gather: check every rank holds as many micro-batches, and total tokens/samples per group."""
+    """One all-gather: check every rank holds as many micro-batches, and total tokens/samples per group.
+
+    ``copies``: consecutive ranks that hold the same micro-batches (the context-parallel ranks of a
+    replica); they must agree, and count once.
+    """
     local = [len(micro_batches)]
     local += [sum(micro_batches[i].num_tokens for i in g) for g in groups]
     local += [sum(micro_batches[i].num_samples for i in g) for g in groups]
@@ -99,8 +103,15 @@ def gather_step_counts(
             f"ranks hold different numbers of micro-batches {counts}; every rank must get "
             "pack_samples(..., num_ranks=dp_world_size)[dp_rank] of the same step"
         )
+    for first in range(0, world, copies):
+        peers = table[first : first + copies]
+        if not bool((peers == peers[0]).all()):
+            raise ValueError(
+                f"the context-parallel ranks {first}..{first + copies - 1} hold different micro-batches; "
+                "every rank of a replica must get pack_samples(..., num_ranks=dp_world_size)[dp_rank]"
+            )
     n = len(groups)
-    totals = table.sum(dim=0).tolist()
+    totals = (table.sum(dim=0) // copies).tolist()
     return StepCounts(tokens=totals[1 : 1 + n], samples=totals[1 + n : 1 + 2 * n])
 
 

@@ -10,6 +10,9 @@ One train step (every rank, collectively):
    global grad norm, clipped to ``grad_clip`` (0: norm only) → AdamW step, **skipped** (and counted)
    when the norm is not finite.
 4. The LR scheduler steps once; metrics are reduced over micro-batches and ranks (``_metrics``).
+
+With ``fsdp_context_parallel_size`` > 1 each row is split over the context-parallel ranks of its
+replica (``_context_parallel``); the counts and sums above then count each replica once.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ from torch.distributed.tensor import DTensor
 from telescope_algos import MicroBatch, compute_loss
 from telescope_trainer_fsdp import _checkpoint as ck
 from telescope_trainer_fsdp import _export, _state, _step
+from telescope_trainer_fsdp._context_parallel import (
+    ATTENTION,
+    CPLayout,
+    cp_logprobs,
+    make_layout,
+    pad_for_cp,
+    register_attention,
+)
 from telescope_trainer_fsdp._distributed import DistInfo, init_distributed
 from telescope_trainer_fsdp._metrics import StepMetrics
 from telescope_trainer_fsdp._model import load_sharded_model
@@ -62,14 +73,17 @@ class FSDPTrainer:
         model_path: str,
         dist_info: DistInfo,
         model: torch.nn.Module,
+        layout: CPLayout | None = None,
     ) -> None:
         self.config = config
         self.model_path = model_path
         self._dist = dist_info
         self.rank = dist_info.rank
         self.world_size = dist_info.world_size
-        self.dp_rank = dist_info.rank
-        self.dp_world_size = dist_info.world_size
+        self._cp = layout if layout is not None and layout.cp > 1 else None
+        self.cp_size = self._cp.cp if self._cp else 1
+        self.dp_rank = self._cp.dp_rank if self._cp else dist_info.rank
+        self.dp_world_size = self._cp.dp_world_size if self._cp else dist_info.world_size
         self.device = dist_info.device
         self.model = model
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -105,8 +119,10 @@ class FSDPTrainer:
                 "train_step got no micro-batches; pack at least one sample (pack_samples returns empty "
                 "lists only for an empty step)"
             )
+        if self._cp:
+            mbs = [pad_for_cp(mb, self.cp_size) for mb in mbs]
         groups = _step.minibatch_groups(len(mbs), cfg.number_of_minibatches)
-        counts = _step.gather_step_counts(mbs, groups, device=self.device)
+        counts = _step.gather_step_counts(mbs, groups, device=self.device, copies=self.cp_size)
         metrics = StepMetrics()
         self.model.train()
 
@@ -144,8 +160,9 @@ class FSDPTrainer:
                     max_len=cfg.max_tokens,
                     **self._loss_options,
                 )
-                # FSDP averages gradients over ranks; the loss is already the rank's share of the sum.
-                (loss * self.dp_world_size).backward()
+                # FSDP averages gradients over ranks; the loss is already the replica's share of the
+                # sum, and context-parallel ranks each hold the part of the gradient through their tokens.
+                (loss * self.world_size).backward()
                 metrics.add_micro_batch(mb_metrics, input_tokens=mb.num_tokens)
                 metrics.add_sum(f"_group_loss/{g}", float(mb_metrics["loss"]))
             t_fb += time.perf_counter() - t0
@@ -175,7 +192,7 @@ class FSDPTrainer:
         metrics.set_rank_mean("timing/forward_backward", t_fb)
         metrics.set_rank_mean("timing/optimizer", t_opt)
         metrics.set_rank_mean("timing/step", time.perf_counter() - t_step)
-        out = metrics.reduce(device=self.device)
+        out = metrics.reduce(device=self.device, copies=self.cp_size)
         group_losses = [out.pop(f"_group_loss/{g}") for g in range(len(groups))]
         out["loss"] = sum(group_losses) / len(group_losses)
         out["grad_norm"] = sum(norms) / len(norms)
@@ -262,6 +279,15 @@ class FSDPTrainer:
     # -- internals -------------------------------------------------------------------------------
 
     def _logprobs(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cp:
+            return cp_logprobs(
+                self.model,
+                mb,
+                self._cp,
+                device=self.device,
+                temperature=self.config.temperature,
+                chunk_size=self.config.entropy_chunk_size,
+            )
         return _step.forward_logprobs(
             self.model,
             mb,
@@ -302,16 +328,17 @@ def create_trainer(
         device: ``"cpu"`` or ``"cuda"``; default CUDA when available.
         gradient_checkpointing: recompute activations in backward (the original always does).
         attn_implementation: force a transformers attention implementation (default: flash-attn on GPU
-            when installed, else SDPA; both isolate packed samples).
+            when installed, else SDPA; both isolate packed samples). With context parallelism the
+            trainer's own ``telescope_cp`` attention is used and this must stay None.
         seed: seeds Python, NumPy and torch on every rank before the model loads; None leaves them.
         trust_remote_code: passed to transformers.
         dist_timeout_s: collective timeout when this call creates the process group.
     """
-    if config.fsdp_context_parallel_size > 1:
-        raise NotImplementedError(
-            f"fsdp_context_parallel_size={config.fsdp_context_parallel_size}: ring-attention context "
-            "parallelism needs CUDA GPUs with flash-attn and ring-flash-attn and is not implemented in "
-            "telescope-trainer-fsdp yet; set fsdp_context_parallel_size: 1"
+    cp = config.fsdp_context_parallel_size
+    if cp > 1 and attn_implementation not in (None, ATTENTION):
+        raise ValueError(
+            f"attn_implementation={attn_implementation!r} cannot be combined with fsdp_context_parallel_size "
+            f"{cp}: context parallelism uses its own attention; leave attn_implementation unset"
         )
     info = init_distributed(device=device, timeout_s=dist_timeout_s)
     try:
@@ -321,6 +348,10 @@ def create_trainer(
                 f"{info.world_size} ranks; start that many trainer processes or set trainer_num_workers: "
                 f"{info.world_size}"
             )
+        layout = make_layout(cp)
+        if cp > 1:
+            register_attention()
+            attn_implementation = ATTENTION
         if seed is not None:
             random.seed(seed)
             np.random.seed(seed)
@@ -340,4 +371,4 @@ def create_trainer(
             dist.destroy_process_group()
         raise
     _log.debug("fsdp trainer ready", model=path, rank=info.rank, world_size=info.world_size)
-    return FSDPTrainer(config, model_path=path, dist_info=info, model=model)
+    return FSDPTrainer(config, model_path=path, dist_info=info, model=model, layout=layout)

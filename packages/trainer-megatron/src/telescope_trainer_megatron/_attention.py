@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from telescope_trainer_megatron._context_parallel import gather_partial, packed_attention
+from telescope_algos import gather_partial, packed_attention
 
 __all__ = ["PackedDotProductAttention"]
 

@@ -47,10 +47,17 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from telescope_algos import MicroBatch, compute_loss, lr_multiplier
+from telescope_algos import (
+    MicroBatch,
+    align_to_inputs,
+    compute_loss,
+    gather_replicated,
+    lr_multiplier,
+    next_token_labels,
+    zigzag_indices,
+)
 from telescope_trainer_megatron import _checkpoint as ckpt
 from telescope_trainer_megatron._arch import Architecture, padded_vocab_size
-from telescope_trainer_megatron._context_parallel import gather_replicated, zigzag_indices
 from telescope_trainer_megatron._cpu_shim import cuda_type_names, install_cpu_shim
 from telescope_trainer_megatron._export import ExportPlan, export_plan, iter_hf_weights
 from telescope_trainer_megatron._hf_io import save_hf_weights
@@ -67,11 +74,7 @@ from telescope_trainer_megatron._settings import (
     te_available,
     torch_dtype,
 )
-from telescope_trainer_megatron._vocab_parallel import (
-    align_to_inputs,
-    next_token_labels,
-    vocab_parallel_label_logprobs_and_entropy,
-)
+from telescope_trainer_megatron._vocab_parallel import vocab_parallel_label_logprobs_and_entropy
 
 __all__ = ["MegatronTrainer", "create_trainer"]
 

@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
+from telescope_algos import align_to_inputs, next_token_labels
+
 __all__ = [
-    "align_to_inputs",
-    "next_token_labels",
     "vocab_parallel_label_logprobs_and_entropy",
     "vocab_parallel_logprobs_and_entropy",
 ]
@@ -113,19 +113,6 @@ def vocab_parallel_label_logprobs_and_entropy(
         lps.append(lp)
         ents.append(ent)
     return torch.cat(lps).view(b, t), torch.cat(ents).view(b, t)
-
-
-def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
-    """``labels[:, t] = input_ids[:, t + 1]``; the last column (nothing follows) is 0."""
-    labels = torch.zeros_like(input_ids)
-    labels[:, :-1] = input_ids[:, 1:]
-    return labels
-
-
-def align_to_inputs(values: torch.Tensor) -> torch.Tensor:
-    """Unshifted per-position values ``[batch, seq]`` → the ``telescope_algos`` layout (value t from
-    logits t−1; column 0 is 0)."""
-    return torch.cat([values.new_zeros(values.shape[0], 1), values[:, :-1]], dim=1)
 
 
 def vocab_parallel_logprobs_and_entropy(

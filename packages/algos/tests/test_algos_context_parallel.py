@@ -1,23 +1,28 @@
-"""Context parallelism, the pure parts: the zig-zag split, the per-rank packed attention, the
-label/alignment helpers and the RoPE slice; plus a two-rank check of the autograd all-gathers."""
+"""Context parallelism, the pure parts: the zig-zag split, the per-rank packed attention and the
+label/alignment helpers; plus a two-rank gloo check of the autograd all-gathers."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from megatron_spawn import run_ranks
 
-from telescope_trainer_megatron._context_parallel import (
+from telescope_algos import (
+    align_to_inputs,
     chunk_bounds,
     gather_order,
+    label_logprobs_and_entropy,
+    next_token_labels,
     packed_attention,
     split_length,
+    token_logprobs_and_entropy,
     zigzag_indices,
 )
-from telescope_trainer_megatron._cpu_shim import _cpu_pos_emb_on_this_cp_rank
-from telescope_trainer_megatron._vocab_parallel import align_to_inputs, next_token_labels
 
 
 def test_zigzag_split_by_hand():
@@ -49,27 +54,36 @@ def test_split_refuses_bad_lengths_and_ranks():
         chunk_bounds(8, 2, 2)
 
 
-class _Group:
-    def __init__(self, size: int, rank: int) -> None:
-        self._size, self._rank = size, rank
-
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
-
-
-def test_rope_slice_is_megatrons_zigzag():
-    # Megatron's get_pos_emb_on_this_cp_rank: view [2cp, L/2cp], index_select [r, 2cp-1-r]
-    emb = torch.arange(8.0).view(8, 1, 1, 1)
-    assert _cpu_pos_emb_on_this_cp_rank(emb, 0, _Group(2, 0)).flatten().tolist() == [0, 1, 6, 7]
-    assert _cpu_pos_emb_on_this_cp_rank(emb, 0, _Group(2, 1)).flatten().tolist() == [2, 3, 4, 5]
-
-
 def test_labels_and_alignment_by_hand():
     assert next_token_labels(torch.tensor([[5, 6, 7]])).tolist() == [[6, 7, 0]]
     assert align_to_inputs(torch.tensor([[1.0, 2.0, 3.0]])).tolist() == [[0.0, 1.0, 2.0]]
+
+
+def test_label_logprobs_on_a_zigzag_piece_equal_the_full_row_after_alignment():
+    # What a CP rank does: logits of its positions, labels of the same positions, gather, align.
+    torch.manual_seed(3)
+    ids = torch.randint(0, 11, (1, 8))
+    logits = torch.randn(1, 8, 11, dtype=torch.float64)
+    full_lp, full_ent = token_logprobs_and_entropy(logits, ids, temperature=0.7)
+    labels = next_token_labels(ids)
+    pieces = []
+    for rank in range(2):
+        idx = zigzag_indices(8, 2, rank)
+        pieces.append((idx, label_logprobs_and_entropy(logits[:, idx], labels[:, idx], temperature=0.7)))
+    lp = torch.zeros(1, 8, dtype=torch.float64)
+    ent = torch.zeros(1, 8, dtype=torch.float64)
+    for idx, (p_lp, p_ent) in pieces:
+        lp[:, idx], ent[:, idx] = p_lp, p_ent
+    torch.testing.assert_close(align_to_inputs(lp), full_lp, rtol=0, atol=0)
+    torch.testing.assert_close(align_to_inputs(ent), full_ent, rtol=0, atol=0)
+    # by hand, position 0 of rank 0: log softmax(logits[0, 0] / 0.7)[ids[0, 1]]
+    z = logits[0, 0] / 0.7
+    assert lp[0, 0].item() == pytest.approx((z - z.logsumexp(0))[ids[0, 1]].item(), abs=1e-12)
+
+
+def test_label_logprobs_refuse_mismatched_labels():
+    with pytest.raises(ValueError, match="labels"):
+        label_logprobs_and_entropy(torch.zeros(1, 4, 3), torch.zeros(1, 5, dtype=torch.long))
 
 
 def _dense_reference(q, k, v, segment, scale):
@@ -106,9 +120,36 @@ def test_packed_attention_checks_the_local_length():
         packed_attention(q, kv, kv, [0, 8], cp=2, cp_rank=0)
 
 
+def _run_two_ranks(tmp: Path) -> list[dict]:
+    """``cp_gather_worker.py`` on two gloo ranks; rank 0 saves both ranks' results."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
+        log = (tmp / f"rank{rank}.log").open("wb")
+        worker = Path(__file__).with_name("cp_gather_worker.py")
+        procs.append(subprocess.Popen([sys.executable, str(worker), str(tmp / "out.pt")], env=env, stdout=log,
+                                      stderr=subprocess.STDOUT))  # fmt: skip
+        log.close()
+    try:
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(codes):
+        logs = "\n".join((tmp / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in range(2))
+        pytest.fail(f"ranks exited with {codes}:\n{logs}")
+    return torch.load(tmp / "out.pt", weights_only=False)
+
+
 @pytest.mark.slow
 def test_gathers_put_pieces_in_order_and_route_gradients(tmp_path: Path):
-    results = run_ranks({}, 2, tmp_path, timeout=300, worker=Path(__file__).with_name("cp_gather_worker.py"))
+    results = _run_two_ranks(tmp_path)
     for name, full, dim in (
         ("rows", torch.arange(24.0).view(8, 3), 0),
         ("cols", torch.arange(8.0).view(1, 8), 1),

@@ -1,25 +1,26 @@
-"""One rank of the two-rank check of the context-parallel all-gathers (``test_cp_math.py``).
+"""One rank of the two-rank check of the context-parallel all-gathers (``test_algos_context_parallel.py``).
 
 The full tensor is ``F = arange(8)`` (as ``[8, 3]`` along dim 0 and ``[1, 8]`` along dim 1); rank r
-holds its zig-zag piece. Rank 0 writes what it saw to ``spec["out"]``: the gathered tensors and the
+holds its zig-zag piece. Rank 0 writes what both ranks saw to ``OUT.pt``: the gathered tensors and the
 gradients of its piece for a loss ``Σ w·gathered`` (replicated: the same w on both ranks; partial:
 w = weight_r, different per rank).
+
+    python cp_gather_worker.py OUT.pt      with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from telescope_trainer_megatron._context_parallel import gather_partial, gather_replicated, zigzag_indices
+from telescope_algos import gather_partial, gather_replicated, zigzag_indices
 
 
 def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
+    out_path = Path(sys.argv[1])
     dist.init_process_group("gloo")
     rank, group = dist.get_rank(), dist.group.WORLD
     idx = zigzag_indices(8, 2, rank)
@@ -42,7 +43,7 @@ def main() -> None:
     results = [None, None]
     dist.all_gather_object(results, out)
     if rank == 0:
-        torch.save(results, spec["out"])
+        torch.save(results, out_path)
     dist.barrier()
     dist.destroy_process_group()
 

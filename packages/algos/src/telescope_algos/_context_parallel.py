@@ -1,4 +1,5 @@
-"""Context parallelism (CP) for packed rows: the load-balanced split and the sequence all-gathers.
+"""Context parallelism (CP) for packed rows: the load-balanced split, the sequence all-gathers and the
+per-rank packed attention, shared by both trainer backends.
 
 A packed row of length ``L`` (a multiple of ``2·cp``) is cut into ``2·cp`` chunks of ``c = L/(2·cp)``
 tokens; CP rank ``r`` holds chunks ``r`` and ``2·cp−1−r`` (Megatron's zig-zag convention, the one its
@@ -13,11 +14,11 @@ Two autograd-aware all-gathers put the local pieces back in global order:
 * :func:`gather_replicated` for per-token log-probabilities and entropies: every rank then runs the
   *same* loss on the full row, so each rank's gradient of the full tensor is already the whole one,
   and the backward keeps this rank's slice (no communication). Summing parameter gradients over the
-  CP ranks (Megatron's DDP reduces over data × context parallel ranks) then gives the exact gradient.
+  CP ranks (Megatron's DDP reduces over data × context parallel ranks; the FSDP trainer scales its
+  loss so that FSDP's average becomes that sum) then gives the exact gradient.
 
 :func:`packed_attention` is the per-sample causal attention of one rank's queries against the
-gathered keys (used by ``PackedDotProductAttention``); it is plain torch, so it is tested without
-megatron-core.
+gathered keys (Megatron's ``PackedDotProductAttention``, the FSDP trainer's CP attention).
 
 Everything here is exact: no approximation against the CP = 1 computation beyond summation order.
 """
