@@ -242,6 +242,7 @@ def loop_config(**kw: Any) -> SimpleNamespace:
 
 def run_loop(tmp_path, start_step: int = 0, hold: int = 0, **kw: Any):
     engine = FakeEngine()
+    engine.step = start_step  # batches taken so far: a resumed engine carries on from its state
     config = loop_config(**kw)
     runner = FakeRunner(engine, config.number_of_steps, hold)
     console = FakeConsole()
@@ -518,6 +519,27 @@ async def test_resumed_at_the_last_step_runs_final_evals_that_never_ended(tmp_pa
     assert [(step, names) for step, names, *_ in runner.calls] == [(4, ["quiz", "other"])]
     assert [m["step"] for m in ctx.run.read_metrics()] == [4, 4]
     assert ctx.run.read_metrics()[-1]["eval/step"] == 4
+
+
+async def test_resumed_at_a_periodic_eval_step_runs_the_evals_that_never_ended(tmp_path):
+    # killed during quiz@2 after the step-2 checkpoint: resumed, it evaluates step 2's weights first
+    ctx, _engine, runner, _, _ = run_loop(tmp_path, start_step=2)
+    ctx.run.append_metrics({"step": 2, "loss": 0.1})
+    await training_loop(ctx)
+    assert runner.calls[0] == (2, ["quiz"], SERVERS, 2, False)  # every server, before rollouts start
+    assert [(step, names) for step, names, *_ in runner.calls[1:]] == [(3, ["other"]), (4, ["quiz", "other"])]
+    eval_steps = [m["eval/step"] for m in ctx.run.read_metrics() if "eval/step" in m]
+    assert eval_steps == [2, 3, 4]
+
+
+async def test_resumed_at_a_step_without_evals_or_with_recorded_ones_runs_none_first(tmp_path):
+    ctx, _engine, runner, _, _ = run_loop(tmp_path, start_step=1)  # nothing is due after step 1
+    await training_loop(ctx)
+    assert [step for step, *_ in runner.calls] == [2, 3, 4]
+    ctx, _engine, runner, _, _ = run_loop(tmp_path / "b", start_step=2)
+    ctx.run.append_metrics({"step": 2, "eval/step": 2, "eval/quiz/failed": 1.0})  # ran (and failed)
+    await training_loop(ctx)
+    assert [step for step, *_ in runner.calls] == [3, 4]
 
 
 async def test_resumed_after_the_final_evals_does_not_repeat_them(tmp_path):

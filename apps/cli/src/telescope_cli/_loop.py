@@ -192,18 +192,17 @@ async def training_loop(ctx: LoopContext) -> None:
         if plan is not None and plan.baseline():
             baseline = await _run_evals(ctx, 0, plan.baseline(), end=True)
             _write_eval_step(ctx, 0, baseline)
+        start = ctx.start_step
+        if plan is not None and start and plan.after_step(start) and not _evals_recorded(ctx, start):
+            # Resumed from a checkpoint whose evals never ended (the run was stopped during them):
+            # the servers hold that step's weights, so run them now, before rollouts start.
+            _write_eval_step(ctx, start, await _run_evals(ctx, start, plan.after_step(start), end=True))
         async with engine:
             await _steps(ctx, plan)
-        last = int(cfg.number_of_steps)
-        if plan is not None and ctx.start_step >= last and not _final_evals_recorded(ctx, last):
-            # resumed from the last step's checkpoint: the run was stopped before its final evals ended
-            names = plan.after_step(last)
-            if names:
-                _write_eval_step(ctx, last, await _run_evals(ctx, last, names, end=True))
 
 
-def _final_evals_recorded(ctx: LoopContext, step: int) -> bool:
-    """True when metrics.jsonl already holds an eval line for ``step`` (the final evals ran)."""
+def _evals_recorded(ctx: LoopContext, step: int) -> bool:
+    """True when metrics.jsonl already holds an eval line for ``step`` (its evals ran, or failed)."""
     return any(m.get("eval/step") == step for m in ctx.run.read_metrics())
 
 
