@@ -20,7 +20,6 @@ lr-sized step). Differences come only from fp32 summation order (measured ≈ 2e
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import random
 from pathlib import Path
@@ -32,7 +31,6 @@ from safetensors.torch import load_file
 
 from telescope_algos import Sample, chunk_bounds, pack_samples, split_length
 
-ROOT = Path(__file__).resolve().parents[3]
 SEQ_LEN, PAD = 50, 5
 BASE = {
     "learning_rate": 1e-3,
@@ -54,14 +52,6 @@ GSPO = {**BASE, "algorithm": "gspo", "ppo_clip_ref_logprobs": "rollout"}
 OPTIONS = {"adam_beta2": 0.999, "adam_eps": 1e-4}
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.spec_from_file_location("_tiny_model_cp", ROOT / "tools" / "tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_tiny_model(tmp_path_factory.mktemp("tiny_cp"), heads=4, kv_heads=2, hidden=128)
 
 
 def _steps(seed: int, rollout_center: float | None) -> list[list[dict]]:
@@ -165,17 +155,19 @@ def ppo_steps() -> list[list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def ppo_reference(tiny_model: Path, ppo_steps: list, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    ref = _run(tiny_model, ppo_steps, tmp_path_factory.mktemp("cp1"), PPO, world=1)["steps"]
+def ppo_reference(
+    tiny_tp_model: Path, ppo_steps: list, tmp_path_factory: pytest.TempPathFactory
+) -> list[dict]:
+    ref = _run(tiny_tp_model, ppo_steps, tmp_path_factory.mktemp("cp1"), PPO, world=1)["steps"]
     m = ref[0]["metrics"]
     assert m["grad_norm"] > BASE["grad_clip"], "clipping should be active"
     assert m["entropy_bonus"] > 0
     return ref
 
 
-def test_cp2_matches_cp1(tiny_model: Path, ppo_steps: list, ppo_reference: list, tmp_path: Path):
-    result = _run(tiny_model, ppo_steps, tmp_path, PPO, world=2, cp=2, checkpoint=True)
-    _assert_same(result["steps"], ppo_reference, load_file(tiny_model / "model.safetensors"))
+def test_cp2_matches_cp1(tiny_tp_model: Path, ppo_steps: list, ppo_reference: list, tmp_path: Path):
+    result = _run(tiny_tp_model, ppo_steps, tmp_path, PPO, world=2, cp=2, checkpoint=True)
+    _assert_same(result["steps"], ppo_reference, load_file(tiny_tp_model / "model.safetensors"))
     # Checkpoint round trip under CP: a trainer resumed after step 0 repeats step 1 bit for bit.
     resumed, original = result["resumed"][0], result["steps"][1]
     assert resumed["metrics"]["loss"] == original["metrics"]["loss"]
@@ -185,27 +177,27 @@ def test_cp2_matches_cp1(tiny_model: Path, ppo_steps: list, ppo_reference: list,
 
 @pytest.mark.parametrize("sizes", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
 def test_cp2_with_tensor_or_pipeline_parallel_matches_cp1(
-    tiny_model: Path, ppo_steps: list, ppo_reference: list, tmp_path: Path, sizes: dict
+    tiny_tp_model: Path, ppo_steps: list, ppo_reference: list, tmp_path: Path, sizes: dict
 ):
-    got = _run(tiny_model, ppo_steps, tmp_path, PPO, world=4, cp=2, **sizes)["steps"]
-    _assert_same(got, ppo_reference, load_file(tiny_model / "model.safetensors"))
+    got = _run(tiny_tp_model, ppo_steps, tmp_path, PPO, world=4, cp=2, **sizes)["steps"]
+    _assert_same(got, ppo_reference, load_file(tiny_tp_model / "model.safetensors"))
 
 
-def test_cp2_with_data_parallel_matches_dp2_alone(tiny_model: Path, tmp_path: Path):
+def test_cp2_with_data_parallel_matches_dp2_alone(tiny_tp_model: Path, tmp_path: Path):
     # DP = 2 packs the step into two shards: compare with DP = 2 without CP (same packing).
     steps = _steps(99, None)
     _check_layout(steps, dp=2)
-    ref = _run(tiny_model, steps, tmp_path / "dp2", PPO, world=2)["steps"]
-    got = _run(tiny_model, steps, tmp_path / "dp2cp2", PPO, world=4, cp=2)["steps"]
-    _assert_same(got, ref, load_file(tiny_model / "model.safetensors"))
+    ref = _run(tiny_tp_model, steps, tmp_path / "dp2", PPO, world=2)["steps"]
+    got = _run(tiny_tp_model, steps, tmp_path / "dp2cp2", PPO, world=4, cp=2)["steps"]
+    _assert_same(got, ref, load_file(tiny_tp_model / "model.safetensors"))
 
 
-def test_gspo_cp2_matches_cp1(tiny_model: Path, tmp_path: Path):
+def test_gspo_cp2_matches_cp1(tiny_tp_model: Path, tmp_path: Path):
     steps = _steps(7, -6.3)
     _check_layout(steps, dp=1)
-    ref = _run(tiny_model, steps, tmp_path / "cp1", GSPO, world=1)["steps"]
+    ref = _run(tiny_tp_model, steps, tmp_path / "cp1", GSPO, world=1)["steps"]
     for r in ref:
         clipped = r["metrics"]["clip_low_frac"] + r["metrics"]["clip_high_frac"]
         assert 0 < clipped < 1, "some sequence ratios clipped, some not"
-    got = _run(tiny_model, steps, tmp_path / "cp2", GSPO, world=2, cp=2)["steps"]
-    _assert_same(got, ref, load_file(tiny_model / "model.safetensors"))
+    got = _run(tiny_tp_model, steps, tmp_path / "cp2", GSPO, world=2, cp=2)["steps"]
+    _assert_same(got, ref, load_file(tiny_tp_model / "model.safetensors"))

@@ -14,7 +14,6 @@ show as lr·wd = 1e-4.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import tempfile
 from pathlib import Path
@@ -23,18 +22,9 @@ import pytest
 import torch
 from megatron_spawn import run_ranks
 
-ROOT = Path(__file__).resolve().parents[3]
 LR, EPS, WD = 1e-3, 1e-4, 0.1
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
-
-
-@pytest.fixture(scope="module")
-def tiny_tp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.spec_from_file_location("_tiny_model_megatron", ROOT / "tools" / "tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_tiny_model(tmp_path_factory.mktemp("tiny_tp"), heads=4, kv_heads=2, hidden=128)
 
 
 def _samples(rng: random.Random, n: int, vocab: int) -> list[dict]:

@@ -25,7 +25,6 @@ from fp32 summation order (different attention kernels, TP all-reduces).
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 
@@ -37,7 +36,6 @@ from safetensors.torch import load_file
 import telescope_config
 from telescope_algos import Sample, pack_samples
 
-ROOT = Path(__file__).resolve().parents[3]
 SEQ_LEN, PAD = 48, 8
 LR, WD, EPS, BETAS, CLIP = 1e-3, 0.1, 1e-4, (0.9, 0.999), 0.5
 SHARED = {
@@ -51,14 +49,6 @@ SHARED = {
 }
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
-
-
-@pytest.fixture(scope="module")
-def tiny_tp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.spec_from_file_location("_tiny_model_vs_fsdp", ROOT / "tools" / "tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_tiny_model(tmp_path_factory.mktemp("tiny_vs_fsdp"), heads=4, kv_heads=2, hidden=128)
 
 
 def _steps() -> list[list[dict]]:
