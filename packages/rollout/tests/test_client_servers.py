@@ -21,6 +21,7 @@ from telescope_rollout import (
     PromptTooLongError,
     ServerSettings,
     ServerStartError,
+    ServerTimeoutError,
     ServerUnavailableError,
     classify_failure,
     server_command,
@@ -45,10 +46,11 @@ BODY = {
 
 
 @contextlib.asynccontextmanager
-async def fake_vllm(seen: list[dict], fail_first: int = 0) -> AsyncIterator[str]:
+async def fake_vllm(seen: list[dict], fail_first: int = 0, hang: bool = False) -> AsyncIterator[str]:
     """A real HTTP server in this event loop that answers like vLLM; yields its URL.
 
-    The first ``fail_first`` completion requests get their connection dropped without an answer.
+    The first ``fail_first`` completion requests get their connection dropped without an answer;
+    with ``hang`` every completion request is taken and never answered.
     """
     state = {"n": 0}
 
@@ -63,6 +65,8 @@ async def fake_vllm(seen: list[dict], fail_first: int = 0) -> AsyncIterator[str]
             return web.Response()
         body = await request.json()
         seen.append(body)
+        if hang:
+            await asyncio.sleep(3600)
         if len(body["prompt"]) > 10:
             msg = (
                 "This model's maximum context length is 10 tokens. However, your request has 12 input tokens."
@@ -115,6 +119,15 @@ async def test_connection_errors_are_retried_then_reported():
         with pytest.raises(ServerUnavailableError, match="after 2 attempts") as info:
             await c.complete(dead, [1], max_tokens=1)
     assert info.value.url == dead
+
+
+async def test_a_server_that_never_answers_times_out_with_its_url():
+    seen: list[dict] = []
+    async with fake_vllm(seen, hang=True) as url, InferenceClient([url], model="m", timeout_s=0.3) as c:
+        with pytest.raises(ServerTimeoutError, match=r"no answer within 0\.3 s") as info:
+            await c.complete(url, [1], max_tokens=1)
+    assert info.value.url == url
+    assert len(seen) == 1  # a timeout is not retried: the request may still be running there
 
 
 async def test_context_length_error_becomes_prompt_too_long():

@@ -305,6 +305,26 @@ async def test_dead_server_is_skipped_until_marked_up(tokenizer):
     assert servers == {"http://a", "http://b"}
 
 
+async def test_a_timed_out_request_fails_its_sample_but_keeps_the_server(tokenizer):
+    # a generation can be slow without the server being gone: training keeps sending to it
+    server = FakeInferenceServer(
+        server_urls=["http://a", "http://b"], reply=by_sample_parity, hung={"http://a"}
+    )
+    engine = make_engine(tokenizer, server, prompts_batch_size_for_trainer=3)
+    async with engine:
+        batch = await engine.next_batch(timeout_s=10)
+        assert {d.reason for d in batch.discarded} == {"rollout_error"}
+        assert {s.error_detail for d in batch.discarded for s in d.group.samples} == {
+            "ServerTimeoutError: http://a: no answer within 1200 s (fake)"
+        }
+        assert engine.down == {}
+        server.hung.clear()
+        servers = set()
+        for _ in range(3):
+            servers |= {g.server for g in (await engine.next_batch(timeout_s=10)).groups}
+    assert servers == {"http://a", "http://b"}
+
+
 async def test_state_dict_resumes_the_prompt_sequence(tokenizer):
     server = FakeInferenceServer(reply=by_sample_parity, hold=lambda r: True)
     engine = make_engine(tokenizer, server, enable_prompt_prefetch=True, prompt_prefetch_buffer_size=5)

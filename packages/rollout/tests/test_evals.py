@@ -1,6 +1,6 @@
 """EvalRunner against the in-process fake server: completions per sample, sampling overrides,
 eval metrics, pass@k aggregation, errors, multi-turn evals and held-out training indices; and when
-things go wrong: unreachable servers get no more requests, a hung or broken eval comes back failed
+things go wrong: unreachable or hung servers get no more requests, a hung or broken eval comes back failed
 within ``timeout_s`` (never raises), a pass_k metric the eval never reports and a num_samples
 beyond the dataset are warned about, and a bare ``pass_k`` list keeps to the success metrics."""
 
@@ -26,10 +26,12 @@ from telescope_rollout import (
     RewardResult,
     Sample,
     SamplerEntry,
+    ServerTimeoutError,
+    ServerUnavailableError,
     SingleTurnEnvironment,
     get_environment,
 )
-from telescope_rollout._evals import DEFAULT_TIMEOUT_S
+from telescope_rollout._evals import DEFAULT_TIMEOUT_S, HUNG_AFTER_TIMEOUTS, _ServerHealth
 from telescope_rollout.testing import FakeInferenceServer, FakeRequest
 
 # successes per prompt q0..q3 among 4 completions
@@ -285,6 +287,36 @@ async def test_an_unreachable_server_gets_no_more_requests(tokenizer):
     server.requests.clear()
     await r.run(step=2)
     assert {q.url for q in server.requests} == {"http://fake-0", "http://fake-1"}
+
+
+async def test_a_server_that_stops_answering_gets_no_more_requests(tokenizer):
+    # fake-1 takes requests and never answers (each one times out): two in a row take it out
+    server = quiz_server(tokenizer, {i: 9 for i in range(4)})
+    server.hung = {"http://fake-1"}
+    r = runner(tokenizer, server, {"name": "quiz", "num_samples": 4, "pass_k": [2]})
+    with capture_logs() as logs:
+        [res] = await r.run(step=1)
+    sent = [q.url for q in server.requests]
+    assert sent.count("http://fake-1") == HUNG_AFTER_TIMEOUTS == 2
+    assert sent.count("http://fake-0") == 8 - 2
+    assert (res.metrics["completions"], res.metrics["errors"]) == (8.0, 2.0)
+    assert not res.failed
+    [warn] = _warnings(logs, "eval server unreachable: no more eval requests go to it in this run")
+    assert (warn["server"], warn["reason"]) == ("http://fake-1", "2 requests in a row got no answer in time")
+
+
+def test_server_health_counts_timeouts_in_a_row_only():
+    timeout = ServerTimeoutError("x: no answer", "x")
+    health = _ServerHealth()
+    assert health.record("a", timeout) is None  # one timeout: a slow answer, not a hung server
+    assert health.record("a", None) is None  # an answer resets the count
+    assert health.record("a", timeout) is None
+    assert health.record("b", timeout) is None  # counted per server
+    assert health.record("a", timeout) == "2 requests in a row got no answer in time"
+    assert health.down == {"a"}
+    assert health.record("a", timeout) is None  # already out: reported once
+    assert health.record("c", ServerUnavailableError("c: refused", "c")) == "unreachable"
+    assert health.down == {"a", "c"}
 
 
 async def test_with_every_server_unreachable_the_rest_are_errors_not_requests(tokenizer):

@@ -12,6 +12,7 @@ from telescope_rollout._client import (
     InferenceClient,
     InferenceError,
     PromptTooLongError,
+    ServerTimeoutError,
     ServerUnavailableError,
 )
 from telescope_rollout._engine import RolloutEngine, RolloutError
@@ -104,6 +105,7 @@ __all__ = [
     "ServerHandle",
     "ServerSettings",
     "ServerStartError",
+    "ServerTimeoutError",
     "ServerUnavailableError",
     "SingleTurnEnvironment",
     "TemplateError",

@@ -49,6 +49,10 @@ class ServerUnavailableError(InferenceError):
     """The server could not be reached after all retries (it died or never started)."""
 
 
+class ServerTimeoutError(InferenceError):
+    """The server took the request but gave no answer within the timeout (hung, or far too slow)."""
+
+
 class PromptTooLongError(InferenceError):
     """The prompt leaves no room for a completion within the server's ``max_model_len``."""
 
@@ -186,8 +190,9 @@ class InferenceClient:
             except aiohttp.ConnectionTimeoutError as exc:
                 err: Exception = exc
             except TimeoutError as exc:
-                raise InferenceError(
-                    f"{url}: no answer within {timeout.total} s ({type(exc).__name__})", url
+                raise ServerTimeoutError(
+                    f"{url}: no answer within {timeout.total} s ({type(exc).__name__})",
+                    url.split("/v1/", maxsplit=1)[0],
                 ) from exc
             except _RETRYABLE as exc:
                 err = exc

@@ -43,6 +43,7 @@ from telescope_rollout._advantage import (
     is_zero_advantage,
     overlong_penalty,
 )
+from telescope_rollout._client import ServerUnavailableError
 from telescope_rollout._env import Environment, environments_by_name
 from telescope_rollout._lanes import LanePool
 from telescope_rollout._prompts import PreparedPrompt, PromptSource
@@ -420,10 +421,12 @@ class RolloutEngine:
 
             env = self.environments[group.prompt.env_name]
             eos = self.eos_token or env.eos_token
-            unreachable = await play_sample(
+            failure = await play_sample(
                 env, group.prompt, out, client=self.client, settings=self.settings, prompts=self.prompts,
                 eos_token=eos, on_generated=on_generated,
             )  # fmt: skip
+            # Only an unreachable server leaves the pool; a timeout fails its sample alone.
+            unreachable = failure if isinstance(failure, ServerUnavailableError) else None
             if unreachable is not None and group.server not in self.down:
                 log.error("inference_server_unreachable", server=group.server, error=str(unreachable))
                 self.down[group.server] = str(unreachable)

@@ -21,9 +21,10 @@ written into the rows.
 
 Failures never raise out of ``run`` (cancellation does): a completion that fails is a row with
 its ``error`` and is left out of the means; a server that cannot be reached
-(``ServerUnavailableError``) gets no more requests in that call (the rest go to the other
-servers, or are recorded as errors when none is left); an eval that raises or runs past
-``timeout_s`` comes back as a failed :class:`EvalResult` (``error`` set, metrics
+(``ServerUnavailableError``), or that lets ``HUNG_AFTER_TIMEOUTS`` (2) requests in a row time out
+(``ServerTimeoutError``: it takes requests and never answers), gets no more requests in that call
+(the rest go to the other servers, or are recorded as errors when none is left); an eval that
+raises or runs past ``timeout_s`` comes back as a failed :class:`EvalResult` (``error`` set, metrics
 ``{"failed": 1.0, "time_s": ...}``, no rows). ``timeout_s`` defaults to
 ``TIMEOUT_FACTOR`` (4) times the client's per-request ``timeout_s`` (4 x 1200 s = 80 min with the
 CLI's client), or ``DEFAULT_TIMEOUT_S`` (4800 s) for a client without one.
@@ -41,6 +42,7 @@ from typing import Any
 
 import structlog
 
+from telescope_rollout._client import InferenceError, ServerTimeoutError
 from telescope_rollout._env import Environment, environments_by_name, maybe_await
 from telescope_rollout._passk import PassKSpec, sample_pass_metrics, unit_metrics
 from telescope_rollout._prompts import PreparedPrompt, PromptSource
@@ -56,6 +58,33 @@ TIMEOUT_FACTOR = 4
 """An eval's overall time limit, in per-request client timeouts (see the module docstring)."""
 DEFAULT_TIMEOUT_S = 4800.0
 """An eval's overall time limit when the client has no ``timeout_s``."""
+HUNG_AFTER_TIMEOUTS = 2
+"""Requests in a row that time out on one server before an eval call stops sending to it."""
+
+
+@dataclass
+class _ServerHealth:
+    """The servers an eval call stopped sending to, and each server's timeouts in a row."""
+
+    down: set[str] = field(default_factory=set)
+    timeouts: dict[str, int] = field(default_factory=dict)
+
+    def record(self, url: str, failure: InferenceError | None) -> str | None:
+        """Count one finished request; return why ``url`` is now out (None: it stays in)."""
+        if url in self.down:
+            return None
+        if isinstance(failure, ServerTimeoutError):
+            self.timeouts[url] = self.timeouts.get(url, 0) + 1
+            if self.timeouts[url] < HUNG_AFTER_TIMEOUTS:
+                return None
+            reason = f"{self.timeouts[url]} requests in a row got no answer in time"
+        elif failure is not None:
+            reason = "unreachable"
+        else:
+            self.timeouts[url] = 0
+            return None
+        self.down.add(url)
+        return reason
 
 
 @dataclass(frozen=True)
@@ -262,18 +291,18 @@ class EvalRunner:
         slots = asyncio.Semaphore(self.concurrency * len(urls))
         for u in urls:
             self._in_flight.setdefault(u, 0)
-        down: set[str] = set()  # servers found unreachable during this call: no more requests go there
-        runs = (self._run_guarded(spec, step, urls, slots, down) for spec in specs)
+        health = _ServerHealth()  # servers found unreachable or hung in this call get no more requests
+        runs = (self._run_guarded(spec, step, urls, slots, health) for spec in specs)
         return list(await asyncio.gather(*runs))
 
     async def _run_guarded(
-        self, spec: EvalSpec, step: int, urls: list[str], slots: asyncio.Semaphore, down: set[str]
+        self, spec: EvalSpec, step: int, urls: list[str], slots: asyncio.Semaphore, health: _ServerHealth
     ) -> EvalResult:
         """:meth:`_run_one` within ``timeout_s``; an error or the timeout gives a failed result."""
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._run_one(spec, step, urls, slots, down)
+                return await self._run_one(spec, step, urls, slots, health)
         except TimeoutError:
             error = f"did not finish within {self.timeout_s:g} s (EvalRunner timeout_s)"
         except Exception as exc:
@@ -291,14 +320,14 @@ class EvalRunner:
         return self._prepared[spec.name]
 
     async def _run_one(
-        self, spec: EvalSpec, step: int, urls: list[str], slots: asyncio.Semaphore, down: set[str]
+        self, spec: EvalSpec, step: int, urls: list[str], slots: asyncio.Semaphore, health: _ServerHealth
     ) -> EvalResult:
         t0 = time.monotonic()
         settings = spec.sampling(self.settings)
         prompts = self._prepared_prompts(spec)
         n = spec.pass_k.completions_per_sample
         tasks = [
-            self._complete(spec, p, c, step=step, settings=settings, urls=urls, slots=slots, down=down)
+            self._complete(spec, p, c, step=step, settings=settings, urls=urls, slots=slots, health=health)
             for p in prompts
             for c in range(n)
         ]
@@ -331,10 +360,10 @@ class EvalRunner:
         settings: EngineSettings,
         urls: list[str],
         slots: asyncio.Semaphore,
-        down: set[str],
+        health: _ServerHealth,
     ) -> ScoredSample:
         async with slots:
-            live = [u for u in urls if u not in down]
+            live = [u for u in urls if u not in health.down]
             k = self._next_id % max(len(live), 1)  # ties go round-robin
             url = min(live[k:] + live[:k], key=lambda u: self._in_flight[u]) if live else urls[0]
             out = ScoredSample(group_id=prompt.index, sample_id=self._next_id, env_name=spec.name,
@@ -343,23 +372,23 @@ class EvalRunner:
             out.lane = completion_index
             if not live:
                 out.error = "rollout_error"
-                out.error_detail = f"not sent: every eval server is unreachable ({sorted(down)})"
+                out.error_detail = f"not sent: every eval server stopped answering ({sorted(health.down)})"
                 return out
             env: Any = _EvalScoring(self.environments[spec.name])
             self._in_flight[url] += 1
             try:
-                unreachable = await play_sample(
+                failure = await play_sample(
                     env, prompt, out, prompts=self.prompts, client=self.client, settings=settings,
                     eos_token=self.eos_token or env.eos_token, on_generated=lambda: None,
                     request_prefix=f"eval-{spec.name}-s{step}",
                 )  # fmt: skip
             finally:
                 self._in_flight[url] -= 1
-            if unreachable is not None and url not in down:
-                down.add(url)
+            reason = health.record(url, failure)
+            if reason is not None:
                 log.warning("eval server unreachable: no more eval requests go to it in this run",
-                            eval=spec.name, server=url, left=[u for u in urls if u not in down],
-                            error=str(unreachable)[:300])  # fmt: skip
+                            eval=spec.name, server=url, left=[u for u in urls if u not in health.down],
+                            reason=reason, error=str(failure)[:300])  # fmt: skip
             if out.error:
                 log.warning(
                     "eval completion failed", eval=spec.name, error=out.error, detail=out.error_detail[:300]

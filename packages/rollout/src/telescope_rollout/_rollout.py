@@ -14,7 +14,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from telescope_rollout._client import Completion, PromptTooLongError, ServerUnavailableError
+from telescope_rollout._client import (
+    Completion,
+    InferenceError,
+    PromptTooLongError,
+    ServerTimeoutError,
+    ServerUnavailableError,
+)
 from telescope_rollout._env import MultiTurnEnvironment
 from telescope_rollout._multiturn import MultiTurnTokens
 from telescope_rollout._prompts import PreparedPrompt, PromptSource
@@ -202,12 +208,13 @@ async def play_sample(
     *,
     prompts: PromptSource,
     **kwargs: Any,
-) -> ServerUnavailableError | None:
+) -> InferenceError | None:
     """Generate and score one sample (one turn or the whole episode) into ``out``.
 
     A failure is recorded as ``out.error``/``out.error_detail`` (:func:`sample_error`), never
-    raised; cancellation propagates. Returns the :class:`ServerUnavailableError` when the server
-    could not be reached, so the caller can stop sending to it. ``kwargs`` go to
+    raised; cancellation propagates. Returns the server's own failure, so the caller can decide to
+    stop sending to it: the :class:`ServerUnavailableError` when it could not be reached, the
+    :class:`ServerTimeoutError` when it gave no answer in time; otherwise None. ``kwargs`` go to
     :func:`run_single_turn` / :func:`run_multi_turn`.
     """
     try:
@@ -219,6 +226,6 @@ async def play_sample(
         raise
     except Exception as exc:
         out.error, out.error_detail = sample_error(exc)
-        if isinstance(exc, ServerUnavailableError):
+        if isinstance(exc, ServerUnavailableError | ServerTimeoutError):
             return exc
     return None

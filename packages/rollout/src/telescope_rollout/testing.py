@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from telescope_rollout._client import Completion, ServerUnavailableError
+from telescope_rollout._client import Completion, ServerTimeoutError, ServerUnavailableError
 
 
 @dataclass
@@ -41,13 +41,15 @@ class FakeInferenceServer:
 
     ``reply(request) -> (text, token_ids)`` decides the completion; logprobs are ``-0.5`` per
     token; finish reason ``"stop"``. ``hold(request) -> bool`` keeps a request pending until
-    :meth:`release`. URLs in ``dead`` raise :class:`ServerUnavailableError`.
+    :meth:`release`. URLs in ``dead`` raise :class:`ServerUnavailableError`; URLs in ``hung``
+    raise :class:`ServerTimeoutError` (what the real client raises when its timeout runs out).
     """
 
     server_urls: list[str] = field(default_factory=lambda: ["http://fake-0"])
     reply: Callable[[FakeRequest], tuple[str, list[int]]] = default_reply
     hold: Callable[[FakeRequest], bool] | None = None
     dead: set[str] = field(default_factory=set)
+    hung: set[str] = field(default_factory=set)
     finish_reason: str = "stop"
     requests: list[FakeRequest] = field(default_factory=list)
 
@@ -82,6 +84,8 @@ class FakeInferenceServer:
         self.requests.append(req)
         if url in self.dead:
             raise ServerUnavailableError(f"{url}: connection refused (fake)", url)
+        if url in self.hung:
+            raise ServerTimeoutError(f"{url}: no answer within 1200 s (fake)", url)
         if self.hold is not None and self.hold(req):
             req.future = asyncio.get_running_loop().create_future()
             await req.future

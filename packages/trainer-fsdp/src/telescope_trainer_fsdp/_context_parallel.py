@@ -14,8 +14,8 @@ Per micro-batch (exact; the same computation as cp = 1 up to summation order):
    local query attends causally within its own sample (``packed_attention``); no ``L × L`` mask.
 3. Logits exist only for local positions; their log-probabilities and entropies are all-gathered
    to the whole row (``gather_replicated``), so every cp rank runs the unchanged
-   ``telescope_algos.compute_loss``: GSPO's sequence ratio and every metric equal cp = 1 (the
-   original refused nothing here but split contiguously, without load balance).
+   ``telescope_algos.compute_loss``: GSPO's sequence ratio and every metric equal cp = 1. (The
+   original split rows contiguously, so the last rank did most of the causal attention.)
 4. Each rank's parameter gradient is the part that flows through its own tokens; the exact gradient
    is their sum, so the trainer scales the loss by the world size (FSDP averages over all ranks).
 
