@@ -121,7 +121,7 @@ class _GatherSequence(torch.autograd.Function):
             return mine.contiguous(), None, None, None
         moved = in_rank_order.movedim(dim, 0).contiguous()
         out = moved.new_empty((ctx.local, *moved.shape[1:]))
-        dist.reduce_scatter_tensor(out, moved, group=ctx.group)
+        dist.reduce_scatter_single(out, moved, group=ctx.group)  # torch 2.13 name of reduce_scatter_tensor
         return out.movedim(0, dim).contiguous(), None, None, None
 
 
