@@ -4,7 +4,8 @@ Each case trains two steps on rows that need padding to a multiple of 2·cp and 
 straddle the zig-zag chunk edges, and checks: metrics identical on every rank; loss, grad norm,
 entropy, KL and token count equal to the one-rank run (rel 1e-5); updated weights equal (as in
 test_two_ranks: fp32, at most 0.1% of elements beyond 2e-6, from the order of sums); and the
-checkpoint written under CP loads on one rank.
+checkpoint written under CP loads on one rank. Then the row padding by hand and the attention's
+refusals.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import pytest
 import torch
 from fsdp_spawn import one_rank_order, run_ranks
 
-from telescope_algos import pack_samples
-
-pytestmark = pytest.mark.slow
+from telescope_algos import MicroBatch, pack_samples
+from telescope_trainer_fsdp._context_parallel import _ACTIVE, CPLayout, _Active, _cp_attention, pad_for_cp
 
 CASES = {
     # name: (cp, data-parallel replicas, tied embeddings, config overrides)
@@ -37,6 +37,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_context_parallel_equals_one_rank(helpers, tiny_model_dir, tiny_tied_model_dir, tmp_path, case):
     cp, dp, tied, overrides = CASES[case]
@@ -79,3 +80,51 @@ def test_context_parallel_equals_one_rank(helpers, tiny_model_dir, tiny_tied_mod
         trainer.load_checkpoint(tmp_path / "ckpt")
         for name, tensor in trainer.hf_weights():
             torch.testing.assert_close(tensor, weights[name], atol=0, rtol=0)
+
+
+def _row(ids: list[int], positions: list[int], mask: list[bool]) -> MicroBatch:
+    n = len(ids)
+    return MicroBatch(
+        input_ids=torch.tensor([ids]),
+        position_ids=torch.tensor([positions]),
+        loss_mask=torch.tensor([mask]),
+        advantages=torch.full((1, n), 0.5),
+        rollout_logprobs=torch.full((1, n), -1.0),
+        num_samples=2,
+        num_tokens=sum(mask),
+    )
+
+
+def test_rows_pad_to_twice_cp_with_a_segment_of_their_own():
+    # 6 tokens (samples of 4 and 2), cp = 2: padded to 8 with a new segment at positions 0, 1
+    mb = _row([5, 6, 7, 8, 9, 10], [0, 1, 2, 3, 0, 1], [False, True, True, True, False, True])
+    got = pad_for_cp(mb, 2)
+    assert got.input_ids.tolist() == [[5, 6, 7, 8, 9, 10, 0, 0]]
+    assert got.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 0, 1]]
+    assert got.loss_mask.tolist() == [[False, True, True, True, False, True, False, False]]
+    assert got.advantages.tolist() == [[0.5] * 6 + [0.0, 0.0]]
+    assert got.rollout_logprobs.tolist() == [[-1.0] * 6 + [0.0, 0.0]]
+    assert (got.num_samples, got.num_tokens) == (2, 4)
+    assert mb.input_ids.shape == (1, 6)  # the caller's micro-batch is left alone
+    assert pad_for_cp(got, 2) is got  # already a multiple of 4
+    assert pad_for_cp(mb, 3) is mb  # 6 = 2 x 3
+
+
+def test_cp_attention_refuses_outside_the_trainer_and_unsupported_attention():
+    q = torch.zeros(1, 2, 4, 8)
+    kv = torch.zeros(1, 1, 4, 8)
+    _ACTIVE.clear()
+    with pytest.raises(RuntimeError, match="only inside the FSDP trainer's context-parallel forward"):
+        _cp_attention(torch.nn.Module(), q, kv, kv, None)
+    _ACTIVE["batch"] = _Active(cu_seqlens=[0, 8], layout=CPLayout(2, 0, 0, 1, None))
+    try:
+        windowed = torch.nn.Module()
+        windowed.sliding_window = 4
+        with pytest.raises(NotImplementedError, match="set fsdp_context_parallel_size: 1"):
+            _cp_attention(windowed, q, kv, kv, None)
+        with pytest.raises(NotImplementedError, match="soft-capped"):
+            _cp_attention(torch.nn.Module(), q, kv, kv, None, softcap=30.0)
+        with pytest.raises(ValueError, match="one packed row at a time, got 2 rows"):
+            _cp_attention(torch.nn.Module(), q.expand(2, -1, -1, -1), kv, kv, None)
+    finally:
+        _ACTIVE.clear()
