@@ -93,6 +93,14 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         return grad_logits, None, None, None
 
 
+def _check_shapes(logits: torch.Tensor, ids: torch.Tensor, name: str) -> None:
+    if logits.dim() != 3 or ids.shape != logits.shape[:2]:
+        raise ValueError(
+            f"expected logits [batch, seq, vocab] and {name} [batch, seq], got {tuple(logits.shape)} "
+            f"and {tuple(ids.shape)}"
+        )
+
+
 def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
     """``labels[:, t] = input_ids[:, t + 1]``; the last column (nothing follows) is 0."""
     labels = torch.zeros_like(input_ids)
@@ -127,11 +135,7 @@ def label_logprobs_and_entropy(
         ``(logprobs, entropy)``, both ``[batch, seq]`` float32 (float64 for float64 logits).
     """
     _check_temperature(temperature)
-    if logits.dim() != 3 or labels.shape != logits.shape[:2]:
-        raise ValueError(
-            f"expected logits [batch, seq, vocab] and labels [batch, seq], got {tuple(logits.shape)} "
-            f"and {tuple(labels.shape)}"
-        )
+    _check_shapes(logits, labels, "labels")
     b, t, v = logits.shape
     chunk = chunk_size if chunk_size > 0 else max(b * t, 1)
     flat = logits.reshape(b * t, v)  # a view for contiguous logits: no copy
@@ -158,11 +162,7 @@ def token_logprobs_and_entropy(
         ``(logprobs, entropy)``, both ``[batch, seq]`` float32 (float64 for float64 logits), aligned with
         ``input_ids`` (column 0 is 0; see the module docstring). Backpropagate through either or both.
     """
-    if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
-        raise ValueError(
-            f"expected logits [batch, seq, vocab] and input_ids [batch, seq], got {tuple(logits.shape)} "
-            f"and {tuple(input_ids.shape)}"
-        )
+    _check_shapes(logits, input_ids, "input_ids")
     # Position t predicts input_ids[t+1]; the last position has no label (its outputs are dropped).
     lp, ent = label_logprobs_and_entropy(
         logits, next_token_labels(input_ids), temperature=temperature, chunk_size=chunk_size
