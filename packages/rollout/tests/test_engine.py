@@ -325,6 +325,34 @@ async def test_a_timed_out_request_fails_its_sample_but_keeps_the_server(tokeniz
     assert servers == {"http://a", "http://b"}
 
 
+class _PreparedEnv(EchoEnv):
+    def __init__(self, *a, fail: bool = False, **kw):
+        super().__init__(*a, **kw)
+        self.prepared, self.fail = 0, fail
+
+    async def prepare_resources(self) -> None:
+        self.prepared += 1
+        if self.fail:
+            raise OSError("sandbox pool could not start")
+
+
+async def test_eager_prepare_resources_runs_before_the_first_request(tokenizer):
+    env = _PreparedEnv()
+    server = FakeInferenceServer(reply=by_sample_parity)
+    eager = make_engine(tokenizer, server, env=env, eager_prepare_resources=True)
+    async with eager:
+        assert env.prepared == 1  # awaited before dispatch starts
+        await eager.next_batch(timeout_s=10)
+    lazy_env = _PreparedEnv()
+    async with make_engine(tokenizer, FakeInferenceServer(reply=by_sample_parity), env=lazy_env) as lazy:
+        await lazy.next_batch(timeout_s=10)
+    assert lazy_env.prepared == 0  # default: the environment prepares itself when it needs to
+    failing = make_engine(tokenizer, server, env=_PreparedEnv(fail=True), eager_prepare_resources=True)
+    with pytest.raises(RolloutError, match="echo: OSError: sandbox pool could not start"):
+        async with failing:
+            pass
+
+
 async def test_state_dict_resumes_the_prompt_sequence(tokenizer):
     server = FakeInferenceServer(reply=by_sample_parity, hold=lambda r: True)
     engine = make_engine(tokenizer, server, enable_prompt_prefetch=True, prompt_prefetch_buffer_size=5)

@@ -8,14 +8,18 @@
   ``{CPU, GPU: 1}`` (no GPU entry on a CPU-only machine), strategies from ``ray_*_placement_strategy``.
 - A local Ray gets at least as many logical CPUs as the bundles ask for (a 2-core laptop runs the
   quickstart's two 1-CPU bundles plus the driver); oversubscription is logged, not refused.
-- Actor output goes to files in the run directory (``log_to_driver`` off), so vLLM and Ray
-  warnings stay out of the console.
+- Actor output goes to files in the run directory (``log_to_driver`` off unless ``debug`` and
+  ``ray_log_to_driver``), so vLLM and Ray warnings stay out of the console.
+- Workers get the run's environment variables (``TELESCOPE_RUN_DIR`` when
+  ``ray_propagate_run_dir``, ``VIRTUAL_ENV`` when ``ray_propagate_active_venv``) and, with
+  ``ray_pin_py_executable``, the driver's interpreter (``runtime_env.py_executable``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +27,27 @@ import structlog
 
 from telescope_cli._actors import InferenceServerActor, TrainerActor
 
-__all__ = ["Cluster", "ClusterError"]
+__all__ = ["Cluster", "ClusterError", "ray_init_options"]
 
 log = structlog.get_logger()
+
+
+def ray_init_options(cfg: Any, run_env: dict[str, str], environ: Any = os.environ) -> dict[str, Any]:
+    """The keyword arguments of ``ray.init`` for this run (both when joining and when starting Ray)."""
+    runtime_env: dict[str, Any] = dict(cfg.ray_runtime_env or {})
+    env_vars = {**run_env, **dict(runtime_env.get("env_vars") or {})}
+    if cfg.ray_propagate_active_venv and environ.get("VIRTUAL_ENV"):
+        env_vars.setdefault("VIRTUAL_ENV", environ["VIRTUAL_ENV"])
+    runtime_env["env_vars"] = env_vars
+    if cfg.ray_pin_py_executable:
+        runtime_env.setdefault("py_executable", sys.executable)
+    return {
+        "namespace": cfg.ray_namespace,
+        "log_to_driver": bool(cfg.ray_log_to_driver and cfg.debug),
+        "runtime_env": runtime_env,
+        "ignore_reinit_error": True,
+        "configure_logging": False,
+    }
 
 
 class ClusterError(RuntimeError):
@@ -81,20 +103,9 @@ class Cluster:
 
         cfg = self.config
         self.gpu = _has_cuda()
-        runtime_env: dict[str, Any] = dict(cfg.ray_runtime_env or {})
-        env_vars = {**run_env, **dict(runtime_env.get("env_vars") or {})}
-        if cfg.ray_propagate_active_venv and os.environ.get("VIRTUAL_ENV"):
-            env_vars.setdefault("VIRTUAL_ENV", os.environ["VIRTUAL_ENV"])
-        runtime_env["env_vars"] = env_vars
         if cfg.ray_disable_runtime_env_hook:
             os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
-        common = {
-            "namespace": cfg.ray_namespace,
-            "log_to_driver": False,
-            "runtime_env": runtime_env,
-            "ignore_reinit_error": True,
-            "configure_logging": False,
-        }
+        common = ray_init_options(cfg, run_env)
         address = cfg.ray_address
         if address not in ("", "local"):
             try:

@@ -120,7 +120,7 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
         with console.phase("model"):
             model_path = resolve_model(cfg.model)
         env_for_actors = {
-            "TELESCOPE_RUN_DIR": str(run.path),
+            "TELESCOPE_RUN_DIR": str(run.path) if cfg.ray_propagate_run_dir else "",
             "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", ""),
         }
         with console.phase("Ray"):

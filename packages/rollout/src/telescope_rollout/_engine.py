@@ -44,7 +44,7 @@ from telescope_rollout._advantage import (
     overlong_penalty,
 )
 from telescope_rollout._client import ServerUnavailableError
-from telescope_rollout._env import Environment, environments_by_name
+from telescope_rollout._env import Environment, environments_by_name, maybe_await
 from telescope_rollout._lanes import LanePool
 from telescope_rollout._prompts import PreparedPrompt, PromptSource
 from telescope_rollout._results import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
@@ -141,8 +141,21 @@ class RolloutEngine:
 
     # ----------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> RolloutEngine:
+        if self.settings.eager_prepare_resources:
+            await self.prepare_resources()
         self.start()
         return self
+
+    async def prepare_resources(self) -> None:
+        """Await every environment's ``prepare_resources()`` (e.g. warm a sandbox pool), concurrently."""
+        names = list(self.environments)
+        results = await asyncio.gather(
+            *(maybe_await(self.environments[n].prepare_resources()) for n in names), return_exceptions=True
+        )
+        failed = [(n, r) for n, r in zip(names, results, strict=True) if isinstance(r, BaseException)]
+        if failed:
+            detail = "; ".join(f"{n}: {type(e).__name__}: {e}" for n, e in failed)
+            raise RolloutError(f"prepare_resources() failed for environment(s) {detail}")
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()

@@ -38,6 +38,8 @@ class EngineSettings:
     """Drop groups whose advantages are all equal (no learning signal)."""
     enable_prompt_prefetch: bool = True
     """Format and tokenize prompts in the background."""
+    eager_prepare_resources: bool = False
+    """Await every environment's ``prepare_resources()`` before the first request (else lazily)."""
     prompt_prefetch_buffer_size: int = 24
     """Prompts kept ready by the prefetcher; 0 disables the buffer."""
     temperature: float = 1.0
