@@ -401,3 +401,21 @@ def test_megatron_problems_are_reported_together(problems):
     }
     fields = {p.field for p in problems(values)}
     assert fields == {"trainer_num_workers", "megatron_fp8", "megatron_optimizer_cpu_offload"}
+
+
+def test_the_non_interleaved_multi_turn_mode_is_refused(run, problems, only):
+    p = only(problems({"interleaved_rollouts": False}), "interleaved_rollouts")
+    assert "exact token ids" in p.rule
+    assert "set it to true" in p.fix
+    assert run({"interleaved_rollouts": True}).config.interleaved_rollouts is True
+
+
+def test_timeline_fields_load_with_a_note_when_set_to_another_value(run):
+    with structlog.testing.capture_logs() as logs:
+        resolved = run({"track_gpu_events": False, "otlp_receiver_port": 4318, "rollout_block_size": 7})
+    # otlp_receiver_port is set to its default: nothing to say
+    assert len(resolved.notes) == 2
+    assert resolved.notes[0].startswith("rollout_block_size has no effect in Telescope")
+    assert resolved.notes[1].startswith("track_gpu_events has no effect in Telescope")
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == list(resolved.notes)
+    assert resolved.config.rollout_block_size == 7  # kept as written

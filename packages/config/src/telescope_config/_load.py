@@ -112,6 +112,7 @@ def load_config(
         for adj in _rules.adjustments(cfg):
             cfg = cfg.model_copy(update={adj.field: adj.value})
             notes.append(adj.note)
+        notes += _rules.no_effect_notes(cfg, user_keys, base or {})
     if cfg is not None:
         for v in _rules.check(cfg, skip=failed):
             top = re.split(r"[.\[]", v.field, maxsplit=1)[0]

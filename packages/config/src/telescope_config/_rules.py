@@ -9,7 +9,9 @@ Rules 1 to 8 are those of the original Telescope (spec §2.3), with rule 6 turne
 adjustment; the next four close gaps the original left open (spec §12 item 14). The Megatron
 rules at the end apply only with ``train_backend: megatron`` and need nothing but the config;
 the checks that need the model's ``config.json`` (heads, layers, experts) or the machine (CUDA,
-Transformer Engine) run when the Megatron trainer is created.
+Transformer Engine) run when the Megatron trainer is created. The last rule refuses the original's
+non-interleaved multi-turn mode; ``NO_EFFECT`` lists the original's timeline-UI fields, accepted
+with a note when set.
 """
 
 from __future__ import annotations
@@ -49,6 +51,39 @@ class Adjustment:
 
 _Rule = Callable[["TelescopeConfig"], Iterator[Violation]]
 _RULES: list[tuple[frozenset[str], _Rule]] = []
+
+
+NO_EFFECT: frozenset[str] = frozenset(
+    {
+        "system_metrics_collection_interval_seconds",
+        "torch_memory_sample_interval_seconds",
+        "event_tail_window_seconds",
+        "event_block_duration_seconds",
+        "event_upload_interval_seconds",
+        "metrics_logger_interval_seconds",
+        "ray_torch_memory_drain_interval_seconds",
+        "rollout_block_size",
+        "track_gpu_events",
+        "enable_vllm_tracing",
+        "otlp_receiver_port",
+    }
+)
+"""Fields of the original's live timeline (its Telescope UI, fed through W&B), accepted so that its
+configs load; Telescope records metrics.jsonl, Parquet rollouts and W&B metrics instead."""
+
+
+def no_effect_notes(cfg: TelescopeConfig, user_keys: frozenset[str], defaults: dict) -> list[str]:
+    """A note (also logged as a warning) for each :data:`NO_EFFECT` field the user set to something
+    other than its default."""
+    notes = [
+        f"{name} has no effect in Telescope (the original's timeline UI is not part of it); "
+        "it is accepted so that the original's configs load"
+        for name in sorted(NO_EFFECT & user_keys)
+        if getattr(cfg, name) != defaults.get(name)
+    ]
+    for note in notes:
+        _log.warning(note)
+    return notes
 
 
 def _rule(*fields: str) -> Callable[[_Rule], _Rule]:
@@ -362,3 +397,16 @@ def _megatron_dtypes_need_precision_aware(c: TelescopeConfig) -> Iterator[Violat
 
 
 RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))
+
+
+@_rule("interleaved_rollouts")
+def _interleaved_only(c: TelescopeConfig) -> Iterator[Violation]:  # new
+    if not c.interleaved_rollouts:
+        yield Violation(
+            "interleaved_rollouts",
+            False,
+            "Telescope always reuses the exact token ids of earlier turns; re-rendering the "
+            "conversation each turn (the original's non-interleaved mode) can train on tokens the model "
+            "never generated",
+            "remove interleaved_rollouts or set it to true",
+        )

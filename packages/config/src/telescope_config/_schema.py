@@ -63,6 +63,9 @@ def num_inference_servers(cfg: TelescopeConfig) -> int:
     return cfg.inference_num_workers // cfg.inference_tensor_parallel_size
 
 
+_NO_EFFECT = "No effect in Telescope (the original's timeline UI). "
+
+
 class TelescopeConfig(BaseModel):
     """Every setting of a training run, flat; defaults come from the packaged ``defaults.yaml``."""
 
@@ -645,27 +648,35 @@ class TelescopeConfig(BaseModel):
         description="fnmatch patterns of directory and file names left out of the code upload."
     )
     system_metrics_collection_interval_seconds: float = Field(
-        gt=0, description="Seconds between samples of GPU and CPU metrics on the driver node, > 0."
+        gt=0,
+        description=_NO_EFFECT + "Seconds between samples of GPU and CPU metrics on the driver node, > 0.",
     )
     torch_memory_sample_interval_seconds: float = Field(
-        gt=0, description="Seconds between samples of the trainer's torch allocator memory, > 0."
+        gt=0, description=_NO_EFFECT + "Seconds between samples of the trainer's torch allocator memory, > 0."
     )
     event_tail_window_seconds: int = Field(
-        ge=1, description="Seconds of recent events uploaded for the live timeline, >= 1."
+        ge=1, description=_NO_EFFECT + "Seconds of recent events uploaded for the live timeline, >= 1."
     )
     event_block_duration_seconds: int = Field(
-        ge=1, description="Seconds of timeline events per archived block, >= 1."
+        ge=1, description=_NO_EFFECT + "Seconds of timeline events per archived block, >= 1."
     )
-    event_upload_interval_seconds: int = Field(ge=1, description="Seconds between event uploads, >= 1.")
+    event_upload_interval_seconds: int = Field(
+        ge=1, description=_NO_EFFECT + "Seconds between event uploads, >= 1."
+    )
     metrics_logger_interval_seconds: float = Field(
-        gt=0, description="Seconds between polls of the cluster-wide Ray node metrics, > 0."
+        gt=0, description=_NO_EFFECT + "Seconds between polls of the cluster-wide Ray node metrics, > 0."
     )
     ray_torch_memory_drain_interval_seconds: float = Field(
-        gt=0, description="Seconds between collections of torch memory samples from the Ray actors, > 0."
+        gt=0,
+        description=_NO_EFFECT
+        + "Seconds between collections of torch memory samples from the Ray actors, > 0.",
     )
-    rollout_block_size: int = Field(ge=1, description="Training steps per archived block of samples, >= 1.")
+    rollout_block_size: int = Field(
+        ge=1, description=_NO_EFFECT + "Training steps per archived block of samples, >= 1."
+    )
     track_gpu_events: bool = Field(
-        description="Record trainer timeline events (forward, backward, optimizer step, weight sync)."
+        description=_NO_EFFECT
+        + "Record trainer timeline events (forward, backward, optimizer step, weight sync)."
     )
 
     # Evals and tracing
@@ -689,10 +700,13 @@ class TelescopeConfig(BaseModel):
         " kwargs, and temperature, top_p, max_tokens (null = the training value)."
     )
     enable_vllm_tracing: bool = Field(
-        description="Collect per-request timings from vLLM over OpenTelemetry (OTLP) for the timeline."
+        description=_NO_EFFECT
+        + "Collect per-request timings from vLLM over OpenTelemetry (OTLP) for the timeline."
     )
     otlp_receiver_port: int = Field(
-        ge=1, le=65535, description="Port of the local OTLP receiver of the vLLM traces, 1 to 65535."
+        ge=1,
+        le=65535,
+        description=_NO_EFFECT + "Port of the local OTLP receiver of the vLLM traces, 1 to 65535.",
     )
 
     @property
