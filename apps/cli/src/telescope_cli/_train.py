@@ -159,9 +159,8 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
         return run.path
     finally:
         console.close()
-        with contextlib.suppress(Exception):
-            if wandb_run is not None:
-                wandb_run.finish()
+        if wandb_run is not None:
+            _finish_wandb(wandb_run, cfg, run)
         with console.phase("stopping every process of the run"):
             cluster.close()
 
@@ -267,4 +266,23 @@ def _start_wandb(cfg: Any, resolved: Any, run: RunDir) -> Any:
     # periodic evals end steps after the weights they measured: chart them against eval/step
     wb.define_metric("eval/step")
     wb.define_metric("eval/*", step_metric="eval/step")
+    if cfg.wandb_upload_code:
+        from telescope_cli._wandb_files import upload_code
+
+        try:
+            upload_code(wb, cfg, root=Path.cwd(), run_dir=run.path)
+        except Exception as exc:  # the metrics matter more than the code snapshot
+            log.warning("wandb code upload failed", error=f"{type(exc).__name__}: {exc}")
     return wb
+
+
+def _finish_wandb(wb: Any, cfg: Any, run: RunDir) -> None:
+    """Hand the logs to W&B (``wandb_upload_logs*``) and close the run; never raises."""
+    from telescope_cli._wandb_files import save_logs
+
+    try:
+        save_logs(wb, cfg, run.path)
+    except Exception as exc:
+        log.warning("wandb log upload failed", error=f"{type(exc).__name__}: {exc}")
+    with contextlib.suppress(Exception):
+        wb.finish()

@@ -53,32 +53,39 @@ _Rule = Callable[["TelescopeConfig"], Iterator[Violation]]
 _RULES: list[tuple[frozenset[str], _Rule]] = []
 
 
-NO_EFFECT: frozenset[str] = frozenset(
-    {
-        "system_metrics_collection_interval_seconds",
-        "torch_memory_sample_interval_seconds",
-        "event_tail_window_seconds",
-        "event_block_duration_seconds",
-        "event_upload_interval_seconds",
-        "metrics_logger_interval_seconds",
-        "ray_torch_memory_drain_interval_seconds",
-        "rollout_block_size",
-        "track_gpu_events",
-        "enable_vllm_tracing",
-        "otlp_receiver_port",
-    }
-)
-"""Fields of the original's live timeline (its Telescope UI, fed through W&B), accepted so that its
-configs load; Telescope records metrics.jsonl, Parquet rollouts and W&B metrics instead."""
+_TIMELINE = "the original's timeline UI is not part of it"
+NO_EFFECT: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "system_metrics_collection_interval_seconds",
+            "torch_memory_sample_interval_seconds",
+            "event_tail_window_seconds",
+            "event_block_duration_seconds",
+            "event_upload_interval_seconds",
+            "metrics_logger_interval_seconds",
+            "ray_torch_memory_drain_interval_seconds",
+            "rollout_block_size",
+            "track_gpu_events",
+            "enable_vllm_tracing",
+            "otlp_receiver_port",
+        ),
+        _TIMELINE,
+    ),
+    "wandb_upload_logs_detailed": "the driver keeps one log, with debug lines when debug is true, "
+    "and wandb_upload_logs uploads it",
+}
+"""Fields accepted so that the original's configs load, and why they do nothing here. Most feed
+the original's live timeline (its Telescope UI, through W&B); Telescope records metrics.jsonl,
+Parquet rollouts and W&B metrics instead."""
 
 
 def no_effect_notes(cfg: TelescopeConfig, user_keys: frozenset[str], defaults: dict) -> list[str]:
     """A note (also logged as a warning) for each :data:`NO_EFFECT` field the user set to something
     other than its default."""
     notes = [
-        f"{name} has no effect in Telescope (the original's timeline UI is not part of it); "
-        "it is accepted so that the original's configs load"
-        for name in sorted(NO_EFFECT & user_keys)
+        f"{name} has no effect in Telescope ({NO_EFFECT[name]}); it is accepted so that the "
+        "original's configs load"
+        for name in sorted(NO_EFFECT.keys() & user_keys)
         if getattr(cfg, name) != defaults.get(name)
     ]
     for note in notes:

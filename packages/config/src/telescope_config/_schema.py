@@ -635,12 +635,20 @@ class TelescopeConfig(BaseModel):
         "finds runs by the telescope tag."
     )
     wandb_upload_code: bool = Field(
-        description="Upload a zip of the source tree, filtered by wandb_code_exclude_patterns and "
-        "wandb_code_max_file_size_mb."
+        description="Upload the source tree under the working directory as a W&B code artifact, "
+        "filtered by wandb_code_exclude_patterns and wandb_code_max_file_size_mb (at most 5000 files)."
     )
-    wandb_upload_logs: bool = Field(description="Upload the standard log lines as a table.")
-    wandb_upload_logs_detailed: bool = Field(description="Also upload the detailed (debug-level) log lines.")
-    wandb_upload_logs_stdout: bool = Field(description="Also upload the raw standard output of every worker.")
+    wandb_upload_logs: bool = Field(
+        description="Upload the driver's structured log (logs/telescope.jsonl) and the run guard's log "
+        "to the W&B run at its end."
+    )
+    wandb_upload_logs_detailed: bool = Field(
+        description="No effect in Telescope: the driver keeps one log (debug lines in it when debug is "
+        "true), which wandb_upload_logs uploads."
+    )
+    wandb_upload_logs_stdout: bool = Field(
+        description="Also upload the raw output of every vLLM server, trainer rank and Ray (logs/*/*.log)."
+    )
     wandb_code_max_file_size_mb: float = Field(
         gt=0, description="Files larger than this many MiB (> 0) are left out of the code upload."
     )
