@@ -17,9 +17,10 @@ def _cfg(**kw):
 
 
 def test_defaults_pin_the_interpreter_pass_the_run_env_and_keep_worker_logs_off_the_console():
-    opts = ray_init_options(_cfg(), {"TELESCOPE_RUN_DIR": "/r"}, environ={"VIRTUAL_ENV": "/v"})
+    environ = {"VIRTUAL_ENV": "/v", "UV_PROJECT_ENVIRONMENT": "/u", "OTHER": "x"}
+    opts = ray_init_options(_cfg(), {"TELESCOPE_RUN_DIR": "/r"}, environ=environ)
     assert opts["runtime_env"] == {
-        "env_vars": {"TELESCOPE_RUN_DIR": "/r", "VIRTUAL_ENV": "/v"},
+        "env_vars": {"TELESCOPE_RUN_DIR": "/r", "VIRTUAL_ENV": "/v", "UV_PROJECT_ENVIRONMENT": "/u"},
         "py_executable": sys.executable,
     }
     assert opts["log_to_driver"] is False  # ray_log_to_driver is honoured only with debug

@@ -114,6 +114,28 @@ def test_packed_attention_per_rank_equals_dense_masked_attention(cp: int):
         torch.testing.assert_close(got, ref[:, idx], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_packed_attention_runs_on_fused_cuda_kernels_with_grouped_heads():
+    # the math kernel would materialise [heads, L, L] scores: allowing only flash and memory-efficient
+    # attention makes SDPA raise if a block needed it
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    length, heads, kv_heads, dim = 256, 8, 2, 64
+    q = torch.randn(heads, length, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(kv_heads, length, dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(kv_heads, length, dim, device="cuda", dtype=torch.bfloat16)
+    cu = [0, 100, 230, 256]
+    segment = torch.tensor([0] * 100 + [1] * 130 + [2] * 26)
+    ref = _dense_reference(q.double().cpu(), k.double().cpu(), v.double().cpu(), segment, scale=dim**-0.5)
+    for rank in range(2):
+        idx = zigzag_indices(length, 2, rank)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+            got = packed_attention(q[:, idx.cuda()], k, v, cu, cp=2, cp_rank=rank)
+        torch.testing.assert_close(got.double().cpu(), ref[:, idx], rtol=2e-2, atol=2e-2)
+
+
 def test_packed_attention_checks_the_local_length():
     q, kv = torch.zeros(2, 3, 4), torch.zeros(1, 8, 4)
     with pytest.raises(ValueError, match="3 local queries x cp 2 != 8 keys"):

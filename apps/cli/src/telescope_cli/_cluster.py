@@ -36,8 +36,10 @@ def ray_init_options(cfg: Any, run_env: dict[str, str], environ: Any = os.enviro
     """The keyword arguments of ``ray.init`` for this run (both when joining and when starting Ray)."""
     runtime_env: dict[str, Any] = dict(cfg.ray_runtime_env or {})
     env_vars = {**run_env, **dict(runtime_env.get("env_vars") or {})}
-    if cfg.ray_propagate_active_venv and environ.get("VIRTUAL_ENV"):
-        env_vars.setdefault("VIRTUAL_ENV", environ["VIRTUAL_ENV"])
+    if cfg.ray_propagate_active_venv:
+        for name in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT"):
+            if environ.get(name):
+                env_vars.setdefault(name, environ[name])
     runtime_env["env_vars"] = env_vars
     if cfg.ray_pin_py_executable:
         runtime_env.setdefault("py_executable", sys.executable)

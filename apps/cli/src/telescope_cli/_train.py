@@ -159,10 +159,12 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
         return run.path
     finally:
         console.close()
-        if wandb_run is not None:
-            _finish_wandb(wandb_run, cfg, run)
-        with console.phase("stopping every process of the run"):
-            cluster.close()
+        try:
+            with console.phase("stopping every process of the run"):
+                cluster.close()
+        finally:
+            if wandb_run is not None:  # after the workers stopped: their logs are complete
+                _finish_wandb(wandb_run, cfg, run)
 
 
 def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, console: Any):

@@ -30,6 +30,7 @@ import itertools
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 __all__ = [
     "chunk_bounds",
@@ -170,26 +171,32 @@ def packed_attention(
     length = k.shape[1]
     if q.shape[1] * cp != length:
         raise ValueError(f"{q.shape[1]} local queries x cp {cp} != {length} keys")
+    if q.shape[0] % k.shape[0]:
+        raise ValueError(f"{q.shape[0]} query heads are not a multiple of {k.shape[0]} key/value heads")
+    groups = q.shape[0] // k.shape[0]
     outs, offset = [], 0
     for g0, g1 in chunk_bounds(length, cp, cp_rank):
         for s, e in itertools.pairwise(cu_seqlens):
             qs, qe = max(s, g0), min(e, g1)
             if qe <= qs:
                 continue
-            mask = None  # a block that starts its sample is plain causal (square)
-            if qs > s:  # query i (global qs+i) sees keys s … qs+i: lower-right aligned causal mask
-                mask = torch.ones(qe - qs, qe - s, dtype=torch.bool, device=q.device).tril(qs - s)
-            outs.append(
-                F.scaled_dot_product_attention(
-                    q[:, offset + qs - g0 : offset + qe - g0],
-                    k[:, s:qe],
-                    v[:, s:qe],
-                    attn_mask=mask,
-                    is_causal=mask is None,
-                    dropout_p=dropout,
-                    scale=scale,
-                    enable_gqa=True,
-                )
+            # Key/value heads repeated rather than enable_gqa, and the causal structure as a
+            # CausalBias rather than a boolean mask: either would send CUDA to the math kernel,
+            # which materialises the whole score matrix.
+            kb = k[:, s:qe].repeat_interleave(groups, dim=0) if groups > 1 else k[:, s:qe]
+            vb = v[:, s:qe].repeat_interleave(groups, dim=0) if groups > 1 else v[:, s:qe]
+            # a block that starts its sample is plain causal (square); a later one is causal from the
+            # lower right: query i (global qs + i) sees keys s … qs + i
+            bias = causal_lower_right(qe - qs, qe - s) if qs > s else None
+            out = F.scaled_dot_product_attention(  # 4-D [1, heads, len, d]: the fused kernels need it
+                q[None, :, offset + qs - g0 : offset + qe - g0],
+                kb[None],
+                vb[None],
+                attn_mask=bias,
+                is_causal=bias is None,
+                dropout_p=dropout,
+                scale=scale,
             )
+            outs.append(out[0])
         offset += g1 - g0
     return torch.cat(outs, dim=1)

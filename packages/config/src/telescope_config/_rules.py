@@ -403,9 +403,6 @@ def _megatron_dtypes_need_precision_aware(c: TelescopeConfig) -> Iterator[Violat
             )
 
 
-RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))
-
-
 @_rule("interleaved_rollouts")
 def _interleaved_only(c: TelescopeConfig) -> Iterator[Violation]:  # new
     if not c.interleaved_rollouts:
@@ -417,3 +414,6 @@ def _interleaved_only(c: TelescopeConfig) -> Iterator[Violation]:  # new
             "never generated",
             "remove interleaved_rollouts or set it to true",
         )
+
+
+RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))

@@ -131,7 +131,7 @@ class TelescopeConfig(BaseModel):
     )
     ray_propagate_run_dir: bool = Field(
         description="Pass TELESCOPE_RUN_DIR to the workers so every process writes into the same run "
-        "directory."
+        "directory (matters on a joined cluster: a local Ray's workers inherit it from the driver)."
     )
     ray_broadcast_init_timeout_s: int = Field(
         ge=1,

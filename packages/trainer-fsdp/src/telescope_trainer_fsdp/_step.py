@@ -5,7 +5,8 @@ minibatch group*: every micro-batch of the group on every rank (one collective b
 micro-batch loop). Summing the micro-batch losses over ranks therefore gives the group's token
 mean, whatever the packing, the split into micro-batches or the number of ranks; dummy micro-batches
 (no loss tokens) change nothing. FSDP averages gradients over ranks, so each rank backpropagates
-``loss · dp_world_size``. (The original averaged per-micro-batch means: spec §12 item 15.)
+``loss · world_size`` (with context parallelism too: see ``_context_parallel``). (The original
+averaged per-micro-batch means: spec §12 item 15.)
 """
 
 from __future__ import annotations

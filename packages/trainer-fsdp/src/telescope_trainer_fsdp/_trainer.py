@@ -275,6 +275,8 @@ class FSDPTrainer:
         self._params = []
         if self._dist.owns_group and dist.is_initialized():
             dist.destroy_process_group()
+        elif self._cp is not None and self._cp.group is not None and dist.is_initialized():
+            dist.destroy_process_group(self._cp.group)  # the caller's world stays; our subgroup goes
 
     # -- internals -------------------------------------------------------------------------------
 
