@@ -23,6 +23,7 @@ from telescope_algos import (
     token_logprobs_and_entropy,
     zigzag_indices,
 )
+from telescope_algos._context_parallel import _block_attention
 
 
 def test_zigzag_split_by_hand():
@@ -112,6 +113,23 @@ def test_packed_attention_per_rank_equals_dense_masked_attention(cp: int):
         idx = zigzag_indices(length, cp, rank)
         got = packed_attention(q[:, idx], k, v, cu, cp=cp, cp_rank=rank, scale=0.3)
         torch.testing.assert_close(got, ref[:, idx], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("past", [0, 3])
+def test_the_cuda_form_of_a_block_equals_the_masked_form(past: int):
+    # CUDA takes repeated key/value heads and a lower-right CausalBias; run that form here too
+    torch.manual_seed(1)
+    q = torch.randn(4, 5, 8, dtype=torch.float64)
+    k = torch.randn(2, past + 5, 8, dtype=torch.float64)
+    v = torch.randn(2, past + 5, 8, dtype=torch.float64)
+    options = {"past": past, "groups": 2, "scale": 0.3, "dropout": 0.0}
+    fused = _block_attention(q, k, v, fused=True, **options)
+    masked = _block_attention(q, k, v, fused=False, **options)
+    torch.testing.assert_close(fused, masked, rtol=1e-12, atol=1e-12)
+    segment = torch.zeros(past + 5, dtype=torch.long)
+    padded = torch.cat([torch.zeros(4, past, 8, dtype=torch.float64), q], 1)  # queries of the earlier keys
+    ref = _dense_reference(padded, k, v, segment, 0.3)
+    torch.testing.assert_close(masked, ref[:, past:], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.gpu

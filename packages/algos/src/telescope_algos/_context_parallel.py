@@ -174,29 +174,59 @@ def packed_attention(
     if q.shape[0] % k.shape[0]:
         raise ValueError(f"{q.shape[0]} query heads are not a multiple of {k.shape[0]} key/value heads")
     groups = q.shape[0] // k.shape[0]
+    fused = q.is_cuda  # see _block_attention
     outs, offset = [], 0
     for g0, g1 in chunk_bounds(length, cp, cp_rank):
         for s, e in itertools.pairwise(cu_seqlens):
             qs, qe = max(s, g0), min(e, g1)
             if qe <= qs:
                 continue
-            # Key/value heads repeated rather than enable_gqa, and the causal structure as a
-            # CausalBias rather than a boolean mask: either would send CUDA to the math kernel,
-            # which materialises the whole score matrix.
-            kb = k[:, s:qe].repeat_interleave(groups, dim=0) if groups > 1 else k[:, s:qe]
-            vb = v[:, s:qe].repeat_interleave(groups, dim=0) if groups > 1 else v[:, s:qe]
-            # a block that starts its sample is plain causal (square); a later one is causal from the
-            # lower right: query i (global qs + i) sees keys s … qs + i
-            bias = causal_lower_right(qe - qs, qe - s) if qs > s else None
-            out = F.scaled_dot_product_attention(  # 4-D [1, heads, len, d]: the fused kernels need it
-                q[None, :, offset + qs - g0 : offset + qe - g0],
-                kb[None],
-                vb[None],
-                attn_mask=bias,
-                is_causal=bias is None,
-                dropout_p=dropout,
-                scale=scale,
+            outs.append(
+                _block_attention(
+                    q[:, offset + qs - g0 : offset + qe - g0],
+                    k[:, s:qe],
+                    v[:, s:qe],
+                    past=qs - s,
+                    groups=groups,
+                    fused=fused,
+                    scale=scale,
+                    dropout=dropout,
+                )
             )
-            outs.append(out[0])
         offset += g1 - g0
     return torch.cat(outs, dim=1)
+
+
+def _block_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    past: int,
+    groups: int,
+    fused: bool,
+    scale: float | None,
+    dropout: float,
+) -> torch.Tensor:
+    """Causal attention of one block of a sample's queries ``[heads, n, d]`` against the sample's keys
+    up to the block's end ``[kv_heads, past + n, d]``; query i sees keys ``0 … past + i``.
+
+    On CUDA the key/value heads are repeated and the lower-right causal structure is a ``CausalBias``
+    on 4-D tensors: a boolean mask or ``enable_gqa`` would send SDPA to the math kernel, which
+    materialises the whole score matrix. Elsewhere a boolean mask with ``enable_gqa`` (the CPU
+    kernels take both).
+    """
+    if fused:
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
+        bias = causal_lower_right(q.shape[1], k.shape[1]) if past else None
+        out = F.scaled_dot_product_attention(
+            q[None], k[None], v[None], attn_mask=bias, is_causal=bias is None, dropout_p=dropout, scale=scale
+        )
+        return out[0]
+    mask = None  # a block that starts its sample is plain causal (square)
+    if past:
+        mask = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril(past)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=dropout, scale=scale, enable_gqa=True
+    )
