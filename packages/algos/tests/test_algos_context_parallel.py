@@ -15,6 +15,7 @@ import torch
 from telescope_algos import (
     align_to_inputs,
     chunk_bounds,
+    cu_seqlens,
     gather_order,
     label_logprobs_and_entropy,
     next_token_labels,
@@ -39,6 +40,12 @@ def test_zigzag_split_by_hand():
     assert gather_order(8, 2).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
     assert zigzag_indices(5, 1, 0).tolist() == [0, 1, 2, 3, 4]
     assert chunk_bounds(5, 1, 0) == [(0, 5)]
+
+
+def test_cu_seqlens_by_hand():
+    # samples of 3, 2 and 1 tokens, then a row that does not start at position 0
+    assert cu_seqlens(torch.tensor([[0, 1, 2, 0, 1, 0]])) == [0, 3, 5, 6]
+    assert cu_seqlens(torch.tensor([[4, 5, 0, 1]])) == [0, 2, 4]
 
 
 def test_split_length_pads_to_twice_cp():

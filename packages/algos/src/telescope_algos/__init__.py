@@ -23,6 +23,7 @@ from telescope_algos._advantages import (
 )
 from telescope_algos._context_parallel import (
     chunk_bounds,
+    cu_seqlens,
     gather_order,
     gather_partial,
     gather_replicated,
@@ -67,6 +68,7 @@ __all__ = [
     "cispo_policy_loss",
     "compute_advantages",
     "compute_loss",
+    "cu_seqlens",
     "dr_grpo_advantages",
     "dual_clip",
     "find_segments",

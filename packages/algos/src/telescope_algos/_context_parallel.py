@@ -32,8 +32,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from telescope_algos._segments import find_segments
+
 __all__ = [
     "chunk_bounds",
+    "cu_seqlens",
     "gather_order",
     "gather_partial",
     "gather_replicated",
@@ -60,6 +63,13 @@ def split_length(length: int, cp: int) -> int:
     if cp <= 1:
         return length
     return -(-length // (2 * cp)) * 2 * cp
+
+
+def cu_seqlens(position_ids: torch.Tensor) -> list[int]:
+    """Sample boundaries ``[0, s_1, …, L]`` of one packed row ``[1, L]`` whose positions restart at 0
+    per sample (the first token always opens one)."""
+    starts = find_segments(position_ids.shape, position_ids=position_ids).starts[0]
+    return [*torch.nonzero(starts).squeeze(1).tolist(), position_ids.shape[1]]
 
 
 def chunk_bounds(length: int, cp: int, rank: int) -> list[tuple[int, int]]:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from telescope_algos import (
     MicroBatch,
     align_to_inputs,
+    cu_seqlens,
     gather_partial,
     gather_replicated,
     label_logprobs_and_entropy,
@@ -170,10 +171,7 @@ def cp_logprobs(
     positions = mb.position_ids.to(device, non_blocking=True)
     length = ids.shape[1]
     local = zigzag_indices(length, layout.cp, layout.cp_rank, device)
-    starts = torch.nonzero(positions[0] == 0).squeeze(1).tolist()
-    if not starts or starts[0] != 0:
-        starts = [0, *starts]
-    _ACTIVE["batch"] = _Active(cu_seqlens=[*starts, length], layout=layout)
+    _ACTIVE["batch"] = _Active(cu_seqlens=cu_seqlens(positions), layout=layout)
     logits = model(input_ids=ids[:, local], position_ids=positions[:, local], use_cache=False).logits
     lp, ent = label_logprobs_and_entropy(
         logits, next_token_labels(ids)[:, local], temperature=temperature, chunk_size=chunk_size

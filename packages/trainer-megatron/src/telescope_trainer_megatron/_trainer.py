@@ -51,6 +51,7 @@ from telescope_algos import (
     MicroBatch,
     align_to_inputs,
     compute_loss,
+    cu_seqlens,
     gather_replicated,
     lr_multiplier,
     next_token_labels,
@@ -483,10 +484,7 @@ class MegatronTrainer:
             tensors[1][0, -pad:] = torch.arange(pad)
         ids, pos, mask, adv, lps = (t.to(dev) for t in tensors)
         length = ids.shape[1]
-        starts = torch.nonzero(pos[0] == 0).squeeze(1).tolist()
-        if not starts or starts[0] != 0:
-            starts = [0, *starts]
-        cu = torch.tensor([*starts, length], dtype=torch.int32, device=dev)
+        cu = torch.tensor(cu_seqlens(pos), dtype=torch.int32, device=dev)
         packed = PackedSeqParams(
             qkv_format="sbhd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=length, max_seqlen_kv=length
         )
