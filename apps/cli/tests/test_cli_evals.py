@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -235,7 +236,8 @@ def loop_config(**kw: Any) -> SimpleNamespace:
         filter_overlong=False, filter_gibberish=False, filter_repetition=False,
         evals=[SimpleNamespace(name="quiz", eval_every=2), SimpleNamespace(name="other", eval_every=3)],
         eval_before_training=True, eval_after_training=True, eval_num_servers=1,
-        eval_start_end_use_all_servers=True,
+        eval_start_end_use_all_servers=True, model="tiny", checkpoint_save_training_state=True,
+        checkpoint_keep_last=None, checkpoint_keep_every=None,
     )  # fmt: skip
     return SimpleNamespace(**{**base, **kw})
 
@@ -383,14 +385,14 @@ async def test_a_failed_final_eval_keeps_the_last_step_and_its_checkpoint(tmp_pa
         tmp_path, eval_num_servers=0, evals=[SimpleNamespace(name="quiz", eval_every=100)], checkpoint_every=2
     )
     saved = []
-    ctx.trainers[0].save_checkpoint = _Remote(lambda directory, step, extra: saved.append(step) or directory)
+    ctx.trainers[0].save_checkpoint = _Remote(lambda directory, training_state: saved.append(directory) or {})
     runner.fail_at = 4
     await training_loop(ctx)
     lines = ctx.run.read_metrics()
     assert [m["step"] for m in lines] == [0, 1, 2, 3, 4, 4]
     assert "reward/mean" in lines[4]
     assert lines[5]["eval/quiz/failed"] == 1.0
-    assert saved == [2, 4]
+    assert [Path(d).name for d in saved] == ["step_2.tmp", "step_4.tmp"]
     assert (ctx.run.path / "rollouts" / "step_000004.parquet").is_file()
 
 
@@ -399,7 +401,7 @@ async def test_ctrl_c_during_the_final_eval_keeps_the_last_step_and_its_checkpoi
         tmp_path, eval_num_servers=0, evals=[SimpleNamespace(name="quiz", eval_every=100)], checkpoint_every=2
     )
     saved = []
-    ctx.trainers[0].save_checkpoint = _Remote(lambda directory, step, extra: saved.append(step) or directory)
+    ctx.trainers[0].save_checkpoint = _Remote(lambda directory, training_state: saved.append(directory) or {})
     started = asyncio.Event()
 
     async def hang(*, step, names, servers):
@@ -415,7 +417,7 @@ async def test_ctrl_c_during_the_final_eval_keeps_the_last_step_and_its_checkpoi
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 10)
     assert [m["step"] for m in ctx.run.read_metrics()] == [1, 2, 3, 4]
-    assert saved == [2, 4]
+    assert [Path(d).name for d in saved] == ["step_2.tmp", "step_4.tmp"]
 
 
 async def test_ctrl_c_while_waiting_for_a_periodic_eval_still_records_the_trained_step(tmp_path):
@@ -457,7 +459,7 @@ async def test_a_failed_checkpoint_keeps_the_step_and_leaves_no_eval_running(tmp
         checkpoint_every=3,
     )  # fmt: skip
 
-    def save(directory, step, extra):
+    def save(directory, training_state):
         raise OSError("disk full")
 
     ctx.trainers[0].save_checkpoint = _Remote(save)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from telescope_cli._loop import _pad_multiple, reward_metrics, to_train_samples
+from telescope_cli._loop import reward_metrics, to_train_samples
 from telescope_cli._rollout import algos_advantage_fn
 from telescope_rollout import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
 
@@ -80,24 +80,3 @@ def test_group_advantages_come_from_telescope_algos():
     assert adv[0] > 0
     assert algos_advantage_fn("grpo", "batch")([1.0, 0.0]) == pytest.approx([0.5, -0.5])  # centred only
     assert algos_advantage_fn("rloo", "group")([1.0, 0.0, 0.0]) == pytest.approx([1.0, -0.5, -0.5])
-
-
-@pytest.mark.parametrize(
-    ("backend", "pad", "fsdp_cp", "megatron_cp", "expected"),
-    [
-        ("fsdp", 1, 1, 1, 1),  # no context parallelism: the config's multiple alone
-        ("fsdp", 8, 1, 4, 8),  # megatron_* is ignored by the FSDP backend
-        ("fsdp", 6, 2, 1, 12),  # lcm(6, 2 x 2)
-        ("megatron", 3, 4, 1, 3),
-        ("megatron", 3, 1, 2, 12),  # lcm(3, 2 x 2)
-        ("megatron", 8, 1, 2, 8),
-    ],
-)
-def test_rows_pad_to_twice_the_context_parallel_size(backend, pad, fsdp_cp, megatron_cp, expected):
-    config = SimpleNamespace(
-        train_backend=backend,
-        pad_to_multiple_of=pad,
-        fsdp_context_parallel_size=fsdp_cp,
-        megatron_context_parallel_size=megatron_cp,
-    )
-    assert _pad_multiple(config) == expected

@@ -5,7 +5,7 @@
 Reads ``JOB_DIR/job.pt`` ({"config": dict, "micro_batches": [per data-parallel rank], "steps": int}),
 trains (the context-parallel ranks of a replica share its micro-batches), and
 writes ``JOB_DIR/rank_<r>.pt`` with the metrics of every step and (rank 0) the gathered HF weights;
-then saves a checkpoint under ``JOB_DIR/ckpt``.
+then saves a checkpoint into ``JOB_DIR/ckpt``.
 """
 
 from __future__ import annotations
@@ -29,9 +29,7 @@ def main(job_dir: Path) -> None:
         mine = job["micro_batches"][trainer.dp_rank]
         metrics = [trainer.train_step(mine, step=s) for s in range(job["steps"])]
         weights = {name: t.clone() for name, t in trainer.hf_weights()}  # every rank exhausts it
-        trainer.save_checkpoint(
-            job_dir / "ckpt", step=job["steps"], extra_state={"ranks": trainer.world_size}
-        )
+        assert trainer.save_checkpoint(job_dir / "ckpt")["world_size"] == trainer.world_size
         result = {"metrics": metrics, "dp": (trainer.dp_rank, trainer.dp_world_size), "cp": trainer.cp_size}
         if rank == 0:
             result["weights"] = weights

@@ -48,6 +48,6 @@ def test_two_ranks_equal_one_rank_and_reshard_on_load(
     assert far <= 1e-3 * sum(t.numel() for t in weights.values())
 
     with helpers.open_trainer(cfg1) as trainer:  # a two-rank checkpoint loaded on one rank
-        assert trainer.load_checkpoint(tmp_path / "ckpt") == {"ranks": 2}
+        trainer.load_checkpoint(tmp_path / "ckpt")
         for name, tensor in trainer.hf_weights():
             torch.testing.assert_close(tensor, weights[name], atol=0, rtol=0)

@@ -167,6 +167,7 @@ class TrainerActor:
         self.master = (addr, port)
 
     def setup(self) -> dict[str, int]:
+        """Create the backend (collective); returns this rank's place in the trainer world."""
         from importlib.metadata import entry_points
 
         from telescope_config import TelescopeConfig
@@ -184,10 +185,10 @@ class TrainerActor:
                 f"installed: {', '.join(sorted(found))}"
             )
         backend = found[config.train_backend].load()
-        self.trainer = backend.create_trainer(config, model_path=self.model_path)
+        self.trainer = backend.create_trainer(config, model_path=self.model_path, seed=config.seed)
         t = self.trainer
         return {"rank": t.rank, "dp_rank": t.dp_rank, "dp_world_size": t.dp_world_size,
-                "broadcast": int(t.is_broadcast_rank)}  # fmt: skip
+                "broadcast": int(t.is_broadcast_rank), "row_multiple": int(t.row_multiple)}  # fmt: skip
 
     def connect_weights(
         self, groups: dict[str, list[str]], settings: dict[str, Any], prefer_loopback: bool = True
@@ -224,11 +225,12 @@ class TrainerActor:
             return {}
         return self.publisher.publish(weights, version=version, group=group)
 
-    def save_checkpoint(self, directory: str, step: int, extra_state: dict[str, Any]) -> str:
-        return str(self.trainer.save_checkpoint(directory, step=step, extra_state=extra_state))
+    def save_checkpoint(self, directory: str, training_state: bool) -> dict[str, Any]:
+        """This rank's part of a checkpoint, into exactly ``directory`` (the CLI's layout: _checkpoints)."""
+        return dict(self.trainer.save_checkpoint(directory, training_state=training_state))
 
-    def load_checkpoint(self, directory: str) -> dict[str, Any]:
-        return self.trainer.load_checkpoint(directory)
+    def load_checkpoint(self, directory: str, weights_only: bool = False) -> None:
+        self.trainer.load_checkpoint(directory, weights_only=weights_only)
 
     def close(self) -> None:
         if self.publisher is not None:

@@ -22,7 +22,6 @@ the weight version after step N is N, the base model is version 0.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -60,6 +59,8 @@ class LoopContext:
     checkpoint_root: Any
     start_step: int = 0
     pad_token_id: int = 0
+    row_multiple: int = 1
+    """The trainer's required row-length multiple (``TrainerBackend.row_multiple``)."""
     wandb: Any = None
     extra_metrics: dict[str, float] = field(default_factory=dict)
     evals: Any = None
@@ -69,6 +70,8 @@ class LoopContext:
     running_eval: PeriodicEval | None = None
     """The periodic evals running in the background, from their start until the loop took them back
     (cancelled when the run ends early)."""
+    sandboxes: list[Any] = field(default_factory=list)
+    """The environments' sandbox pools (``_sandboxes``), closed when the loop ends."""
 
 
 def _filtered(s: Any, config: Any) -> dict[str, bool]:
@@ -119,16 +122,6 @@ def to_train_samples(batch: Any, config: Any) -> tuple[list[Any], dict[str, floa
         )
     stats = {f"filter/{k}_frac": v / len(kept) if kept else 0.0 for k, v in counts.items()}
     return samples, stats
-
-
-def _pad_multiple(config: Any) -> int:
-    """Rows are padded to a multiple of ``pad_to_multiple_of`` and, with context parallelism over cp
-    ranks, of ``2·cp`` (each rank holds two of ``2·cp`` equal chunks)."""
-    if config.train_backend == "megatron":
-        cp = config.megatron_context_parallel_size
-    else:
-        cp = config.fsdp_context_parallel_size
-    return math.lcm(config.pad_to_multiple_of, 2 * cp if cp > 1 else 1)
 
 
 SCORED_DROPS = ("zero_advantage", "max_async")
@@ -188,17 +181,27 @@ async def training_loop(ctx: LoopContext) -> None:
     ctx.console.start_training(ctx.start_step)
     if ctx.start_step:
         engine.weights_updated(ctx.start_step)  # resumed: the servers hold that step's weights
-    async with ctx.client:
-        if plan is not None and plan.baseline():
-            baseline = await _run_evals(ctx, 0, plan.baseline(), end=True)
-            _write_eval_step(ctx, 0, baseline)
-        start = ctx.start_step
-        if plan is not None and start and plan.after_step(start) and not _evals_recorded(ctx, start):
-            # Resumed from a checkpoint whose evals never ended (the run was stopped during them):
-            # the servers hold that step's weights, so run them now, before rollouts start.
-            _write_eval_step(ctx, start, await _run_evals(ctx, start, plan.after_step(start), end=True))
-        async with engine:
-            await _steps(ctx, plan)
+    try:
+        async with ctx.client:
+            await _evals_and_steps(ctx, plan)
+    finally:
+        from telescope_cli._sandboxes import close_sandboxes
+
+        await close_sandboxes(ctx.sandboxes)
+
+
+async def _evals_and_steps(ctx: LoopContext, plan: EvalPlan | None) -> None:
+    """Baseline evals, the evals a resumed checkpoint never finished, then the steps."""
+    if plan is not None and plan.baseline():
+        baseline = await _run_evals(ctx, 0, plan.baseline(), end=True)
+        _write_eval_step(ctx, 0, baseline)
+    start = ctx.start_step
+    if plan is not None and start and plan.after_step(start) and not _evals_recorded(ctx, start):
+        # Resumed from a checkpoint whose evals never ended (the run was stopped during them):
+        # the servers hold that step's weights, so run them now, before rollouts start.
+        _write_eval_step(ctx, start, await _run_evals(ctx, start, plan.after_step(start), end=True))
+    async with ctx.engine:
+        await _steps(ctx, plan)
 
 
 def _evals_recorded(ctx: LoopContext, step: int) -> bool:
@@ -262,7 +265,7 @@ async def _step(ctx: LoopContext, plan: EvalPlan | None, step: int) -> None:
 
     A periodic eval started here stays running in ``ctx.running_eval``.
     """
-    from telescope_algos import pack_samples
+    from telescope_algos import pack_samples, pad_multiple
 
     cfg, engine = ctx.config, ctx.engine
     t0 = time.monotonic()
@@ -272,7 +275,7 @@ async def _step(ctx: LoopContext, plan: EvalPlan | None, step: int) -> None:
     shards = pack_samples(
         samples,
         seq_len=cfg.seq_len,
-        pad_to_multiple_of=_pad_multiple(cfg),
+        pad_to_multiple_of=pad_multiple(cfg.pad_to_multiple_of, ctx.row_multiple),
         num_ranks=ctx.dp_world_size,
         pad_token_id=ctx.pad_token_id,
     )
@@ -368,8 +371,26 @@ def _write_eval_step(ctx: LoopContext, step: int, eval_results: dict[str, float]
 
 
 async def save_checkpoint(ctx: LoopContext, step: int) -> None:
-    """Every rank saves (collective); the engine's state rides along as extra_state."""
-    directory = str(ctx.checkpoint_root)
-    extra = {"engine": ctx.engine.state_dict(), "step": step}
-    paths = await _gather([a.save_checkpoint.remote(directory, step, extra) for a in ctx.trainers])
-    log.info("checkpoint saved", step=step, path=paths[0])
+    """``step_<step>`` under the checkpoint root: every rank writes into one temporary folder, then
+    the folder gets its ``meta.json`` (with the engine's state) and its name, then retention runs
+    (layout and rules: ``_checkpoints``)."""
+    import hashlib
+
+    from telescope_cli import _checkpoints as ck
+
+    cfg = ctx.config
+    training_state = bool(cfg.checkpoint_save_training_state)
+    config = ctx.run.path / "config.yaml"
+    tmp = ck.begin(ctx.checkpoint_root, step)
+    facts = await _gather([a.save_checkpoint.remote(str(tmp), training_state) for a in ctx.trainers])
+    meta = {
+        **facts[0],
+        "base_model": cfg.model,
+        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
+        "training_state": training_state,
+        "extra_state": {"engine": ctx.engine.state_dict(), "step": step},
+    }
+    path = ck.commit(tmp, step, meta)
+    keep = {"keep_last": cfg.checkpoint_keep_last, "keep_every": cfg.checkpoint_keep_every}
+    deleted = ck.prune(ctx.checkpoint_root, current=step, **keep)
+    log.info("checkpoint saved", step=step, path=str(path), deleted=[str(p) for p in deleted])

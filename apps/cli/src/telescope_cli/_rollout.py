@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["algos_advantage_fn", "build_engine", "tokenizer_dir"]
+__all__ = ["algos_advantage_fn", "build_engine", "build_training_environments", "tokenizer_dir"]
 
 log = structlog.get_logger()
 _TOKENIZER_FILES = [
@@ -50,11 +50,28 @@ def algos_advantage_fn(algorithm: str, advantage_norm: str):
     return advantages
 
 
-def build_engine(cfg: Any, model_path: str, urls: list[str]) -> tuple[Any, Any, int, Any]:
-    """(engine, client, pad token id, eval runner or None) for the run.
+def build_training_environments(cfg: Any) -> tuple[list[Any], list[Any]]:
+    """The config's environments (datasets not loaded yet) and the sandbox pools given to them.
 
-    The caller enters ``client`` then ``engine``. Eval datasets are loaded here too, so that
-    ``separate_eval_samples`` can hold their items out of the training sampler.
+    Runs before any server starts, so an unknown environment or a sandbox provider that cannot
+    work fails in seconds (``_sandboxes.SandboxSetupError``).
+    """
+    from telescope_cli._sandboxes import attach_sandboxes
+    from telescope_rollout import build_environments
+
+    built = build_environments(cfg.environments)
+    return built, attach_sandboxes((b.name, b.env, b.kwargs) for b in built)
+
+
+def build_engine(
+    cfg: Any, model_path: str, urls: list[str], built: list[Any], pools: list[Any]
+) -> tuple[Any, Any, int, Any, list[Any]]:
+    """(engine, client, pad token id, eval runner or None, sandbox pools) for the run.
+
+    ``built`` and ``pools`` come from :func:`build_training_environments`. The caller enters
+    ``client`` then ``engine`` and closes the sandbox pools at the end (``close_sandboxes``). Eval
+    datasets are loaded here too, so that ``separate_eval_samples`` can hold their items out of the
+    training sampler; eval environments that run code get their sandbox pools here.
     """
     from telescope_rollout import (
         EngineSettings,
@@ -64,12 +81,13 @@ def build_engine(cfg: Any, model_path: str, urls: list[str]) -> tuple[Any, Any, 
         RolloutEngine,
         SamplerEntry,
         Tokenizer,
-        build_environments,
     )
 
     tok_dir = tokenizer_dir(model_path)
     tokenizer = Tokenizer.from_pretrained(tok_dir, chat_template=cfg.chat_template)
-    built = build_environments(cfg.environments)
+    from telescope_cli._sandboxes import attach_sandboxes
+
+    pools = list(pools)
     for b in built:
         b.env.load_dataset()
         log.info("environment ready", name=b.name, weight=b.weight, samples=len(b.env))
@@ -79,6 +97,10 @@ def build_engine(cfg: Any, model_path: str, urls: list[str]) -> tuple[Any, Any, 
     if cfg.evals:
         evals = EvalRunner(cfg.evals, tokenizer=tokenizer, client=client, settings=settings)
         evals.load()
+        specs = {spec.name: spec for spec in evals.specs}
+        pools += attach_sandboxes(
+            (n, env, specs[n].kwargs if n in specs else {}) for n, env in evals.environments.items()
+        )
         held_out = evals.exclusions(built)
         for name, indices in held_out.items():
             log.info("eval samples held out of training", environment=name, samples=len(indices))
@@ -93,4 +115,4 @@ def build_engine(cfg: Any, model_path: str, urls: list[str]) -> tuple[Any, Any, 
         advantage_fn=algos_advantage_fn(cfg.algorithm, cfg.advantage_norm),
     )
     pad = getattr(tokenizer, "pad_token_id", None)
-    return engine, client, int(pad) if isinstance(pad, int) else 0, evals
+    return engine, client, int(pad) if isinstance(pad, int) else 0, evals, pools

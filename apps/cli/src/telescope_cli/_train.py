@@ -52,24 +52,6 @@ def _publisher_settings(cfg: Any, user_keys: Any = ()) -> dict[str, Any]:
     }
 
 
-def _latest_checkpoint(root: Path, wanted: Any) -> Path:
-    steps = sorted(
-        (int(p.name.split("_")[1]), p)
-        for p in root.glob("step_*")
-        if p.is_dir() and p.name.split("_")[1].isdigit()
-    )
-    if not steps:
-        raise TrainError(f"resume_from_checkpoint is set but {root} holds no step_N checkpoint")
-    if wanted is True:
-        return steps[-1][1]
-    for n, p in steps:
-        if n == int(wanted):
-            return p
-    raise TrainError(
-        f"no checkpoint step_{int(wanted)} in {root}; found: {', '.join(p.name for _, p in steps)}"
-    )
-
-
 def _setup_file_logging(run: RunDir, debug: bool) -> None:
     """Structured JSON logs of the driver into the run directory; the console keeps phases only."""
     import logging
@@ -116,7 +98,24 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
     _sigterm_to_interrupt()
     cluster = Cluster(cfg, log_path=run.path / "logs" / "ray.log")
     wandb_run = None
+    sandboxes: list[Any] = []
+    loop_started = False  # from then on the loop closes the sandbox pools itself
     try:
+        from telescope_cli._checks import backend_problem, truncated_sampling_warning
+
+        if (problem := backend_problem(cfg.train_backend)) is not None:
+            raise TrainError(problem)
+        if (warning := truncated_sampling_warning(cfg)) is not None:
+            log.warning("truncated sampling", detail=warning)
+            console.info(f"[yellow]warning[/yellow]: {warning}")
+        with console.phase("environments and sandboxes"):
+            from telescope_cli._rollout import build_training_environments
+            from telescope_cli._sandboxes import SandboxSetupError
+
+            try:
+                built, sandboxes = build_training_environments(cfg)
+            except SandboxSetupError as err:
+                raise TrainError(str(err)) from None
         with console.phase("model"):
             model_path = resolve_model(cfg.model)
         env_for_actors = {
@@ -126,10 +125,15 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
         with console.phase("Ray"):
             cluster.start(run_env={k: v for k, v in env_for_actors.items() if v})
         servers, trainers, infos = _start_workers(cluster, resolved, model_path, run, console)
-        with console.phase("environments, evals and rollout engine"):
+        with console.phase("datasets, evals and rollout engine"):
             from telescope_cli._rollout import build_engine
 
-            engine, client, pad_id, evals = build_engine(cfg, model_path, [s["url"] for s in servers])
+            try:
+                engine, client, pad_id, evals, sandboxes = build_engine(
+                    cfg, model_path, [s["url"] for s in servers], built, sandboxes
+                )
+            except SandboxSetupError as err:
+                raise TrainError(str(err)) from None
         urls = [s["url"] for s in servers]
         groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
         with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
@@ -151,14 +155,20 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
             config=cfg, engine=engine, client=client, trainers=trainers,
             dp_ranks=[i["dp_rank"] for i in infos],
             dp_world_size=infos[0]["dp_world_size"], run=run, console=console, checkpoint_root=ckpt_root,
-            start_step=start_step, pad_token_id=pad_id, wandb=wandb_run, evals=evals,
+            start_step=start_step, pad_token_id=pad_id, row_multiple=infos[0]["row_multiple"],
+            wandb=wandb_run, evals=evals, sandboxes=sandboxes,
         )  # fmt: skip
+        loop_started = True
         asyncio.run(training_loop(ctx))
         console.close()
         console.info(f"[green]finished[/green] {cfg.number_of_steps} steps; records in {run.path}")
         return run.path
     finally:
         console.close()
+        if sandboxes and not loop_started:
+            from telescope_cli._sandboxes import close_sandboxes
+
+            asyncio.run(close_sandboxes(sandboxes))
         try:
             with console.phase("stopping every process of the run"):
                 cluster.close()
@@ -216,22 +226,49 @@ def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, co
 
 
 def _resume(cfg: Any, root: Path, trainers: list[Any], engine: Any, run: RunDir) -> int:
+    """Load the checkpoint to resume on every rank, the engine's state, and the servers' weights.
+
+    The engine's step counter is set to the trainer's: batches it had queued but the trainer never
+    trained are generated again, so ``max_async_rollout`` means the same after a resume.
+    """
     import ray
 
-    path = _latest_checkpoint(root, cfg.resume_from_checkpoint)
-    states = ray.get([a.load_checkpoint.remote(str(path)) for a in trainers])
-    extra = states[0] or {}
-    if "engine" not in extra:
+    from telescope_cli import _checkpoints as ck
+
+    try:
+        path = ck.find_checkpoint(root, cfg.resume_from_checkpoint)
+        meta = ck.read_meta(path)
+    except ck.CheckpointError as err:
+        raise TrainError(str(err)) from None
+    if not meta.get("training_state"):
         raise TrainError(
             f"{path} holds weights only (checkpoint_save_training_state was false): it cannot resume a run. "
             "Start a new run from it with --model <converted folder> instead (telescope convert)."
         )
-    engine.load_state_dict(extra["engine"])
-    step = int(extra["step"])
+    if meta.get("backend") != cfg.train_backend:
+        raise TrainError(
+            f"{path} was written by the {meta.get('backend')!r} backend; this run has train_backend "
+            f"{cfg.train_backend!r}. Resume with --train_backend {meta.get('backend')}, or convert it "
+            "(telescope convert) and start a new run from the converted folder."
+        )
+    ray.get([a.load_checkpoint.remote(str(path)) for a in trainers])
+    step = int(meta["step"])
+    engine.load_state_dict(resumed_engine_state(meta["extra_state"]["engine"], step))
     ray.get([a.publish.remote(step) for a in trainers])  # the servers still hold the base model
     run.truncate_metrics(step)
     log.info("resumed", checkpoint=str(path), step=step, at=time.time())
     return step
+
+
+def resumed_engine_state(state: dict[str, Any], step: int) -> dict[str, Any]:
+    """The engine's saved state with its counters at the trainer's ``step``.
+
+    A checkpoint of step N is written while the engine may already have assembled batches N+1 ..
+    N+max_async_rollout (its ``step`` counter ahead of N); those batches die with the run, so the
+    resumed engine counts from N and generates them again (from new prompts: the sampler goes on
+    from where it was, so no prompt is drawn twice).
+    """
+    return {**state, "step": step, "version": step}
 
 
 def _wandb_mode() -> str:

@@ -44,6 +44,15 @@ from telescope_algos._modifiers import dual_clip, kl_penalty, seq_is_mask, tis_w
 from telescope_algos._packing import MicroBatch, Sample, first_fit_decreasing, pack_samples
 from telescope_algos._schedule import LR_SCHEDULES, lr_multiplier
 from telescope_algos._segments import Segments, find_segments, segment_ids_from_position_ids
+from telescope_algos._step import (
+    loss_options,
+    minibatch_groups,
+    needs_old_logprobs,
+    pad_multiple,
+    rng_state,
+    row_multiple,
+    set_rng_state,
+)
 from telescope_algos._tokens import (
     align_to_inputs,
     label_logprobs_and_entropy,
@@ -83,18 +92,25 @@ __all__ = [
     "is_repetitive",
     "kl_penalty",
     "label_logprobs_and_entropy",
+    "loss_options",
     "lr_multiplier",
+    "minibatch_groups",
+    "needs_old_logprobs",
     "next_token_labels",
     "overlong_penalty",
     "pack_samples",
     "packed_attention",
+    "pad_multiple",
     "ppo_clip_policy_loss",
     "reinforce_policy_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
+    "rng_state",
+    "row_multiple",
     "sapo_policy_loss",
     "segment_ids_from_position_ids",
     "seq_is_mask",
+    "set_rng_state",
     "split_length",
     "tis_weights",
     "token_entropy",

@@ -1,6 +1,8 @@
 """The backend-neutral trainer protocol: what the training loop needs from FSDP2 and Megatron.
 
-A backend package exposes ``create_trainer(config, **options) -> TrainerBackend`` and registers
+A backend package exposes ``create_trainer(config, *, model_path, seed, **options) ->
+TrainerBackend`` and ``convert_checkpoint(directory, out_dir) -> Path`` (a folder written by
+``save_checkpoint`` → a Hugging Face safetensors folder, without torch.distributed), and registers
 its module under the entry-point group ``telescope.trainers`` (name = the config's
 ``train_backend``). Every method is *collective*: every rank of the trainer world calls it with
 the same arguments, in the same order.
@@ -12,7 +14,7 @@ gloo on CPU, NCCL on GPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -33,6 +35,9 @@ class TrainerBackend(Protocol):
     """Which data shard this rank trains on (``pack_samples`` deals one list per DP rank)."""
     dp_world_size: int
     """How many data shards a step is split into."""
+    row_multiple: int
+    """Packed rows must be a multiple of this length (``row_multiple`` of the parallel layout); the
+    caller pads to ``pad_multiple(config.pad_to_multiple_of, row_multiple)``."""
 
     @property
     def is_broadcast_rank(self) -> bool:
@@ -53,13 +58,23 @@ class TrainerBackend(Protocol):
         by the backend as soon as the consumer moves on, so the whole model is never held at once.
         """
 
-    def save_checkpoint(
-        self, directory: str | Path, *, step: int, extra_state: Mapping[str, Any] | None = None
-    ) -> Path:
-        """Write a checkpoint of model, optimizer, scheduler, RNG and ``extra_state`` atomically."""
+    def save_checkpoint(self, directory: str | Path, *, training_state: bool = True) -> dict[str, Any]:
+        """Write this trainer's state into exactly ``directory`` (collective).
 
-    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
-        """Restore a checkpoint written by ``save_checkpoint``; return its ``extra_state``."""
+        The caller made ``directory`` (empty) and owns everything around it: naming (``step_N``),
+        writing into a temporary folder and renaming it once every rank returned, ``meta.json``,
+        retention and which checkpoint to resume. Every rank writes its part into the same folder:
+        the model weights, and with ``training_state`` the optimizer, the LR schedule's position,
+        counters and RNG states; nothing is written outside it. Returns the backend's facts for the
+        caller's ``meta.json`` (JSON-able, identical on every rank), at least ``{"backend": name}``.
+        """
+
+    def load_checkpoint(self, directory: str | Path, *, weights_only: bool = False) -> None:
+        """Restore what :meth:`save_checkpoint` wrote into ``directory`` (collective).
+
+        ``weights_only`` restores the model alone (optimizer, schedule, counters and RNG keep their
+        current values); a folder written with ``training_state=False`` needs it.
+        """
 
     def close(self) -> None:
         """Free memory and leave the process group (idempotent)."""

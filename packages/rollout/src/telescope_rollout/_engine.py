@@ -21,7 +21,18 @@ Counters (version v = number of weight updates applied, 0 = base model; step = b
   sample above ``max_off_policy_steps`` is cancelled at once (``off_policy``).
 Acceptance, in order: any error drops the group (reason = the error kind), then ``max_async``,
 then ``zero_advantage``; otherwise it is kept. Dropped and cancelled groups ride along in the next
-batch for inspection.
+batch for inspection, at most ``4 * prompts_batch_size_for_trainer + 64`` of each per batch (the
+first ones; the rest are counted in ``rollout/discarded_unrecorded`` / ``rollout/cancelled_unrecorded``).
+
+Input that can only fail again stops the run with a :class:`RolloutError` (``_watch``):
+- a prompt that cannot fit (prompt tokens >= ``max_model_len``) is dropped at dispatch as a group
+  with reason ``prompt_too_long``, before any request; it takes no lane. Once
+  ``max_consecutive_unfit_prompts`` prompts of one environment in a row do not fit, or every
+  training prompt of it was seen not fitting, the run stops naming the environment;
+- once every sample of the last ``max(2 * prompts_batch_size_for_trainer, 8)`` finished groups
+  failed with one error kind (a kept or non-error-dropped group starts the count over; cancelled
+  groups and groups on a server found unreachable do not count), the run stops naming the kind,
+  the environments and the first error.
 
 All methods must be called from the event loop's thread.
 """
@@ -48,15 +59,16 @@ from telescope_rollout._env import Environment, environments_by_name, maybe_awai
 from telescope_rollout._lanes import LanePool
 from telescope_rollout._prompts import PreparedPrompt, PromptSource
 from telescope_rollout._results import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
-from telescope_rollout._rollout import CompletionClient, play_sample
+from telescope_rollout._rollout import CompletionClient, _too_long, completion_budget, play_sample
 from telescope_rollout._sampler import MultiEnvSampler
 from telescope_rollout._settings import EngineSettings
+from telescope_rollout._watch import FailureWatch, same_error_message, unfit_message
 
 log = structlog.get_logger()
 
 
 class RolloutError(RuntimeError):
-    """The engine cannot go on (every server unreachable, or an internal failure)."""
+    """The engine cannot go on (every server unreachable, input that can only fail, an internal failure)."""
 
 
 @dataclass
@@ -138,6 +150,13 @@ class RolloutEngine:
         """Groups cancelled since the engine was built."""
         self._paused_since: float | None = None
         self._last_batch_t = self.clock()
+        P = settings.prompts_batch_size_for_trainer
+        self.watch = FailureWatch(settings.max_consecutive_unfit_prompts, max(2 * P, 8))
+        """Counts unfit prompts and same-error groups (see the module docstring)."""
+        self.max_recorded_drops = 4 * P + 64
+        """Dropped (and, separately, cancelled) groups kept per batch for records; more are counted."""
+        self._failed: RolloutError | None = None
+        self._warned_unfit: set[str] = set()
 
     # ----------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> RolloutEngine:
@@ -343,10 +362,27 @@ class RolloutEngine:
                     return url, lanes
         return None
 
+    def _check_pause(self) -> bool:
+        """True while the async limit pauses dispatch (counts pauses and paused time)."""
+        if self._should_pause():
+            if not self.paused:
+                self.paused = True
+                self._paused_since = self.clock()
+                self._stats["pauses"] += 1
+                log.debug("rollout_paused_max_async", step=self.step, version=self.version)
+            return True
+        if self.paused:
+            self.paused = False
+            if self._paused_since is not None:
+                self._stats["paused_s"] += self.clock() - self._paused_since
+            self._paused_since = None
+            log.debug("rollout_resumed_max_async", step=self.step, version=self.version)
+        return False
+
     async def _dispatch_loop(self) -> None:
         try:
             dispatched = 0
-            while True:
+            while self._failed is None:
                 self._wake.clear()
                 if len(self.down) == len(self.servers):
                     raise RolloutError(
@@ -354,26 +390,20 @@ class RolloutEngine:
                         + "; ".join(f"{u}: {e}" for u, e in self.down.items())
                         + ". Check the server logs in the run directory (logs/) and restart them."
                     )
-                if self._should_pause():
-                    if not self.paused:
-                        self.paused = True
-                        self._paused_since = self.clock()
-                        self._stats["pauses"] += 1
-                        log.debug("rollout_paused_max_async", step=self.step, version=self.version)
+                if self._check_pause():
                     await self._wake.wait()
                     continue
-                if self.paused:
-                    self.paused = False
-                    if self._paused_since is not None:
-                        self._stats["paused_s"] += self.clock() - self._paused_since
-                    self._paused_since = None
-                    log.debug("rollout_resumed_max_async", step=self.step, version=self.version)
+                prompt = self.prompts.take()
+                if self._drop_if_unfit(prompt):
+                    await asyncio.sleep(0)  # a stream of unfit prompts still lets the caller run
+                    continue
                 picked = self._pick_server()
                 if picked is None:
+                    self.prompts.put_back(prompt)
                     await self._wake.wait()
                     continue
                 url, lanes = picked
-                self._start_group(url, self.prompts.take(), lanes)
+                self._start_group(url, prompt, lanes)
                 dispatched += 1
                 if dispatched % len(self.servers) == 0:
                     await asyncio.sleep(0)
@@ -383,14 +413,58 @@ class RolloutEngine:
             err = exc if isinstance(exc, RolloutError) else RolloutError(f"rollout dispatch failed: {exc!r}")
             if err is not exc:
                 err.__cause__ = exc
-            log.error("rollout_failed", error=str(err))
-            self._batches.put_nowait(err)
+            self._fail(err)
 
-    def _start_group(self, url: str, prompt: PreparedPrompt, lanes: list[int] | None) -> None:
+    def _fail(self, err: RolloutError) -> None:
+        """Stop for good: dispatch ends, no batch is assembled, ``next_batch()`` raises ``err``."""
+        if self._failed is not None:
+            return
+        self._failed = err
+        log.error("rollout_failed", error=str(err))
+        self._batches.put_nowait(err)
+        self._wake.set()
+
+    def _drop_if_unfit(self, prompt: PreparedPrompt) -> bool:
+        """Drop ``prompt`` as a ``prompt_too_long`` group when it cannot fit the context; raises
+        :class:`RolloutError` once its environment is hopeless (``FailureWatch.prompt_unfit``)."""
+        n, s = len(prompt.ids), self.settings
+        if completion_budget(s, n) > 0:
+            self.watch.prompt_fits(prompt.env_name)
+            return False
+        group = self._new_group(prompt, "")
+        for run in group.runs:
+            run.done = True
+            run.out.error, run.out.error_detail = "prompt_too_long", _too_long(n, s)
+        self._drop(self._scored_group(group), "prompt_too_long")
+        if prompt.env_name not in self._warned_unfit:
+            self._warned_unfit.add(prompt.env_name)
+            log.warning(
+                "rollout_prompt_too_long", env=prompt.env_name, prompt_tokens=n,
+                max_model_len=s.max_model_len, note="dropped at dispatch; further ones are logged at debug",
+            )  # fmt: skip
+        candidates = self._candidates(prompt.env_name)
+        streak = self.watch.prompt_unfit(prompt.env_name, prompt.index, n, candidates)
+        if streak is not None:
+            limit = s.max_consecutive_unfit_prompts
+            msg = unfit_message(
+                prompt.env_name, streak, candidates=candidates, max_model_len=s.max_model_len,
+                max_tokens=s.max_tokens, limit=limit,
+            )  # fmt: skip
+            raise RolloutError(msg)
+        return True
+
+    def _candidates(self, env_name: str) -> int:
+        """How many prompts the sampler can draw from ``env_name``."""
+        sampler = self.prompts.sampler
+        if hasattr(sampler, "candidates"):
+            return len(sampler.candidates(env_name))
+        return len(self.environments[env_name])
+
+    def _new_group(self, prompt: PreparedPrompt, url: str, lanes: list[int] | None = None) -> _GroupRun:
+        """A group of ``group_size`` fresh samples with the next group and sample ids."""
         group = _GroupRun(self.next_group_id, prompt, url, lanes=lanes)
         self.next_group_id += 1
-        self._groups[group.group_id] = group
-        for i in range(self.settings.group_size):
+        for _ in range(self.settings.group_size):
             out = ScoredSample(
                 group_id=group.group_id,
                 sample_id=self.next_sample_id,
@@ -400,8 +474,13 @@ class RolloutEngine:
                 server=url,
             )
             self.next_sample_id += 1
-            run = _SampleRun(out)
-            group.runs.append(run)
+            group.runs.append(_SampleRun(out))
+        return group
+
+    def _start_group(self, url: str, prompt: PreparedPrompt, lanes: list[int] | None) -> None:
+        group = self._new_group(prompt, url, lanes)
+        self._groups[group.group_id] = group
+        for i, run in enumerate(group.runs):
             lane = lanes[i] if lanes is not None else None
             group.tasks.append(asyncio.create_task(self._run_sample(group, run, lane)))
 
@@ -479,9 +558,13 @@ class RolloutEngine:
             self._wake.set()
 
     def _drop(self, sg: ScoredGroup, reason: str, cancelled: bool = False) -> None:
-        dropped = DroppedGroup(sg, reason, self.step, self.version)
-        (self._cancelled if cancelled else self._discarded).append(dropped)
-        self._stats[f"{'cancelled' if cancelled else 'discarded'}_{reason}"] += 1
+        kept = self._cancelled if cancelled else self._discarded
+        what = "cancelled" if cancelled else "discarded"
+        if len(kept) < self.max_recorded_drops:
+            kept.append(DroppedGroup(sg, reason, self.step, self.version))
+        else:
+            self._stats[f"{what}_unrecorded"] += 1
+        self._stats[f"{what}_{reason}"] += 1
         log.debug("rollout_dropped", group_id=sg.group_id, reason=reason, cancelled=cancelled)
 
     def _cancel_group(self, group: _GroupRun, reason: str) -> None:
@@ -505,9 +588,15 @@ class RolloutEngine:
         self._groups.pop(group.group_id, None)
         self._release_group_lanes(group)
         sg = self._scored_group(group)
-        errors = [s.error for s in sg.samples if s.error]
+        errors = [s for s in sg.samples if s.error]
         if errors:
-            self._drop(sg, errors[0])
+            self._drop(sg, str(errors[0].error))
+            # an unreachable server is the pool's concern (every server down stops the run)
+            if group.server not in self.down:
+                kinds = [s.error for s in sg.samples]
+                run = self.watch.group_failed(kinds, sg.env_name, errors[0].error_detail)
+                if run is not None:
+                    self._fail(RolloutError(same_error_message(run)))
             self._wake.set()
             return
         s = self.settings
@@ -520,6 +609,7 @@ class RolloutEngine:
         advantages = self.advantage_fn(sg.rewards)
         for sample, a in zip(sg.samples, advantages, strict=True):
             sample.advantage = float(a)
+        self.watch.group_ok()
         if sg.staleness > s.max_async_rollout:
             self._drop(sg, "max_async")
         elif s.discard_group_zero_advantage and is_zero_advantage(advantages):
@@ -531,6 +621,8 @@ class RolloutEngine:
         self._wake.set()
 
     def _assemble(self) -> None:
+        if self._failed is not None:
+            return
         n = self.settings.prompts_batch_size_for_trainer
         groups, self._bucket = self._bucket[:n], self._bucket[n:]
         now = self.clock()
@@ -554,6 +646,7 @@ class RolloutEngine:
             "rollout/groups_kept": float(len(batch.groups)),
             "rollout/groups_discarded": float(len(batch.discarded)),
             "rollout/groups_cancelled": float(len(batch.cancelled)),
+            "rollout/discarded_unrecorded": float(self._stats.get("discarded_unrecorded", 0)),
             "rollout/samples": float(len(samples)),
             "rollout/prompt_tokens": float(sum(len(s.prompt_ids) for s in samples)),
             "rollout/completion_tokens": float(sum(s.num_model_tokens for s in samples)),

@@ -84,7 +84,8 @@ class DroppedGroup:
     group: ScoredGroup
     reason: str
     """max_async, zero_advantage, off_policy, eval_drain (cancelled: its server was drained for an
-    eval), or an error kind (rollout_error, prompt_too_long, ...)."""
+    eval), or an error kind (rollout_error, prompt_too_long, ...). A prompt that cannot fit the
+    context is dropped at dispatch: prompt_too_long, no server, its samples never started."""
     step: int
     """The batch that was being filled when it was dropped."""
     version: int

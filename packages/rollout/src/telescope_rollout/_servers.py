@@ -153,6 +153,11 @@ class ServerSettings:
         return cls(**values)
 
 
+LOGPROBS_MODE = "processed_logprobs"
+"""vLLM's ``--logprobs-mode``: its default (``raw_logprobs``) is computed before temperature, so at
+any temperature but 1 the rollout logprobs would describe another distribution than the trainer's."""
+
+
 def server_command(
     settings: ServerSettings, port: int, *, extension_cls: str | None = None, python: str = sys.executable
 ) -> list[str]:
@@ -168,6 +173,9 @@ def server_command(
         "--scheduling-policy", s.scheduling_policy,
         "--no-enable-prefix-caching",
         "--override-generation-config", '{"max_new_tokens": null}',
+        # logprobs of the distribution tokens are sampled from (after temperature, top-k, top-p),
+        # the one the trainer computes with its logits divided by the temperature
+        "--logprobs-mode", LOGPROBS_MODE,
     ]  # fmt: skip
     if not cpu:
         cmd += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]

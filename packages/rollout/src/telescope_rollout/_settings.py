@@ -2,7 +2,8 @@
 
 ``EngineSettings.from_config(config)`` picks them from a ``TelescopeConfig`` (or a
 ``ResolvedConfig``); programs that embed the engine without Telescope's config build it by hand.
-Every field keeps the config's name, unit and default (see telescope_config's defaults.yaml).
+Every field keeps the config's name, unit and default (see telescope_config's defaults.yaml);
+``max_consecutive_unfit_prompts`` is the engine's own (no config field yet: the default is used).
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class EngineSettings:
     """Passed to the chat template when not None."""
     eos_token: str | None = None
     """Trailing text stripped by reward functions; None uses each environment's own."""
+    max_consecutive_unfit_prompts: int = 32
+    """Stop the run once this many prompts of one environment in a row do not fit the context
+    (prompt tokens >= max_model_len), or once every training prompt of an environment was seen
+    not fitting, whichever comes first. Unfit prompts never reach a server: each is dropped as a
+    group with reason prompt_too_long."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -72,6 +78,7 @@ class EngineSettings:
             (self.max_model_len >= 2, "max_model_len must be >= 2"),
             (self.temperature >= 0, "temperature must be >= 0"),
             (self.prompt_prefetch_buffer_size >= 0, "prompt_prefetch_buffer_size must be >= 0"),
+            (self.max_consecutive_unfit_prompts >= 1, "max_consecutive_unfit_prompts must be >= 1"),
             (
                 not self.free_lane_after_generation or self.enable_individual_sample_lanes,
                 "free_lane_after_generation needs enable_individual_sample_lanes: true "

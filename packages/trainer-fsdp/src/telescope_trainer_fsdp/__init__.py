@@ -4,20 +4,13 @@
 and returns an :class:`FSDPTrainer` implementing ``telescope_algos.TrainerBackend``: exact packed
 training (samples sharing a row never attend to each other; each update is the token mean of the
 whole step over micro-batches and ranks), AdamW with clipping and skipped non-finite steps, LR
-schedules, streamed Hugging Face weights for weight sync, and atomic DCP checkpoints that
-:func:`convert_checkpoint` turns into a Hugging Face safetensors folder. The module registers
-itself in the ``telescope.trainers`` entry-point group under :data:`BACKEND_NAME`.
+schedules, streamed Hugging Face weights for weight sync, and DCP checkpoints written into the
+folder the caller gives, which :func:`convert_checkpoint` turns into a Hugging Face safetensors
+folder. The module registers itself in the ``telescope.trainers`` entry-point group under
+:data:`BACKEND_NAME`.
 """
 
 from telescope_trainer_fsdp.__about__ import __version__
-from telescope_trainer_fsdp._checkpoint import (
-    checkpoint_due,
-    checkpoints_to_delete,
-    list_checkpoints,
-    prune_checkpoints,
-    read_meta,
-    resolve_checkpoint,
-)
 from telescope_trainer_fsdp._export import convert_checkpoint
 from telescope_trainer_fsdp._schedule import SCHEDULES, lr_multiplier
 from telescope_trainer_fsdp._trainer import FSDPTrainer, create_trainer
@@ -29,13 +22,7 @@ __all__ = [
     "SCHEDULES",
     "FSDPTrainer",
     "__version__",
-    "checkpoint_due",
-    "checkpoints_to_delete",
     "convert_checkpoint",
     "create_trainer",
-    "list_checkpoints",
     "lr_multiplier",
-    "prune_checkpoints",
-    "read_meta",
-    "resolve_checkpoint",
 ]

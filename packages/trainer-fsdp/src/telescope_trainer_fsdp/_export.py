@@ -70,10 +70,10 @@ def convert_checkpoint(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = 5 * 1024**3,
 ) -> Path:
-    """Turn an FSDP checkpoint (a ``step_<N>`` dir, or a root → its latest) into a Hugging Face folder.
+    """Turn a folder written by ``FSDPTrainer.save_checkpoint`` into a Hugging Face folder.
 
     Args:
-        checkpoint_dir: written by ``FSDPTrainer.save_checkpoint``.
+        checkpoint_dir: a checkpoint folder (``step_<N>``; runs without torch.distributed).
         out_dir: created if needed; receives safetensors, config and tokenizer files.
         dtype: cast the weights (e.g. ``torch.bfloat16``); default keeps the trained dtype.
         max_shard_bytes: largest safetensors file before sharding.
@@ -83,13 +83,9 @@ def convert_checkpoint(
     """
     from safetensors.torch import save_file
 
-    ckpt = ck.resolve_checkpoint(checkpoint_dir)
+    ckpt = ck.check_folder(checkpoint_dir)
     hf_meta = ckpt / ck.HF_META_DIR
     config_path = hf_meta / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(
-            f"{ckpt} has no {ck.HF_META_DIR}/config.json: not a telescope FSDP checkpoint"
-        )
     tied = bool(json.loads(config_path.read_text(encoding="utf-8")).get("tie_word_embeddings", False))
     reader = dcp.FileSystemReader(str(ckpt))
     metadata = reader.read_metadata().state_dict_metadata

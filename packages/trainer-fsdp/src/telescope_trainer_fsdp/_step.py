@@ -1,4 +1,7 @@
-"""The pieces of one train step: config → loss options, minibatch groups, step-wide counts, forward.
+"""The FSDP-specific pieces of one train step: step-wide counts and the forward pass.
+
+The backend-neutral pieces (loss options, the π_old decision, minibatch groups) are
+``telescope_algos``' (``_step`` there), shared with the Megatron backend.
 
 Normalisation: every optimizer update divides its loss by the loss-token count of *its whole
 minibatch group*: every micro-batch of the group on every rank (one collective before the
@@ -11,67 +14,15 @@ averaged per-micro-batch means: spec §12 item 15.)
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from telescope_algos import MicroBatch, compute_loss, token_logprobs_and_entropy
+from telescope_algos import MicroBatch, token_logprobs_and_entropy
 
-__all__ = [
-    "StepCounts",
-    "forward_logprobs",
-    "gather_step_counts",
-    "loss_options",
-    "minibatch_groups",
-    "needs_old_logprobs",
-]
-
-# compute_loss keywords that are data, not config fields.
-_DATA_KEYWORDS = {
-    "advantages",
-    "loss_mask",
-    "rollout_logprobs",
-    "old_logprobs",
-    "entropy",
-    "position_ids",
-    "segment_ids",
-    "num_tokens",
-    "num_samples",
-    "max_len",
-}
-_RATIO_ALGORITHMS = ("cispo", "gspo", "sapo")
-
-
-def loss_options(config: object) -> dict[str, object]:
-    """Every keyword of ``compute_loss`` that names a config field, with the config's value."""
-    names = [
-        p.name
-        for p in inspect.signature(compute_loss).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _DATA_KEYWORDS
-    ]
-    missing = [n for n in names if not hasattr(config, n)]
-    if missing:
-        raise ValueError(
-            f"the config lacks loss fields {missing}: telescope-config and telescope-algos disagree"
-        )
-    return {n: getattr(config, n) for n in names}
-
-
-def needs_old_logprobs(config: object) -> bool:
-    """True when the step starts with a no-grad pass for π_old (``ppo_clip_ref_logprobs: batch``)."""
-    wants_ratio = bool(config.use_ppo_clip) or config.algorithm in _RATIO_ALGORITHMS
-    return config.ppo_clip_ref_logprobs == "batch" and wants_ratio
-
-
-def minibatch_groups(count: int, number_of_minibatches: int) -> list[list[int]]:
-    """Indices of ``count`` micro-batches dealt round-robin (``i mod n``) into at most n non-empty groups."""
-    if number_of_minibatches < 1:
-        raise ValueError(f"number_of_minibatches must be >= 1, got {number_of_minibatches}")
-    groups = [list(range(g, count, number_of_minibatches)) for g in range(number_of_minibatches)]
-    return [g for g in groups if g]
+__all__ = ["StepCounts", "forward_logprobs", "gather_step_counts"]
 
 
 @dataclass(frozen=True)

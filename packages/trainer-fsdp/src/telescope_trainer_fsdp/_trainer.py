@@ -18,12 +18,11 @@ replica (``_context_parallel``); the counts and sums above then count each repli
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import random
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from telescope_algos import MicroBatch, compute_loss
-from telescope_trainer_fsdp import _checkpoint as ck
+from telescope_algos import (
+    MicroBatch,
+    compute_loss,
+    loss_options,
+    minibatch_groups,
+    needs_old_logprobs,
+    row_multiple,
+)
 from telescope_trainer_fsdp import _export, _state, _step
 from telescope_trainer_fsdp._context_parallel import (
     ATTENTION,
@@ -97,8 +102,9 @@ class FSDPTrainer:
             total_steps=config.number_of_steps,
             min_lr_ratio=config.min_lr_ratio,
         )
-        self._loss_options = _step.loss_options(config)
-        self._needs_old = _step.needs_old_logprobs(config)
+        self._loss_options = loss_options(config)
+        self._needs_old = needs_old_logprobs(config)
+        self.row_multiple = row_multiple(context_parallel=self.cp_size)
         self.skipped_steps_total = 0
         self.steps_done = 0
         self._closed = False
@@ -121,7 +127,7 @@ class FSDPTrainer:
             )
         if self._cp:
             mbs = [pad_for_cp(mb, self.cp_size) for mb in mbs]
-        groups = _step.minibatch_groups(len(mbs), cfg.number_of_minibatches)
+        groups = minibatch_groups(len(mbs), cfg.number_of_minibatches)
         counts = _step.gather_step_counts(mbs, groups, device=self.device, copies=self.cp_size)
         metrics = StepMetrics()
         self.model.train()
@@ -209,14 +215,10 @@ class FSDPTrainer:
         """The model in Hugging Face names, one gathered parameter at a time (every rank must exhaust it)."""
         return _export.iter_hf_weights(self.model, dtype=dtype)
 
-    def save_checkpoint(
-        self, directory: str | Path, *, step: int, extra_state: Mapping[str, Any] | None = None
-    ) -> Path:
-        """Write ``<directory>/step_<step>`` atomically, then apply the retention rules of the config."""
-        cfg = self.config
-        path = _state.save_state(
+    def save_checkpoint(self, directory: str | Path, *, training_state: bool = True) -> dict[str, Any]:
+        """Write this rank's part into exactly ``directory`` (layout: ``_checkpoint``); see the protocol."""
+        _state.save_state(
             directory,
-            step=step,
             model=self.model,
             optimizer=self.optimizer,
             trainer_state={
@@ -224,46 +226,29 @@ class FSDPTrainer:
                 "skipped_steps_total": self.skipped_steps_total,
                 "steps_done": self.steps_done,
             },
-            meta={
-                "backend": "fsdp",
-                "base_model": cfg.model,
-                "model_path": str(self.model_path),
-                "model_dtype": cfg.model_dtype,
-                "config_sha256": hashlib.sha256(cfg.model_dump_json().encode()).hexdigest(),
-            },
-            extra_state=extra_state,
-            training_state=cfg.checkpoint_save_training_state,
+            training_state=training_state,
             write_hf_meta=self._write_hf_meta,
         )
-        if self.rank == 0:
-            deleted = ck.prune_checkpoints(
-                directory,
-                current=step,
-                keep_last=cfg.checkpoint_keep_last,
-                keep_every=cfg.checkpoint_keep_every,
-            )
-            if deleted:
-                _log.info("old checkpoints deleted", paths=[str(p) for p in deleted])
-        dist.barrier()
-        return path
+        return {
+            "backend": "fsdp",
+            "world_size": self.world_size,
+            "model_path": str(self.model_path),
+            "model_dtype": self.config.model_dtype,
+        }
 
-    def load_checkpoint(self, directory: str | Path, *, weights_only: bool = False) -> dict[str, Any]:
-        """Restore a ``step_<N>`` dir (or the latest under a root); return the saved ``extra_state``.
+    def load_checkpoint(self, directory: str | Path, *, weights_only: bool = False) -> None:
+        """Restore a folder written by :meth:`save_checkpoint` (any world size).
 
-        ``weights_only`` (or a weights-only checkpoint) restores the model alone; optimizer, scheduler,
-        RNG and counters keep their current values.
+        ``weights_only`` restores the model alone; optimizer, scheduler, RNG and counters keep their
+        current values.
         """
-        path = ck.resolve_checkpoint(directory)
-        meta, trainer_state = _state.load_state(
-            path, model=self.model, optimizer=self.optimizer, weights_only=weights_only
+        trainer_state = _state.load_state(
+            directory, model=self.model, optimizer=self.optimizer, weights_only=weights_only
         )
         if trainer_state is not None:
             self.scheduler.load_state_dict(trainer_state["scheduler"])
             self.skipped_steps_total = int(trainer_state["skipped_steps_total"])
             self.steps_done = int(trainer_state["steps_done"])
-        elif not weights_only:
-            _log.warning("weights-only checkpoint: optimizer, scheduler and RNG not restored", path=str(path))
-        return dict(meta.get("extra_state") or {})
 
     def close(self) -> None:
         """Drop the model and optimizer; destroy the process group if this trainer created it."""
@@ -318,7 +303,7 @@ def create_trainer(
     device: str | torch.device | None = None,
     gradient_checkpointing: bool = True,
     attn_implementation: str | None = None,
-    seed: int | None = 0,
+    seed: int | None = -1,
     trust_remote_code: bool = False,
     dist_timeout_s: float = 1800.0,
 ) -> FSDPTrainer:
@@ -332,7 +317,8 @@ def create_trainer(
         attn_implementation: force a transformers attention implementation (default: flash-attn on GPU
             when installed, else SDPA; both isolate packed samples). With context parallelism the
             trainer's own ``telescope_cp`` attention is used and this must stay None.
-        seed: seeds Python, NumPy and torch on every rank before the model loads; None leaves them.
+        seed: seeds Python, NumPy and torch on every rank before the model loads; the default (-1)
+            takes ``config.seed``; None leaves the generators as they are.
         trust_remote_code: passed to transformers.
         dist_timeout_s: collective timeout when this call creates the process group.
     """
@@ -354,6 +340,8 @@ def create_trainer(
         if cp > 1:
             register_attention()
             attn_implementation = ATTENTION
+        if seed == -1:
+            seed = int(config.seed)
         if seed is not None:
             random.seed(seed)
             np.random.seed(seed)

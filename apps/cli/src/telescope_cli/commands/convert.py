@@ -1,13 +1,13 @@
 """``telescope convert CHECKPOINT OUTPUT``: a checkpoint → a Hugging Face safetensors folder.
 
-The backend that wrote the checkpoint (``meta.json``'s ``backend``) converts it, so FSDP and
-Megatron checkpoints both come out as one folder that ``transformers`` and vLLM load.
+The backend that wrote the checkpoint (``meta.json``'s ``backend``) converts it with its
+``convert_checkpoint(directory, out_dir)``, so FSDP and Megatron checkpoints both come out as one
+folder that ``transformers`` and vLLM load.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -16,24 +16,26 @@ from telescope_cli._exit import EXIT_INVALID, EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
+    from telescope_cli._checkpoints import CheckpointError, read_meta
+
     ckpt = Path(args.checkpoint)
-    meta_file = ckpt / "meta.json"
-    if not meta_file.is_file():
-        print(
-            f"telescope convert: {ckpt} is not a checkpoint (no meta.json). Pass a step_N folder from the "
-            "run's checkpoints directory.",
-            file=sys.stderr,
-        )
+    try:
+        backend = read_meta(ckpt).get("backend", "fsdp")
+    except CheckpointError as err:
+        print(f"telescope convert: {err}", file=sys.stderr)
         return EXIT_INVALID
-    backend = json.loads(meta_file.read_text(encoding="utf-8")).get("backend", "fsdp")
     found = {ep.name: ep for ep in entry_points(group="telescope.trainers")}
     if backend not in found:
         print(
-            f"telescope convert: backend {backend!r} is not installed; installed: {sorted(found)}",
+            f"telescope convert: {ckpt} was written by the {backend!r} backend, which is not installed; "
+            f"installed: {', '.join(sorted(found))}",
             file=sys.stderr,
         )
         return EXIT_INVALID
-    module = found[backend].load()
-    out = module.convert_checkpoint(ckpt, Path(args.output))
+    try:
+        out = found[backend].load().convert_checkpoint(ckpt, Path(args.output))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"telescope convert: {err}", file=sys.stderr)
+        return EXIT_INVALID
     print(f"wrote {out}")
     return EXIT_OK

@@ -1,0 +1,62 @@
+"""Start-up checks of a run that need no process: what is wrong is said before anything starts.
+
+- :func:`backend_problem`: the ``train_backend`` is not installed, or lacks its extra (the trainer
+  processes would otherwise fail later with a bare ``No module named ...``);
+- :func:`truncated_sampling_warning`: ``top_p`` < 1 with a loss term or filter that compares the
+  trainer's log-probabilities with the servers'.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from importlib.metadata import entry_points
+from typing import Any
+
+__all__ = ["BACKEND_REQUIREMENTS", "backend_problem", "truncated_sampling_warning"]
+
+BACKEND_REQUIREMENTS = {"megatron": ("megatron", "telescope-trainer-megatron[megatron]")}
+"""Top-level modules a backend imports only inside its trainer processes, and what installs them."""
+
+
+def backend_problem(backend: str) -> str | None:
+    """Why ``backend`` cannot train here (with what to install), or None."""
+    found = sorted(ep.name for ep in entry_points(group="telescope.trainers"))
+    if backend not in found:
+        return (
+            f"train_backend {backend!r} is not installed (installed: {', '.join(found) or 'none'}); "
+            f"pip install 'telescope-trainer-{backend}'"
+        )
+    module, extra = BACKEND_REQUIREMENTS.get(backend, (None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        return (
+            f"train_backend {backend!r} needs the {module!r} package, which is not installed: "
+            f"pip install '{extra}'"
+        )
+    return None
+
+
+def truncated_sampling_warning(cfg: Any) -> str | None:
+    """A warning when ``top_p`` < 1 meets a term that compares trainer and server log-probabilities.
+
+    The servers return the log-probabilities of the distribution they sample from (after
+    temperature and top-p: truncated and renormalised); the trainer's cover the whole vocabulary,
+    so per token they are lower by minus the log of the kept probability mass.
+    """
+    if cfg.top_p is None or cfg.top_p >= 1:
+        return None
+    terms = {
+        "use_tis": bool(cfg.use_tis),
+        "use_ppo_clip": bool(cfg.use_ppo_clip),
+        "kl_penalty_tau": cfg.kl_penalty_tau > 0,
+        "seq_is_masking": bool(cfg.seq_is_masking),
+        "filter_gibberish": bool(cfg.filter_gibberish),
+    }
+    on = [name for name, active in terms.items() if active]
+    if not on:
+        return None
+    return (
+        f"top_p is {cfg.top_p}: the servers' log-probabilities are those of the truncated, renormalised "
+        f"distribution and the trainer's are not, so {', '.join(on)} compare two different distributions "
+        "(per token, the trainer's are lower by -log of the kept probability mass). Set top_p: null "
+        "for exact comparisons."
+    )

@@ -1,0 +1,130 @@
+"""Sandboxes for the environments that run code: one pool per environment, built from its kwargs.
+
+An environment that lists ``"sandbox"`` in its ``needs`` (i3_code does) and has none yet gets a
+``telescope_sandbox.SandboxPool`` as ``env.sandbox``; environments see it only through the
+``telescope_rollout.SandboxLike`` protocol. The pool comes from the environment's kwargs, the
+original's names:
+
+- ``provider``: a ``telescope.sandboxes`` entry point (``local`` = bubblewrap on this machine,
+  ``e2b``, ``modal``, ``daytona``); default ``local``;
+- ``provider_kwargs``: passed to the provider's constructor (``api_key``, ``template``, ...);
+- ``pool_size`` (default 10): programs run at once.
+
+Everything a provider needs is checked here, at start-up: a missing SDK extra, missing
+credentials or a missing bubblewrap is one :class:`SandboxSetupError` naming the environment, the
+provider and the fix, never a failure per sample after the batch timeout. No remote machine is
+started here (they start on their first run).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+__all__ = ["SandboxSetupError", "attach_sandboxes", "close_sandboxes", "needs_sandbox"]
+
+log = structlog.get_logger()
+
+DEFAULT_PROVIDER = "local"
+DEFAULT_POOL_SIZE = 10
+CREDENTIALS: Mapping[str, tuple[str, ...]] = {
+    "e2b": ("E2B_API_KEY",),
+    "daytona": ("DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN"),
+}
+"""Environment variables of which one must be set (or ``provider_kwargs.api_key`` given)."""
+
+
+class SandboxSetupError(RuntimeError):
+    """An environment's sandbox cannot be built; the message names the environment and the fix."""
+
+
+def needs_sandbox(env: Any) -> bool:
+    """True when ``env`` declares it needs a sandbox and has none yet."""
+    return "sandbox" in getattr(type(env), "needs", ()) and getattr(env, "sandbox", None) is None
+
+
+def _fail(env_name: str, provider: str, problem: str) -> SandboxSetupError:
+    alternative = "" if provider == DEFAULT_PROVIDER else (
+        f", or run the code on this machine with `provider: local` in the kwargs of {env_name!r} "
+        "(needs bubblewrap: apt-get install bubblewrap)"
+    )  # fmt: skip
+    return SandboxSetupError(
+        f"environment {env_name!r} needs a sandbox, but provider {provider!r} cannot be used: {problem}. "
+        f"Fix: {_fix(provider)}{alternative}."
+    )
+
+
+def _fix(provider: str) -> str:
+    if provider == "local":
+        return "install bubblewrap (apt-get install bubblewrap)"
+    if provider in CREDENTIALS or provider == "modal":
+        keys = " or ".join(CREDENTIALS.get(provider, ())) or "Modal's token (`modal token new`)"
+        return f"pip install 'telescope-sandbox[{provider}]' and set {keys}"
+    return f"install the package that registers {provider!r} under the telescope.sandboxes entry points"
+
+
+def _check_credentials(env_name: str, provider: str, provider_kwargs: Mapping[str, Any]) -> None:
+    if provider == "modal":
+        has_token = os.environ.get("MODAL_TOKEN_ID") or (Path.home() / ".modal.toml").is_file()
+        if not has_token:
+            raise _fail(env_name, provider, "no Modal token (MODAL_TOKEN_ID or ~/.modal.toml)")
+        return
+    names = CREDENTIALS.get(provider)
+    if names and not provider_kwargs.get("api_key") and not any(os.environ.get(n) for n in names):
+        raise _fail(env_name, provider, f"none of {', '.join(names)} is set")
+
+
+def build_pool(env_name: str, kwargs: Mapping[str, Any]) -> Any:
+    """A ``SandboxPool`` for one environment from its kwargs (see the module docstring)."""
+    from telescope_sandbox import SandboxError, SandboxPool, available_sandboxes, get_sandbox
+
+    provider = str(kwargs.get("provider") or DEFAULT_PROVIDER)
+    provider_kwargs = dict(kwargs.get("provider_kwargs") or {})
+    pool_size = int(kwargs.get("pool_size") or DEFAULT_POOL_SIZE)
+    known = available_sandboxes()
+    if provider not in known:
+        raise _fail(env_name, provider, f"no such provider (installed: {', '.join(known) or 'none'})")
+    _check_credentials(env_name, provider, provider_kwargs)
+    try:
+        probe = get_sandbox(provider, **provider_kwargs)  # checks the SDK extra / bubblewrap now
+    except (ImportError, SandboxError, TypeError) as exc:
+        raise _fail(env_name, provider, str(exc)) from exc
+    if probe.stateless:
+        pool = SandboxPool(probe, max_concurrency=pool_size)
+    else:  # one remote machine per slot, created on first use; the probe never started one
+        pool = SandboxPool(lambda: get_sandbox(provider, **provider_kwargs), max_concurrency=pool_size)
+    log.info("sandbox pool ready", environment=env_name, provider=provider, pool_size=pool_size)
+    return pool
+
+
+def attach_sandboxes(envs: Iterable[tuple[str, Any, Mapping[str, Any]]]) -> list[Any]:
+    """Give each ``(name, env, kwargs)`` that needs a sandbox its pool; returns the pools built.
+
+    All environments are checked before any error is raised, so one message lists every problem.
+    """
+    pools, problems = [], []
+    for name, env, kwargs in envs:
+        if not needs_sandbox(env):
+            continue
+        try:
+            env.sandbox = build_pool(name, kwargs)
+        except SandboxSetupError as exc:
+            problems.append(str(exc))
+            continue
+        pools.append(env.sandbox)
+    if problems:
+        raise SandboxSetupError("\n".join(problems))
+    return pools
+
+
+async def close_sandboxes(pools: Iterable[Any]) -> None:
+    """Close every pool (remote machines are stopped); never raises."""
+    for pool in pools:
+        try:
+            await pool.aclose()
+        except Exception as exc:
+            log.warning("sandbox pool close failed", error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,39 @@
+"""Start-up checks: a backend without its extra, and top-p meeting trainer-vs-server comparisons."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from telescope_cli import _checks
+from telescope_config import TelescopeConfig, defaults
+
+
+def test_installed_backends_pass_and_unknown_ones_list_the_installed():
+    assert _checks.backend_problem("fsdp") is None
+    assert _checks.backend_problem("megatron") is None  # the test environment has the extra
+    problem = _checks.backend_problem("deepspeed")
+    assert problem is not None
+    assert "installed: fsdp, megatron" in problem
+
+
+def test_megatron_without_megatron_core_names_the_extra(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        _checks.importlib.util, "find_spec", lambda name, *a: None if name == "megatron" else real(name, *a)
+    )
+    problem = _checks.backend_problem("megatron")
+    assert problem is not None
+    assert "pip install 'telescope-trainer-megatron[megatron]'" in problem
+
+
+def _config(**over) -> TelescopeConfig:
+    return TelescopeConfig.model_validate({**defaults(), "environments": [{"name": "countdown"}], **over})
+
+
+def test_top_p_warns_only_with_a_term_that_compares_logprobs():
+    assert _checks.truncated_sampling_warning(_config(use_tis=True)) is None  # top_p null
+    assert _checks.truncated_sampling_warning(_config(top_p=0.9)) is None  # nothing compares
+    warning = _checks.truncated_sampling_warning(_config(top_p=0.9, use_tis=True, kl_penalty_tau=0.1))
+    assert warning is not None
+    assert "use_tis, kl_penalty_tau" in warning
+    assert "top_p: null" in warning
