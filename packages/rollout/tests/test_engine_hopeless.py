@@ -315,3 +315,23 @@ async def test_dropping_prompts_at_dispatch_lets_other_tasks_run(tokenizer):
         tick_task.cancel()
     assert ticks >= 1000
     assert server.requests == []
+
+
+def test_the_start_up_check_names_an_environment_whose_first_prompts_never_fit(tokenizer):
+    from telescope_rollout import unfit_environment
+
+    long, mixed, short = LongEnv(n=5), EveryThirdLong(), EchoEnv()
+    for env in (long, mixed, short):
+        env.load_dataset()
+    lengths = [prompt_len(tokenizer, long, i) for i in range(5)]
+    kwargs = {"max_model_len": 256, "max_tokens": 16}
+    msg = unfit_environment({"echo": short, "mixed": mixed, "long": long}, tokenizer, **kwargs)
+    assert msg is not None
+    assert msg.startswith("environment 'long' has no prompt that fits the context: none of the last 5")
+    assert "(they are all 5 of its training prompts)" in msg
+    assert f"The longest has {max(lengths)} prompt tokens, the shortest {min(lengths)};" in msg
+    assert unfit_environment({"echo": short, "mixed": mixed}, tokenizer, **kwargs) is None  # some fit
+    # a large dataset whose first `probe` prompts are all too long
+    big = LongEnv(n=100)
+    big.load_dataset()
+    assert "none of the last 8 prompts" in unfit_environment({"big": big}, tokenizer, probe=8, **kwargs)

@@ -13,7 +13,9 @@ from typing import Any
 
 import structlog
 
-__all__ = ["algos_advantage_fn", "build_engine", "build_training_environments", "tokenizer_dir"]
+__all__ = [
+    "algos_advantage_fn", "build_engine", "build_training_environments", "load_datasets", "tokenizer_dir",
+]  # fmt: skip
 
 log = structlog.get_logger()
 _TOKENIZER_FILES = [
@@ -63,16 +65,42 @@ def build_training_environments(cfg: Any) -> tuple[list[Any], list[Any]]:
     return built, attach_sandboxes((b.name, b.env, b.kwargs) for b in built)
 
 
+def load_datasets(cfg: Any, built: list[Any], model_path: str) -> tuple[Any, str | None]:
+    """Load every environment's dataset and the tokenizer; check that prompts can fit at all.
+
+    Returns the tokenizer and, when the first prompts of an environment can never fit
+    ``max_model_len``, the message that says so (``telescope_rollout.unfit_environment``); both
+    before any server starts.
+    """
+    from telescope_rollout import Tokenizer, unfit_environment
+
+    for b in built:
+        b.env.load_dataset()
+        log.info("environment ready", name=b.name, weight=b.weight, samples=len(b.env))
+    tokenizer = Tokenizer.from_pretrained(tokenizer_dir(model_path), chat_template=cfg.chat_template)
+    thinking = getattr(cfg, "enable_thinking", None)
+    problem = unfit_environment(
+        {b.name: b.env for b in built},
+        tokenizer,
+        max_model_len=int(cfg.max_model_len),
+        max_tokens=int(cfg.max_tokens),
+        chat_template_kwargs={} if thinking is None else {"enable_thinking": thinking},
+    )
+    return tokenizer, problem
+
+
 def build_engine(
-    cfg: Any, model_path: str, urls: list[str], built: list[Any], pools: list[Any]
+    cfg: Any, tokenizer: Any, urls: list[str], built: list[Any], pools: list[Any]
 ) -> tuple[Any, Any, int, Any, list[Any]]:
     """(engine, client, pad token id, eval runner or None, sandbox pools) for the run.
 
-    ``built`` and ``pools`` come from :func:`build_training_environments`. The caller enters
+    ``built`` and ``pools`` come from :func:`build_training_environments`, ``tokenizer`` from
+    :func:`load_datasets` (the datasets are loaded). The caller enters
     ``client`` then ``engine`` and closes the sandbox pools at the end (``close_sandboxes``). Eval
     datasets are loaded here too, so that ``separate_eval_samples`` can hold their items out of the
     training sampler; eval environments that run code get their sandbox pools here.
     """
+    from telescope_cli._sandboxes import attach_sandboxes
     from telescope_rollout import (
         EngineSettings,
         EvalRunner,
@@ -80,17 +108,9 @@ def build_engine(
         MultiEnvSampler,
         RolloutEngine,
         SamplerEntry,
-        Tokenizer,
     )
 
-    tok_dir = tokenizer_dir(model_path)
-    tokenizer = Tokenizer.from_pretrained(tok_dir, chat_template=cfg.chat_template)
-    from telescope_cli._sandboxes import attach_sandboxes
-
     pools = list(pools)
-    for b in built:
-        b.env.load_dataset()
-        log.info("environment ready", name=b.name, weight=b.weight, samples=len(b.env))
     client = InferenceClient(urls, timeout_s=1200.0)
     settings = EngineSettings.from_config(cfg)
     evals, held_out = None, {}

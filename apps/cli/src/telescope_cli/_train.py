@@ -118,6 +118,12 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
                 raise TrainError(str(err)) from None
         with console.phase("model"):
             model_path = resolve_model(cfg.model)
+        with console.phase("datasets and prompts"):
+            from telescope_cli._rollout import load_datasets
+
+            tokenizer, problem = load_datasets(cfg, built, model_path)
+            if problem is not None:
+                raise TrainError(problem)
         env_for_actors = {
             "TELESCOPE_RUN_DIR": str(run.path) if cfg.ray_propagate_run_dir else "",
             "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", ""),
@@ -125,12 +131,12 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
         with console.phase("Ray"):
             cluster.start(run_env={k: v for k, v in env_for_actors.items() if v})
         servers, trainers, infos = _start_workers(cluster, resolved, model_path, run, console)
-        with console.phase("datasets, evals and rollout engine"):
+        with console.phase("evals and rollout engine"):
             from telescope_cli._rollout import build_engine
 
             try:
                 engine, client, pad_id, evals, sandboxes = build_engine(
-                    cfg, model_path, [s["url"] for s in servers], built, sandboxes
+                    cfg, tokenizer, [s["url"] for s in servers], built, sandboxes
                 )
             except SandboxSetupError as err:
                 raise TrainError(str(err)) from None

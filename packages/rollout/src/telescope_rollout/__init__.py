@@ -58,6 +58,7 @@ from telescope_rollout._types import (
     Sample,
     TrajectoryStep,
 )
+from telescope_rollout._watch import unfit_environment
 from telescope_rollout.parsers import (
     extract_answer_tags,
     extract_boxed_answer,
@@ -137,6 +138,7 @@ __all__ = [
     "server_command",
     "start_servers",
     "strip_think_tags",
+    "unfit_environment",
     "verify_exact_match",
     "verify_math_answer",
 ]

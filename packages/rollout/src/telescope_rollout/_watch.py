@@ -21,7 +21,9 @@ built here). Two rules:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -139,3 +141,43 @@ def same_error_message(run: ErrorRun, *, detail_chars: int = 500) -> str:
         f"({noun} {', '.join(run.envs)}): {detail or run.kind}; the run cannot make progress. "
         "Fix the cause above (the environment, its resources or the servers) and start again."
     )
+
+
+def unfit_environment(
+    environments: Mapping[str, Any],
+    tokenizer: Any,
+    *,
+    max_model_len: int,
+    max_tokens: int,
+    probe: int = 64,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> str | None:
+    """Before any server starts: the message for the first environment none of whose first
+    ``probe`` prompts fits ``max_model_len`` (rendered and tokenized as the engine does), or None.
+
+    A cheap check of the unfit rule above on the dataset's first prompts, so that a run whose
+    prompts can never fit stops in seconds; the engine still applies the rule to every prompt.
+    """
+    from telescope_rollout._prompts import PromptSource
+
+    source = PromptSource(
+        environments, None, tokenizer, chat_template_kwargs=dict(chat_template_kwargs or {})
+    )
+    for name, env in environments.items():
+        n = min(len(env), probe)
+        streak = UnfitStreak()
+        for i in range(n):
+            tokens = len(source.prepare(env, name, i, env.get_sample(i)).ids)
+            if tokens < max_model_len:
+                break
+            streak.count += 1
+            streak.indices.add(i)
+            streak.longest = max(streak.longest, tokens)
+            streak.shortest = min(streak.shortest or tokens, tokens)
+        else:
+            if n:
+                return unfit_message(
+                    name, streak, candidates=len(env), max_model_len=max_model_len, max_tokens=max_tokens,
+                    limit=probe,
+                )  # fmt: skip
+    return None
