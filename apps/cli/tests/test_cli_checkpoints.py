@@ -118,3 +118,13 @@ def test_prune_deletes_only_step_folders(tmp_path):
 def test_checkpoint_due_every_n_and_at_the_last_step(every, steps):
     cfg = SimpleNamespace(checkpoint_every=every, number_of_steps=7)
     assert [s for s in range(1, 8) if _should_checkpoint(cfg, s)] == steps
+
+
+def test_a_resumed_engine_counts_from_the_checkpoints_step():
+    from telescope_cli._train import resumed_engine_state
+
+    # saved at step 2 while batches 3 and 4 were already queued (max_async_rollout 2)
+    saved = {"sampler": {"draws": 17}, "step": 4, "version": 2, "next_group_id": 9, "next_sample_id": 72}
+    state = resumed_engine_state(saved, 2)
+    assert state == {**saved, "step": 2, "version": 2}  # the sampler goes on: no prompt drawn twice
+    assert saved["step"] == 4  # the checkpoint's copy is left alone

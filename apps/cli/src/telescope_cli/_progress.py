@@ -1,24 +1,62 @@
-"""The console of ``telescope train``: one line per start-up phase, then a rich progress bar.
+"""The console of ``telescope train``: one line per start-up phase, then the training progress.
 
-Only these lines reach the terminal; logs of every component go to the run directory.
+On a terminal the progress is a rich progress bar. When the console's stream (stderr) is not a
+terminal (a pipe, a file, CI), a bar would show nothing until the end, so each step prints one
+plain line instead, flushed at once, with no escape codes::
+
+    step 3/15  reward 0.125  1,234 tok/s  time 12.3 s  async 1
+
+Only these lines reach the console; logs of every component go to the run directory.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any
 
-__all__ = ["Console"]
+__all__ = ["Console", "step_stats"]
+
+
+def step_stats(metrics: dict[str, Any]) -> str:
+    """The numbers of one step's line: reward, tokens per second, step time, async level."""
+    nan = float("nan")
+    reward = metrics.get("reward/mean", nan)
+    tps = metrics.get("throughput/tokens_per_s", nan)
+    step_s = metrics.get("timing/step_s", nan)
+    return (
+        f"reward {reward:.3f}  {tps:,.0f} tok/s  time {step_s:.1f} s  async {metrics.get('async_level', 0)}"
+    )
+
+
+def _is_tty(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty is not None and isatty())
+    except ValueError:  # a closed stream
+        return False
 
 
 class Console:
-    """Start-up phases (``with console.phase("starting vLLM"):``) and the training progress bar."""
+    """Start-up phases (``with console.phase("starting vLLM"):``) and the training progress.
 
-    def __init__(self, total_steps: int, *, enabled: bool = True) -> None:
+    ``file`` is the stream to write to (default: stderr). ``plain`` is true when that stream is not
+    a terminal: no bar and no colours (whatever FORCE_COLOR says), one line per step.
+    """
+
+    def __init__(self, total_steps: int, *, enabled: bool = True, file: IO[str] | None = None) -> None:
         from rich.console import Console as RichConsole
 
-        self.rich = RichConsole(stderr=True, highlight=False)
+        self.plain = not _is_tty(sys.stderr if file is None else file)
+        where: dict[str, Any] = {"stderr": True} if file is None else {"file": file}
+        self.rich = RichConsole(
+            highlight=False,
+            # not a terminal: no escape codes at all, and no wrapping at 80 columns
+            force_terminal=False if self.plain else None,
+            soft_wrap=self.plain,
+            **where,
+        )
         self.total = total_steps
         self.enabled = enabled
         self._progress: Any = None
@@ -40,7 +78,7 @@ class Console:
     def start_training(self, first_step: int) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        if not self.enabled:
+        if not self.enabled or self.plain:
             return
         self._progress = Progress(
             TextColumn("[bold]step"),
@@ -57,9 +95,13 @@ class Console:
     def step(self, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        reward = metrics.get("reward/mean", float("nan"))
-        tps = metrics.get("throughput/tokens_per_s", float("nan"))
-        stats = f"reward {reward:.3f}  {tps:,.0f} tok/s  async {metrics.get('async_level', 0)}"
+        stats = step_stats(metrics)
+        if self.plain:
+            # written as is (no markup, no wrapping) and flushed: a pipe sees each step when it ends
+            stream = self.rich.file
+            stream.write(f"step {metrics.get('step')}/{self.total}  {stats}\n")
+            stream.flush()
+            return
         if self._progress is None:
             self.rich.print(f"step {metrics.get('step')}/{self.total}  {stats}")
             return

@@ -15,6 +15,16 @@ from telescope_cli.__about__ import __version__
 from telescope_cli._exit import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK
 
 
+def parse_bool(text: str) -> bool:
+    """``true``/``false`` (also 1/0, yes/no, on/off) for flags that take an optional value."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
@@ -36,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"telescope {__version__}")
-    parser.add_argument("--debug", action="store_true", help="verbose logs; tracebacks of internal errors")
+    parser.add_argument(
+        "--debug", action="store_true", help="debug logs; tracebacks of internal errors (see train --help)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     cfg = sub.add_parser("config", help="show, validate or export the run configuration", allow_abbrev=False)
@@ -62,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-dir", metavar="DIR", help="run directory (default: runs/<wandb_run_name or time>)"
     )
     train.add_argument("--quiet", action="store_true", help="no progress bar or phase lines")
+    train.add_argument(
+        "--debug",
+        dest="train_debug",
+        nargs="?",
+        const=True,
+        default=None,
+        type=parse_bool,
+        metavar="BOOL",
+        help="debug logs in the run's logs/telescope.jsonl, Ray workers' output on the console (with "
+        "ray_log_to_driver), tracebacks of internal errors; the same as the config field debug: true "
+        "and as `telescope --debug train`. --debug false turns a config's debug: true off",
+    )
 
     doctor = sub.add_parser(
         "doctor", help="what this machine can run; with --config, a memory estimate", allow_abbrev=False
@@ -108,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extras and not getattr(args, "takes_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(extras)}")
     args.overrides = extras
+    if getattr(args, "train_debug", None) is not None:  # `train --debug [BOOL]` wins over `--debug train`
+        args.debug = args.train_debug
     from telescope_cli._logging import configure_logging
 
     configure_logging(debug=args.debug)

