@@ -431,5 +431,10 @@ def test_settings_from_config_reads_the_config_names():
     assert s.max_async_rollout == cfg.max_async_rollout
     assert s.scheduling_policy == cfg.vllm_scheduling_policy
     assert s.lanes_per_server == cfg.max_concurrent_prompts_per_server * 4
+    assert s.max_consecutive_unfit_prompts == cfg.max_consecutive_unfit_prompts == 32
+    fewer = TelescopeConfig.model_validate(
+        {**defaults(), "environments": [{"name": "countdown"}], "max_consecutive_unfit_prompts": 5}
+    )
+    assert EngineSettings.from_config(fewer).max_consecutive_unfit_prompts == 5
     with pytest.raises(ValueError, match="free_lane_after_generation needs enable_individual_sample_lanes"):
         EngineSettings(enable_individual_sample_lanes=False, free_lane_after_generation=True)

@@ -84,6 +84,7 @@ def load_datasets(cfg: Any, built: list[Any], model_path: str) -> tuple[Any, str
         tokenizer,
         max_model_len=int(cfg.max_model_len),
         max_tokens=int(cfg.max_tokens),
+        probe=int(cfg.max_consecutive_unfit_prompts),
         chat_template_kwargs={} if thinking is None else {"enable_thinking": thinking},
     )
     return tokenizer, problem

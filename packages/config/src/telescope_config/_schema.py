@@ -233,6 +233,13 @@ class TelescopeConfig(BaseModel):
     prompt_prefetch_buffer_size: int = Field(
         ge=0, description="Prompts the prefetcher keeps ready, >= 0; 0 disables the buffer."
     )
+    max_consecutive_unfit_prompts: int = Field(
+        ge=1,
+        description="Consecutive prompts of one environment that do not fit max_model_len (prompt tokens "
+        ">= max_model_len) after which the run stops with the environment's name and the longest prompt; "
+        ">= 1. Such prompts are dropped (reason prompt_too_long) and one that fits resets the count. New "
+        "in Telescope (the original drew unfit prompts forever).",
+    )
     enable_individual_sample_lanes: bool = Field(
         description="Give each completion its own lane slot instead of one slot per group, so a finished "
         "completion frees capacity without waiting for its siblings."
@@ -602,8 +609,11 @@ class TelescopeConfig(BaseModel):
     top_p: float | None = Field(
         gt=0,
         le=1,
-        description="Nucleus sampling threshold, in (0, 1]; null disables it. The trainer's logprobs ignore"
-        " it, so values below 1 make training slightly off-policy.",
+        description="Nucleus sampling threshold, in (0, 1]; null disables it. The servers return the "
+        "logprobs of the truncated, renormalised distribution they sample from; the trainer's cover the "
+        "whole vocabulary, so per token they are lower by -log(kept probability mass) (up to 0.69 at "
+        "top_p 0.5 on the tiny test model). A run with top_p < 1 warns when TIS, PPO clipping, the KL "
+        "penalty, sequence IS masking or the gibberish filter compare the two.",
     )
     interleaved_rollouts: bool = Field(
         description="In multi-turn episodes, reuse the exact token ids of earlier turns instead of "

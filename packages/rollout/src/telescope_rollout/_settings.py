@@ -2,8 +2,7 @@
 
 ``EngineSettings.from_config(config)`` picks them from a ``TelescopeConfig`` (or a
 ``ResolvedConfig``); programs that embed the engine without Telescope's config build it by hand.
-Every field keeps the config's name, unit and default (see telescope_config's defaults.yaml);
-``max_consecutive_unfit_prompts`` is the engine's own (no config field yet: the default is used).
+Every field keeps the config's name, unit and default (see telescope_config's defaults.yaml).
 """
 
 from __future__ import annotations
