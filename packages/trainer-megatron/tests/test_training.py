@@ -14,6 +14,7 @@ show as lr·wd = 1e-4.
 
 from __future__ import annotations
 
+import json
 import random
 import tempfile
 from pathlib import Path
@@ -117,20 +118,29 @@ def test_training_matches_reference_and_resumes_exactly(
             "megatron_pipeline_parallel_size": pp,
             "mixed_precision_dtype": None,  # compute in model_dtype, float32
         },
-        "options": {"adam_beta2": 0.999, "adam_eps": EPS},
+        "options": {"adam_eps": EPS},  # betas: the default 0.9/0.999, as the reference
     }
     result = run_ranks(spec, world, tmp_path, timeout=900)
     assert result["dp_world_size"] == world // (tp * pp)
     assert result["params_dtype"] == "torch.float32"
     _check_against_reference(result, _reference(tiny_tp_model, steps))
     # Checkpoint round trip: a fresh trainer loaded from step 0 repeats step 1 bit for bit.
-    assert result["extra_state"] == {"note": "hello", "step": 0}
+    assert result["returned"] is None
     assert result["scheduler_step"] == 1
     resumed, original = result["resumed"][0], result["steps"][1]
     assert resumed["metrics"]["loss"] == original["metrics"]["loss"]
     for name, tensor in original["weights"].items():
         assert torch.equal(resumed["weights"][name], tensor), name
+    # The save wrote into exactly the folder it was given: every rank's shard, layout.json, hf/.
     ckpt = tmp_path / "ckpt" / "step_1"
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["hf", "layout.json", "shards"]
+    assert sorted(p.name for p in (ckpt / "shards").iterdir()) == [f"rank_{r:05d}.pt" for r in range(world)]
     assert (ckpt / "hf" / "model.safetensors").is_file()
     assert (ckpt / "hf" / "config.json").is_file()
-    assert not (tmp_path / "ckpt" / "step_1_tmp").exists()
+    facts = result["checkpoint_facts"]
+    assert all(f == facts[0] for f in facts), "save_checkpoint returns the same facts on every rank"
+    assert facts[0] == json.loads((ckpt / "layout.json").read_text())
+    expected = {"backend": "megatron", "world_size": world, "tp_size": tp, "pp_size": pp, "cp_size": 1}
+    assert facts[0].items() >= {**expected, "ep_size": 1, "params_dtype": "float32"}.items()
+    assert facts[0]["training_state"] is True

@@ -1,4 +1,4 @@
-"""The Megatron backend (TP=1 and TP=2) trains exactly like the FSDP backend (slow, CPU, gloo).
+"""The Megatron backend (TP=1, TP=2, DP=2) trains exactly like the FSDP backend (slow, CPU, gloo).
 
 Both backends get the same tiny Llama folder (4 heads, 2 KV heads, so TP=2 splits it), the same
 packed micro-batches from ``telescope_algos.pack_samples`` (mixed lengths, several samples per row,
@@ -6,14 +6,20 @@ random advantages and rollout log-probabilities) and the same config: float32 pa
 mixed precision (``model_dtype: float32``, ``mixed_precision_dtype: null``), ``learning_rate``
 1e-3, ``weight_decay`` 0.1, ``grad_clip`` 0.5, no LR schedule. Two ``train_step`` calls each; the
 FSDP trainer runs in this process on one gloo rank, Megatron runs in spawned ranks (1 for TP=1,
-2 for TP=2) through ``megatron_worker.py``.
+2 for TP=2 or DP=2) through ``megatron_worker.py``.
 
-Adam is made identical on both sides. FSDP uses ``torch.optim.AdamW`` with PyTorch's defaults
-(betas 0.9/0.999, eps 1e-8) on one parameter group, so weight decay also hits norm weights;
-Megatron uses betas 0.9/0.98 by default and never decays 1-D parameters (norms, biases). The
-Megatron side gets ``adam_beta2=0.999`` and ``adam_eps=1e-4``; the FSDP trainer exposes no
-optimizer options, so this test rebuilds its AdamW with the same hyper-parameters and Megatron's
-grouping (decay on matrices only). eps is 1e-4 rather than 1e-8 so that an update is smooth in the
+Two losses: GRPO's token mean (TP=1, TP=2; the same micro-batches on both sides) and Dr. GRPO's
+``token_sum_norm`` (masked sum / (samples · max_tokens)), where Megatron runs DP=2 with several
+micro-batches per rank (one of them an empty padding micro-batch) and FSDP runs one micro-batch
+holding every sample: each Megatron micro-batch must divide by the *group's* sample count over
+all ranks, not its own.
+
+Adam is made identical on both sides. Both use betas 0.9/0.999 by default (FSDP:
+``torch.optim.AdamW``'s defaults on one parameter group; Megatron: the same defaults), but
+Megatron never decays 1-D parameters (norms, biases), a documented difference. The Megatron side
+gets ``adam_eps=1e-4`` and keeps its default betas; the FSDP trainer exposes no optimizer options,
+so this test rebuilds its AdamW with the same hyper-parameters and Megatron's grouping (decay on
+matrices only). eps is 1e-4 rather than 1e-8 so that an update is smooth in the
 gradient: with eps 1e-8 Adam's first step is lr·sign(g), and fp32 summation-order noise of 1e-9
 in a near-zero gradient flips a whole lr-sized step.
 
@@ -72,7 +78,13 @@ def _steps() -> list[list[dict]]:
     return steps
 
 
-def _fsdp_run(model_dir: Path, steps: list[list[dict]]) -> list[dict]:
+DR_GRPO = {**SHARED, "algorithm": "dr_grpo", "dr_grpo_loss_agg_mode": "token_sum_norm", "max_tokens": 16}
+ONE_ROW = 256  # every sample of a step fits one micro-batch
+
+
+def _fsdp_run(
+    model_dir: Path, steps: list[list[dict]], *, overrides: dict = SHARED, seq_len: int = SEQ_LEN
+) -> list[dict]:
     from telescope_trainer_fsdp import create_trainer
 
     values = {
@@ -81,7 +93,7 @@ def _fsdp_run(model_dir: Path, steps: list[list[dict]]) -> list[dict]:
         "model": str(model_dir),
         "train_backend": "fsdp",
         "trainer_num_workers": 1,
-        **SHARED,
+        **overrides,
     }
     config = telescope_config.TelescopeConfig.model_validate(values)
     trainer = create_trainer(config, seed=0)
@@ -100,9 +112,10 @@ def _fsdp_run(model_dir: Path, steps: list[list[dict]]) -> list[dict]:
         out = []
         for i, samples in enumerate(steps):
             [micro_batches] = pack_samples(
-                [Sample(**s) for s in samples], seq_len=SEQ_LEN, pad_to_multiple_of=PAD, num_ranks=1
+                [Sample(**s) for s in samples], seq_len=seq_len, pad_to_multiple_of=PAD, num_ranks=1
             )
             assert len(micro_batches) < len(samples), "the test wants several samples per row"
+            assert seq_len != ONE_ROW or len(micro_batches) == 1
             metrics = trainer.train_step(micro_batches, step=i)
             weights = {n: t.detach().cpu().clone() for n, t in trainer.hf_weights()}
             out.append({"metrics": metrics, "weights": weights})
@@ -111,17 +124,20 @@ def _fsdp_run(model_dir: Path, steps: list[list[dict]]) -> list[dict]:
         trainer.close()
 
 
-def _megatron_run(model_dir: Path, steps: list[list[dict]], tmp: Path, *, tp: int) -> list[dict]:
+def _megatron_run(
+    model_dir: Path, steps: list[list[dict]], tmp: Path, *, tp: int, dp: int = 1, overrides: dict = SHARED
+) -> list[dict]:
+    world = tp * dp
     spec = {
         "model_dir": str(model_dir),
         "seq_len": SEQ_LEN,
         "pad": PAD,
         "steps": steps,
-        "overrides": {**SHARED, "trainer_num_workers": tp, "megatron_tensor_parallel_size": tp},
-        "options": {"adam_beta1": BETAS[0], "adam_beta2": BETAS[1], "adam_eps": EPS},
+        "overrides": {**overrides, "trainer_num_workers": world, "megatron_tensor_parallel_size": tp},
+        "options": {"adam_eps": EPS},  # betas: Megatron's defaults, which are FSDP's (module docstring)
     }
-    result = run_ranks(spec, tp, tmp, timeout=900)
-    assert result["dp_world_size"] == 1
+    result = run_ranks(spec, world, tmp, timeout=900)
+    assert result["dp_world_size"] == dp
     assert result["params_dtype"] == "torch.float32"  # from the config, no backend option
     return result["steps"]
 
@@ -131,11 +147,9 @@ def fsdp_reference(tiny_tp_model: Path) -> list[dict]:
     return _fsdp_run(tiny_tp_model, _steps())
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_megatron_matches_fsdp(tiny_tp_model: Path, fsdp_reference: list[dict], tmp_path: Path, tp: int):
-    got = _megatron_run(tiny_tp_model, _steps(), tmp_path, tp=tp)
-    initial = load_file(tiny_tp_model / "model.safetensors")
-    for step, (meg, ref) in enumerate(zip(got, fsdp_reference, strict=True)):
+def _assert_same_training(got: list[dict], reference: list[dict], model_dir: Path) -> None:
+    initial = load_file(model_dir / "model.safetensors")
+    for step, (meg, ref) in enumerate(zip(got, reference, strict=True)):
         m, r = meg["metrics"], ref["metrics"]
         assert r["grad_norm"] > CLIP, "grad_clip should be active for the test to cover clipping"
         assert m["loss"] == pytest.approx(r["loss"], rel=1e-5), step
@@ -154,3 +168,24 @@ def test_megatron_matches_fsdp(tiny_tp_model: Path, fsdp_reference: list[dict], 
     for name, tensor in initial.items():
         if tensor.dim() > 1:
             assert (final[name] - tensor).abs().max().item() > 1e-4, name
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_megatron_matches_fsdp(tiny_tp_model: Path, fsdp_reference: list[dict], tmp_path: Path, tp: int):
+    _assert_same_training(
+        _megatron_run(tiny_tp_model, _steps(), tmp_path, tp=tp), fsdp_reference, tiny_tp_model
+    )
+
+
+def test_dr_grpo_token_sum_norm_over_micro_batches_and_ranks_matches_one_micro_batch(
+    tiny_tp_model: Path, tmp_path: Path
+):
+    steps = _steps()
+    for samples in steps:  # what the Megatron side trains on: several micro-batches on each DP rank
+        per_rank = pack_samples(
+            [Sample(**s) for s in samples], seq_len=SEQ_LEN, pad_to_multiple_of=PAD, num_ranks=2
+        )
+        assert all(len(mbs) >= 2 for mbs in per_rank)
+    reference = _fsdp_run(tiny_tp_model, steps, overrides=DR_GRPO, seq_len=ONE_ROW)
+    got = _megatron_run(tiny_tp_model, steps, tmp_path, tp=1, dp=2, overrides=DR_GRPO)
+    _assert_same_training(got, reference, tiny_tp_model)

@@ -1,40 +1,65 @@
-"""Checkpoint layout of the Megatron backend: per-rank shards plus a ready Hugging Face folder.
+"""Checkpoint folder of the Megatron backend: per-rank shards plus a ready Hugging Face folder.
 
-```
-step_N/
-  meta.json            backend, step, base_model, vocab and padded vocab sizes, parallel layout
-  extra_state.pt       the caller's extra_state (rank 0)
-  hf/                  config, tokenizer and model.safetensors: loadable by transformers and vLLM
-  shards/rank_R.pt     rank R's model shard, optimizer state (Adam moments, fp32 main params),
-                       scheduler step and RNG states (torch, megatron's tracker, python, numpy)
-```
+The caller (the CLI) owns the checkpoint *layout around* the folder: its name (``step_N``), the
+temporary folder renamed once every rank returned, its ``meta.json``, retention and finding the
+latest. ``MegatronTrainer.save_checkpoint(directory)`` writes into exactly ``directory`` (made,
+empty, by the caller) and nothing outside it::
+
+    <directory>/
+      layout.json          rank 0: backend "megatron", format, training_state, base_model, vocab and
+                           padded vocab sizes, world size, TP/PP/CP/EP sizes, params_dtype (the facts
+                           save_checkpoint also returns for the caller's meta.json)
+      hf/                  rank 0: config, tokenizer and model safetensors (the whole model in Hugging
+                           Face names): loadable by transformers and vLLM; convert_checkpoint copies it
+      shards/rank_R.pt     training_state only, every rank R: its model shard, optimizer state (Adam
+                           moments, fp32 main params), scheduler_step, skipped_steps_total and RNG
+                           states (torch, megatron's tracker, python, numpy, CUDA)
 
 Format choice: each rank saves and loads exactly its own state with ``torch.save``, which is
-simple and exact but means **resuming needs the same TP/PP/EP/DP layout** (checked, with a
-clear error). To change the layout, start a new run with ``model: step_N/hf`` (weights kept,
-optimizer state restarted). Writes go to ``step_N_tmp`` and rank 0 renames after a barrier, so a
-crash never leaves a half-written ``step_N``.
+simple and exact but means **a full resume needs the same world/TP/PP/CP/EP layout and
+params dtype** (checked against ``layout.json``, with a clear error). A weights-only load reads
+``hf/`` instead, so it works under any layout; so does starting a new run with
+``model: <directory>/hf``. A folder written with ``training_state=False`` has no shards and loads
+with ``weights_only=True`` only. Folders of the previous format (a backend-written ``meta.json``
+in place of ``layout.json``, always with shards) still load and convert.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from telescope_algos import rng_state as algos_rng_state
+from telescope_algos import set_rng_state as algos_set_rng_state
+
 __all__ = [
+    "HF_DIR",
     "HF_META_FILES",
+    "LAYOUT_FILE",
+    "LAYOUT_KEYS",
+    "convert_checkpoint",
+    "layout_mismatch",
     "optimizer_state",
+    "read_layout",
     "rng_state",
     "set_optimizer_state",
     "set_rng_state",
     "shard_path",
+    "write_layout",
 ]
+
+BACKEND = "megatron"
+FORMAT = 2
+"""Version of this folder format (1: the previous format, with the backend's own meta.json)."""
+LAYOUT_FILE = "layout.json"
+HF_DIR = "hf"
+LAYOUT_KEYS = ("world_size", "tp_size", "pp_size", "cp_size", "ep_size", "params_dtype", "padded_vocab_size")
+"""What must be equal to resume the training state (each rank reads exactly its own shard)."""
+_LEGACY_META = "meta.json"
 
 HF_META_FILES = (
     "config.json",
@@ -93,39 +118,55 @@ def set_optimizer_state(optimizer: Any, state: list[dict[str, Any]]) -> None:
 
 
 def rng_state() -> dict[str, Any]:
+    """``telescope_algos.rng_state`` (Python, NumPy, torch, CUDA) plus megatron's RNG tracker."""
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "tracker": get_cuda_rng_tracker().get_states(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
+    return {**algos_rng_state(), "tracker": get_cuda_rng_tracker().get_states()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`rng_state`."""
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    algos_set_rng_state(state)
     get_cuda_rng_tracker().set_states(state["tracker"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
-def write_meta(directory: Path, meta: dict[str, Any]) -> None:
-    (directory / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+def write_layout(directory: Path, facts: dict[str, Any]) -> None:
+    """Write ``layout.json`` (rank 0): the facts :func:`read_layout` and ``load_checkpoint`` check."""
+    text = json.dumps(facts, indent=2, sort_keys=True)
+    (directory / LAYOUT_FILE).write_text(text, encoding="utf-8")
 
 
-def read_meta(directory: Path) -> dict[str, Any]:
-    path = directory / "meta.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: {directory} is not a Megatron checkpoint of this backend")
-    return json.loads(path.read_text(encoding="utf-8"))
+def read_layout(directory: Path) -> dict[str, Any]:
+    """The facts of a folder written by ``save_checkpoint``; a clear error for anything else.
+
+    A folder of the previous format (the backend's ``meta.json``, always with the training state)
+    reads as format 1 with ``training_state`` true.
+    """
+    directory = Path(directory)
+    path = directory / LAYOUT_FILE
+    if path.is_file():
+        facts = json.loads(path.read_text(encoding="utf-8"))
+    else:
+        legacy = directory / _LEGACY_META
+        facts = json.loads(legacy.read_text(encoding="utf-8")) if legacy.is_file() else {}
+        if facts.get("backend") == BACKEND and "tp_size" in facts:
+            facts = {**facts, "format": 1, "training_state": True}
+        else:
+            facts = {}
+    if facts.get("backend") != BACKEND:
+        raise FileNotFoundError(
+            f"{directory} is not a Megatron checkpoint (no {LAYOUT_FILE} written by the megatron backend's "
+            "save_checkpoint); pass the folder a Megatron save_checkpoint wrote (a run's "
+            "checkpoints/step_N)"
+        )
+    return facts
+
+
+def layout_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved, current)}`` for every :data:`LAYOUT_KEYS` entry that differs."""
+    return {k: (saved.get(k), current[k]) for k in LAYOUT_KEYS if saved.get(k) != current[k]}
 
 
 def copy_hf_meta(model_dir: Path, out: Path) -> None:
@@ -135,9 +176,31 @@ def copy_hf_meta(model_dir: Path, out: Path) -> None:
             shutil.copy2(model_dir / name, out / name)
 
 
-def finalize(tmp: Path, final: Path) -> Path:
-    """Replace ``final`` by ``tmp`` (rank 0 only, after a barrier)."""
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    return final
+def convert_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
+    """A folder written by ``MegatronTrainer.save_checkpoint`` → a Hugging Face safetensors folder.
+
+    The checkpoint already holds one (``hf/``: config, tokenizer files and the model's safetensors,
+    TP/PP/EP shards merged), so this copies it into ``out_dir`` (created if needed), in a plain
+    process: no torch.distributed, no megatron-core. Works with or without the training state.
+
+    Raises:
+        FileNotFoundError: ``directory`` is not a Megatron checkpoint, or its ``hf/`` folder lacks
+            ``config.json`` or the safetensors weights.
+    """
+    src = Path(directory)
+    read_layout(src)
+    hf = src / HF_DIR
+    has_weights = (hf / "model.safetensors").is_file() or (hf / "model.safetensors.index.json").is_file()
+    if not (hf / "config.json").is_file() or not has_weights:
+        raise FileNotFoundError(
+            f"{hf} lacks config.json or model safetensors: the Megatron checkpoint {src} is incomplete "
+            "(was its save interrupted?)"
+        )
+    out = Path(out_dir)
+    if out.resolve() == hf.resolve():
+        raise ValueError(f"{out} is the checkpoint's own hf/ folder; choose another output folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted(hf.iterdir()):
+        if f.is_file():
+            shutil.copy2(f, out / f.name)
+    return out

@@ -2,18 +2,37 @@
 
 Setup (:func:`create_trainer`): process group from the environment (gloo on CPU, NCCL on GPU),
 the CPU shim where CUDA is absent, ``initialize_model_parallel`` (TP, PP, CP, EP; expert TP 1),
-the GPTModel twin of the Hugging Face model filled with its weights, Megatron's DDP wrapper
-(fp32 grad buffers, overlap, distributed optimizer as configured) and Megatron's Adam (decoupled
-weight decay, like AdamW; no decay on norms and biases, Megatron's convention).
+Python, NumPy and torch seeded with ``seed`` (default ``config.seed``) and megatron's RNG tracker
+with ``seed + 100 · pipeline rank``, the GPTModel twin of the Hugging Face model filled with its
+weights, Megatron's DDP wrapper (fp32 grad buffers, overlap, distributed optimizer as configured)
+and Megatron's Adam with decoupled weight decay, like AdamW.
+
+Optimizer, compared with the FSDP backend: the same betas (0.9, 0.999) and eps (1e-8) as
+``torch.optim.AdamW``'s defaults, so one config gives the same Adam on both. Weight decay differs
+on purpose: Megatron's convention skips norms and biases (1-D parameters), FSDP's AdamW decays
+every parameter; with ``weight_decay > 0`` FSDP shrinks norm weights and biases by the factor
+``1 − lr · weight_decay`` each step, and this backend does not.
+
+Learning rate: the k-th ``train_step`` (k = 1, 2, ...) trains with ``learning_rate ·
+lr_multiplier(k − 1)``, as FSDP's ``LambdaLR``: the argument is the trainer's own count of steps
+done (``scheduler_step``, saved in checkpoints), not the ``step`` argument.
 
 One ``train_step``: optionally a no-grad pass for the pre-update log-probabilities
 (``ppo_clip_ref_logprobs: batch``); then the micro-batches are dealt round-robin into
 ``number_of_minibatches`` groups and each group is one optimizer step through Megatron's
 forward-backward schedule (pipelined when PP > 1). Each micro-batch loss is
-``telescope_algos.compute_loss`` with ``num_tokens`` = the loss tokens of the whole group over
-every data-parallel rank, so gradients are *summed* over micro-batches and ranks
-(``calculate_per_token_loss``) and the result is the group's exact token mean. The step is skipped
-when the gradient norm is not finite; otherwise gradients are clipped to ``grad_clip`` (0: no clip).
+``telescope_algos.compute_loss`` with ``num_tokens`` and ``num_samples`` = the loss tokens and the
+samples of the whole group over every data-parallel rank (one all-reduce), and every other keyword
+from the config (``telescope_algos.loss_options``: each non-data keyword of ``compute_loss`` is the
+config field of that name, the rule the FSDP backend uses too), so gradients are *summed* over
+micro-batches and ranks (``calculate_per_token_loss``) and the result is the group's exact token
+mean (or Dr. GRPO's ``token_sum_norm`` over the group's samples). The step is skipped when the
+gradient norm is not finite; otherwise gradients are clipped to ``grad_clip`` (0: no clip).
+
+Checkpoints (layout in ``_checkpoint``): ``save_checkpoint(directory)`` writes into exactly the
+folder the caller made: ``layout.json`` and ``hf/`` from rank 0, and with the training state one
+shard per rank; it returns the layout facts for the caller's ``meta.json``. A full
+``load_checkpoint`` needs the same parallel layout; ``weights_only`` reads ``hf/`` under any layout.
 
 Context parallelism (CP > 1, ``_context_parallel``): every CP rank of a data-parallel replica gets
 the same micro-batches; each row is padded to a multiple of 2·CP and the model runs on this rank's
@@ -34,15 +53,16 @@ the same number of micro-batches, which each step checks first.
 from __future__ import annotations
 
 import functools
-import math
 import os
+import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import structlog
 import torch
 import torch.distributed as dist
@@ -53,8 +73,12 @@ from telescope_algos import (
     compute_loss,
     cu_seqlens,
     gather_replicated,
+    loss_options,
     lr_multiplier,
+    minibatch_groups,
+    needs_old_logprobs,
     next_token_labels,
+    row_multiple,
     zigzag_indices,
 )
 from telescope_trainer_megatron import _checkpoint as ckpt
@@ -80,28 +104,6 @@ from telescope_trainer_megatron._vocab_parallel import vocab_parallel_label_logp
 __all__ = ["MegatronTrainer", "create_trainer"]
 
 log = structlog.get_logger()
-_NEEDS_RATIO = ("cispo", "gspo", "sapo")
-_LOSS_FIELDS = (
-    "algorithm",
-    "use_ppo_clip",
-    "clip_low",
-    "clip_high",
-    "clip_ratio_c",
-    "use_tis",
-    "tis_cap",
-    "tis_mode",
-    "tis_floor",
-    "tis_logprob_clamp",
-    "seq_is_masking",
-    "seq_is_mask_low",
-    "seq_is_mask_high",
-    "kl_penalty_tau",
-    "kl_estimator",
-    "entropy_coef",
-    "sapo_tau_pos",
-    "sapo_tau_neg",
-    "dr_grpo_loss_agg_mode",
-)
 
 
 @dataclass
@@ -115,6 +117,7 @@ class _Batch:
     rollout_logprobs: torch.Tensor
     packed: Any
     num_tokens: int
+    num_samples: int
     model_ids: torch.Tensor
     """This CP rank's tokens (its zig-zag chunks; the whole row when CP = 1), ``[1, L / CP]``."""
     model_positions: torch.Tensor
@@ -123,20 +126,24 @@ class _Batch:
     old_logprobs: torch.Tensor | None = None
 
 
-def create_trainer(config: Any, *, model_path: str | Path | None = None, **options: Any) -> MegatronTrainer:
+def create_trainer(
+    config: Any, *, model_path: str | Path | None = None, seed: int | None = None, **options: Any
+) -> MegatronTrainer:
     """Build the Megatron backend for ``config`` (a ``telescope_config.TelescopeConfig``).
 
     Args:
         model_path: local Hugging Face folder; defaults to ``config.model``.
+        seed: seeds Python, NumPy and torch on every rank before the model is built, and megatron's
+            RNG tracker with ``seed + 100 · pipeline rank``; defaults to ``config.seed``.
         options: ``params_dtype`` (overrides the config's: ``mixed_precision_dtype``, or
             ``model_dtype`` when that is null; bfloat16 by default as upstream, float32 for exact
-            tests), ``adam_beta1`` (0.9), ``adam_beta2`` (0.98), ``adam_eps`` (1e-8), ``seed`` (42),
-            ``init_timeout_s`` (600, process-group timeout).
+            tests), ``adam_beta1`` (0.9), ``adam_beta2`` (0.999), ``adam_eps`` (1e-8): PyTorch
+            AdamW's defaults, as the FSDP backend; ``init_timeout_s`` (600, process-group timeout).
 
     Raises:
         telescope_config.ConfigError: the settings cannot work with this model on this machine.
     """
-    return MegatronTrainer(config, model_path=model_path, **options)
+    return MegatronTrainer(config, model_path=model_path, seed=seed, **options)
 
 
 class MegatronTrainer:
@@ -149,12 +156,13 @@ class MegatronTrainer:
         model_path: str | Path | None = None,
         params_dtype: str | None = None,
         adam_beta1: float = 0.9,
-        adam_beta2: float = 0.98,
+        adam_beta2: float = 0.999,
         adam_eps: float = 1e-8,
-        seed: int = 42,
+        seed: int | None = None,
         init_timeout_s: float = 600.0,
     ) -> None:
         self.config = config
+        self.seed = int(config.seed if seed is None else seed)
         self.model_path = Path(model_path or config.model)
         self.arch = Architecture.from_pretrained(self.model_path)
         self._owns_group = _init_distributed(init_timeout_s)
@@ -165,10 +173,15 @@ class MegatronTrainer:
             config, self.arch, layout, has_te=te_available(), has_cuda=torch.cuda.is_available()
         )
         self.layout = layout
+        # Rows must be a multiple of this (sequence parallel over TP, 2·CP zig-zag chunks); the caller
+        # pads to it (protocol), and _prepare pads any row that is not.
+        self.row_multiple = row_multiple(context_parallel=layout.cp, tensor_parallel=layout.tp)
         self.params_dtype = torch_dtype(params_dtype or params_dtype_name(config))
         self._closed = False
         self._plan: ExportPlan | None = None
-        self._build(seed, adam_beta1, adam_beta2, adam_eps)
+        self._loss_options = loss_options(config)
+        _learning_rate(config, 0)  # a bad schedule fails here, with lr_multiplier's message
+        self._build(self.seed, adam_beta1, adam_beta2, adam_eps)
 
     # ------------------------------------------------------------------ setup
     def _build(self, seed: int, beta1: float, beta2: float, eps: float) -> None:
@@ -190,6 +203,11 @@ class MegatronTrainer:
                 expert_model_parallel_size=lo.ep,
                 expert_tensor_parallel_size=1,
             )
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        # Then megatron's tracker (and CUDA). On the CPU the shim routes its torch.cuda.manual_seed to
+        # torch.manual_seed, so there the CPU generator ends at seed + 100 · pipeline rank.
         model_parallel_cuda_manual_seed(seed + 100 * ps.get_pipeline_model_parallel_rank())
         use_te = bool(cfg.megatron_use_transformer_engine)
         sequence_parallel = bool(cfg.megatron_sequence_parallel) and lo.tp > 1
@@ -278,32 +296,33 @@ class MegatronTrainer:
         return all(c == 0 for c in self._coords) and ps.get_expert_model_parallel_rank() == 0
 
     def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
-        """One training step on this data-parallel rank's micro-batches; returns the step metrics."""
+        """One training step on this data-parallel rank's micro-batches; returns the step metrics.
+
+        ``step`` (the caller's count) only labels logs: the learning rate follows ``scheduler_step``.
+        """
         cfg = self.config
         t0 = time.perf_counter()
         self._check_same_micro_batch_count(len(micro_batches))
+        if not micro_batches:
+            raise ValueError(
+                "train_step got no micro-batches; pack at least one sample (pack_samples returns empty "
+                "lists only for an empty step)"
+            )
         batches = [self._prepare(mb) for mb in micro_batches]
         timings: dict[str, float] = {}
-        needs_ratio = cfg.use_ppo_clip or cfg.algorithm in _NEEDS_RATIO
-        if cfg.ppo_clip_ref_logprobs == "batch" and needs_ratio and batches:
+        if needs_old_logprobs(cfg):
             t = time.perf_counter()
             for b, lp in zip(batches, self._forward_logprobs(batches), strict=True):
                 b.old_logprobs = lp
             timings["timing/old_logprobs"] = time.perf_counter() - t
-        lr = cfg.learning_rate * lr_multiplier(
-            step,
-            schedule=cfg.lr_scheduler,
-            warmup_steps=cfg.warmup_steps,
-            total_steps=cfg.number_of_steps,
-            min_lr_ratio=cfg.min_lr_ratio,
-        )
+        lr = _learning_rate(cfg, self.scheduler_step)
         for group in self.optimizer.param_groups:
             # Megatron's own scheduler applies these multipliers; without it, this is the place:
             # wd_mult is 0 for norms and biases (no weight decay there), lr_mult is 1.
             group["lr"] = lr * group.get("lr_mult", 1.0)
             group["weight_decay"] = cfg.weight_decay * group.get("wd_mult", 1.0)
-        n_groups = max(1, min(cfg.number_of_minibatches, len(batches)))
-        groups = [batches[i::n_groups] for i in range(n_groups)]
+        groups = [[batches[i] for i in g] for g in minibatch_groups(len(batches), cfg.number_of_minibatches)]
+        n_groups = len(groups)
         sums: dict[str, float] = {}
         norms, skipped = [], 0
         fb_time = opt_time = 0.0
@@ -312,12 +331,12 @@ class MegatronTrainer:
             outputs = self._forward_backward(group)
             fb_time += time.perf_counter() - t
             t = time.perf_counter()
-            norm, ok = self._optimizer_step()
+            norm, ok = self._optimizer_step(step)
             opt_time += time.perf_counter() - t
             norms.append(norm)
             skipped += not ok
             _accumulate(sums, outputs)
-        self.scheduler_step = step + 1
+        self.scheduler_step += 1
         self.skipped_steps_total += skipped
         sums["num_samples"] = float(sum(mb.num_samples for mb in micro_batches))
         metrics = self._reduce_metrics(sums, n_groups)
@@ -351,55 +370,71 @@ class MegatronTrainer:
             pin_memory=bool(self.config.weight_broadcast_pin_memory),
         )
 
-    def save_checkpoint(
-        self, directory: str | Path, *, step: int, extra_state: Mapping[str, Any] | None = None
-    ) -> Path:
-        """Write ``directory`` (see ``_checkpoint``): per-rank shards, an ``hf/`` folder, meta."""
-        final = Path(directory)
-        tmp = final.with_name(final.name + "_tmp")
-        if self.rank == 0:
-            if tmp.exists():
-                import shutil
+    def save_checkpoint(self, directory: str | Path, *, training_state: bool = True) -> dict[str, Any]:
+        """Write this trainer into exactly ``directory`` (made, empty, by the caller); see ``_checkpoint``.
 
-                shutil.rmtree(tmp)
-            (tmp / "shards").mkdir(parents=True)
-        dist.barrier()
+        Rank 0 writes ``layout.json`` and the ``hf/`` folder (always); with ``training_state`` every
+        rank also writes its shard (model shard, optimizer, ``scheduler_step``,
+        ``skipped_steps_total``, RNG states). Returns the layout facts, identical on every rank.
+        """
+        path = Path(directory)
+        self._raise_on_any_rank(
+            None if path.is_dir() else f"checkpoint folder {path} does not exist (the caller makes it, empty)"
+        )
+        facts = {**self._layout_facts(), "training_state": bool(training_state)}
         weights = self.hf_weights()
         if self.rank == 0:
-            save_hf_weights(((n, t.clone()) for n, t in weights), tmp / "hf")
-            ckpt.copy_hf_meta(self.model_path, tmp / "hf")
-            torch.save(dict(extra_state or {}), tmp / "extra_state.pt")
-            ckpt.write_meta(tmp, self._meta(step))
+            save_hf_weights(((n, t.clone()) for n, t in weights), path / ckpt.HF_DIR)
+            ckpt.copy_hf_meta(self.model_path, path / ckpt.HF_DIR)
         else:
             for _ in weights:
                 pass
-        state = {
-            "model": self.model.module.state_dict(),
-            "optimizer": ckpt.optimizer_state(self.optimizer),
-            "scheduler_step": self.scheduler_step,
-            "skipped_steps_total": self.skipped_steps_total,
-            "step": step,
-            "rng": ckpt.rng_state(),
-        }
-        torch.save(state, ckpt.shard_path(tmp, self.rank))
-        dist.barrier()
+        if training_state:
+            shard = ckpt.shard_path(path, self.rank)
+            shard.parent.mkdir(parents=True, exist_ok=True)
+            state = {
+                "model": self.model.module.state_dict(),
+                "optimizer": ckpt.optimizer_state(self.optimizer),
+                "scheduler_step": self.scheduler_step,
+                "skipped_steps_total": self.skipped_steps_total,
+                "rng": ckpt.rng_state(),
+            }
+            torch.save(state, shard)
         if self.rank == 0:
-            ckpt.finalize(tmp, final)
+            ckpt.write_layout(path, facts)
         dist.barrier()
-        return final
+        return facts
 
-    def load_checkpoint(self, directory: str | Path) -> dict[str, Any]:
-        """Restore model, optimizer, scheduler step and RNG; return the saved ``extra_state``."""
+    def load_checkpoint(self, directory: str | Path, *, weights_only: bool = False) -> None:
+        """Restore what :meth:`save_checkpoint` wrote into ``directory``.
+
+        Full load: model, optimizer, ``scheduler_step``, ``skipped_steps_total`` and RNG states from
+        this rank's shard; needs the same parallel layout and params dtype (clear error otherwise).
+        ``weights_only``: the model alone, from ``hf/`` (any layout); optimizer moments, schedule,
+        counters and RNG keep their current values (fp32 main parameters are refreshed from the model).
+        """
         path = Path(directory)
-        meta = ckpt.read_meta(path)
-        mine = self._meta(meta.get("step", 0))
-        keys = ("world_size", "tp_size", "pp_size", "cp_size", "ep_size", "params_dtype", "padded_vocab_size")
-        diff = {k: (meta.get(k), mine[k]) for k in keys if meta.get(k) != mine[k]}
+        saved = ckpt.read_layout(path)
+        if weights_only:
+            with torch.no_grad():
+                load_hf_weights(
+                    self.model.module, self.arch, str(path / ckpt.HF_DIR), padded_vocab=self.padded_vocab
+                )
+            with cuda_type_names():
+                self.optimizer.reload_model_params()
+            dist.barrier()
+            return
+        if not saved.get("training_state", True):
+            raise ValueError(
+                f"checkpoint {path} was saved without the training state (training_state=False): it holds "
+                "the model weights only; load it with weights_only=True"
+            )
+        diff = ckpt.layout_mismatch(saved, self._layout_facts())
         if diff:
             raise ValueError(
-                f"checkpoint {path} was written with another layout {diff} (saved, now); "
-                "resume with the same "
-                f"parallel sizes, or start a new run with model: {path / 'hf'} (weights only)"
+                f"checkpoint {path} was written with another layout {diff} (saved, now); resume with the "
+                "same parallel sizes and params dtype, or load the weights alone (weights_only=True), or "
+                f"start a new run with model: {path / ckpt.HF_DIR}"
             )
         state = torch.load(ckpt.shard_path(path, self.rank), map_location="cpu", weights_only=False)
         with torch.no_grad():
@@ -408,9 +443,7 @@ class MegatronTrainer:
         self.scheduler_step = int(state["scheduler_step"])
         self.skipped_steps_total = int(state.get("skipped_steps_total", 0))
         ckpt.set_rng_state(state["rng"])
-        extra = torch.load(path / "extra_state.pt", weights_only=False)
         dist.barrier()
-        return extra
 
     def close(self) -> None:
         """Leave the model-parallel groups and, if this trainer created it, the process group."""
@@ -428,11 +461,12 @@ class MegatronTrainer:
     def _global_names(self) -> dict[str, str]:
         return local_to_global(self.model.module)
 
-    def _meta(self, step: int) -> dict[str, Any]:
+    def _layout_facts(self) -> dict[str, Any]:
+        """What a checkpoint records about this trainer (``layout.json`` and the caller's meta)."""
         lo = self.layout
         return {
-            "backend": "megatron",
-            "step": step,
+            "backend": ckpt.BACKEND,
+            "format": ckpt.FORMAT,
             "base_model": str(self.model_path),
             "vocab_size": self.arch.vocab_size,
             "padded_vocab_size": self.padded_vocab,
@@ -443,6 +477,15 @@ class MegatronTrainer:
             "ep_size": lo.ep,
             "params_dtype": str(self.params_dtype).removeprefix("torch."),
         }
+
+    def _raise_on_any_rank(self, problem: str | None) -> None:
+        """Raise ``problem`` (the first rank's that has one) on every rank at once, as a
+        ``FileNotFoundError`` (collective: no rank is left waiting in a later barrier)."""
+        problems: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(problems, problem)
+        first = next((p for p in problems if p), None)
+        if first:
+            raise FileNotFoundError(first)
 
     def _check_same_micro_batch_count(self, count: int) -> None:
         """Every rank must run the same number of micro-batches (collective; raises on every rank).
@@ -475,10 +518,8 @@ class MegatronTrainer:
         tensors = [mb.input_ids, mb.position_ids, mb.loss_mask, mb.advantages, mb.rollout_logprobs]
         if tensors[0].dim() != 2 or tensors[0].shape[0] != 1:
             raise ValueError(f"a micro-batch must be one packed row [1, L], got {tuple(tensors[0].shape)}")
-        tp, cp = self.layout.tp, self.layout.cp
-        # Sequence parallel splits the (local) row over TP ranks; CP needs 2·CP equal chunks.
-        multiple = tp if cp == 1 else cp * math.lcm(2, tp)
-        pad = -tensors[0].shape[1] % multiple
+        cp = self.layout.cp
+        pad = -tensors[0].shape[1] % self.row_multiple
         if pad:
             tensors = [torch.cat([t, t.new_zeros(1, pad)], dim=1) for t in tensors]
             tensors[1][0, -pad:] = torch.arange(pad)
@@ -498,6 +539,7 @@ class MegatronTrainer:
             lps.float(),
             packed,
             int(mb.num_tokens),
+            int(mb.num_samples),
             model_ids=ids[:, local],
             model_positions=pos[:, local],
             labels=labels[:, local],
@@ -552,10 +594,12 @@ class MegatronTrainer:
 
     def _forward_backward(self, group: list[_Batch]) -> list[dict[str, torch.Tensor]]:
         cfg = self.config
-        counts = torch.tensor([sum(b.num_tokens for b in group), 0], dtype=torch.float64)
+        # The group's loss tokens and samples over every data-parallel rank (CP ranks share theirs).
+        counts = torch.tensor(
+            [sum(b.num_tokens for b in group), sum(b.num_samples for b in group)], dtype=torch.int64
+        )
         dist.all_reduce(counts, group=self.dp_group)
-        step_tokens = counts[0].item()
-        loss_kwargs = {f: getattr(cfg, f) for f in _LOSS_FIELDS}
+        group_tokens, group_samples = (int(c) for c in counts.tolist())
 
         def loss_func(b: _Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
             lp, ent = self._logprobs(logits, b)
@@ -567,9 +611,10 @@ class MegatronTrainer:
                 old_logprobs=b.old_logprobs,
                 entropy=ent if cfg.entropy_coef > 0 else ent.detach(),
                 position_ids=b.position_ids,
-                num_tokens=step_tokens,
+                num_tokens=group_tokens,
+                num_samples=group_samples,
                 max_len=cfg.max_tokens,
-                **loss_kwargs,
+                **self._loss_options,
             )
             return loss, torch.tensor(b.num_tokens, dtype=torch.int), metrics
 
@@ -578,11 +623,11 @@ class MegatronTrainer:
         return self._run_schedule(group, loss_func, forward_only=False)
 
     @torch.no_grad()
-    def _optimizer_step(self) -> tuple[float, bool]:
+    def _optimizer_step(self, step: int) -> tuple[float, bool]:
         found_inf = self.optimizer.prepare_grads()
         norm = float(self.optimizer.get_grad_norm())
         if found_inf or not torch.isfinite(torch.tensor(norm)):
-            log.warning("megatron.step_skipped", grad_norm=norm)
+            log.warning("megatron.step_skipped", step=step, grad_norm=norm)
             self.optimizer.zero_grad()
             return norm, False
         if self.config.grad_clip > 0:
@@ -619,6 +664,20 @@ class MegatronTrainer:
         }
         out.update({k: v / weight for k, v in total.items()})
         return out
+
+
+def _learning_rate(config: Any, steps_done: int) -> float:
+    """The learning rate of the train step after ``steps_done`` completed ones (k-th call: k − 1).
+
+    As the FSDP backend's ``LambdaLR`` (built at construction, stepped after each train step).
+    """
+    return config.learning_rate * lr_multiplier(
+        steps_done,
+        schedule=config.lr_scheduler,
+        warmup_steps=config.warmup_steps,
+        total_steps=config.number_of_steps,
+        min_lr_ratio=config.min_lr_ratio,
+    )
 
 
 def _accumulate(sums: dict[str, float], outputs: list[dict[str, torch.Tensor]]) -> None:

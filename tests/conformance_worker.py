@@ -1,0 +1,119 @@
+"""One trainer rank of the backend conformance test (run as a script, never collected).
+
+    python conformance_worker.py SPEC_JSON     with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set
+
+The spec names the backend, the model folder, config overrides and the steps (lists of sample
+dicts). Through the ``telescope.trainers`` entry point, exactly as ``telescope train``: create the
+trainer, train, save checkpoints with the CLI's layout (``telescope_cli._checkpoints``: begin →
+``save_checkpoint`` → commit → prune), load them into a fresh trainer, convert one with the
+backend's ``convert_checkpoint``. Writes ``out`` (torch.save) with what the test compares.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from importlib.metadata import entry_points
+from pathlib import Path
+
+warnings.simplefilter("ignore")
+
+import torch  # noqa: E402
+
+import telescope_config  # noqa: E402
+from telescope_algos import Sample, TrainerBackend, pack_samples  # noqa: E402
+from telescope_cli import _checkpoints as ck  # noqa: E402
+
+
+def _config(spec: dict) -> telescope_config.TelescopeConfig:
+    data = {
+        **telescope_config.defaults(),
+        "environments": [{"name": "countdown"}],
+        "model": spec["model_dir"],
+        "train_backend": spec["backend"],
+        "trainer_num_workers": int(os.environ["WORLD_SIZE"]),
+        **spec["overrides"],
+    }
+    return telescope_config.TelescopeConfig.model_validate(data)
+
+
+def _micro_batches(trainer, spec: dict, i: int, seq_len: int):
+    samples = [Sample(**s) for s in spec["steps"][i]]
+    shards = pack_samples(samples, seq_len=seq_len, pad_to_multiple_of=trainer.row_multiple, num_ranks=1)
+    return shards[trainer.dp_rank]
+
+
+def _weights(trainer) -> dict[str, torch.Tensor]:
+    return {n: t.detach().cpu().clone() for n, t in trainer.hf_weights()}
+
+
+def _save(trainer, root: Path, step: int, *, training_state: bool = True, keep_last=None) -> Path:
+    tmp = ck.begin(root, step)
+    facts = trainer.save_checkpoint(tmp, training_state=training_state)
+    path = ck.commit(tmp, step, {**facts, "training_state": training_state})
+    ck.prune(root, current=step, keep_last=keep_last, keep_every=None)
+    return path
+
+
+def main(spec: dict) -> None:
+    backend = {ep.name: ep for ep in entry_points(group="telescope.trainers")}[spec["backend"]].load()
+    config = _config(spec)
+    out: dict = {}
+    trainer = backend.create_trainer(config, model_path=spec["model_dir"], seed=config.seed)
+    out["initial_seed"] = torch.initial_seed()
+    out["is_protocol"] = isinstance(trainer, TrainerBackend)
+    out["row_multiple"] = trainer.row_multiple
+    root = Path(spec["dir"]) / "checkpoints"
+    metrics = []
+    for i in range(len(spec["steps"])):  # short rows: several micro-batches per step
+        mbs = _micro_batches(trainer, spec, i, spec["seq_len"])
+        out.setdefault("micro_batch_counts", []).append(len(mbs))
+        metrics.append(trainer.train_step(mbs, step=i + 1))
+        if i == 0:
+            out["weights_1"] = _weights(trainer)
+            out["facts"] = trainer.save_checkpoint(ck.begin(root, 99))  # a bare folder, for its facts
+            _save(trainer, root, 1)
+    out["metrics"] = metrics
+    out["weights_end"] = _weights(trainer)
+    _save(trainer, root, 2)
+    out["meta_2"] = ck.read_meta(root / "step_2")
+    trainer.close()
+
+    # a fresh trainer (another seed) resumed from step_1 redoes step 2 exactly
+    trainer = backend.create_trainer(config, model_path=spec["model_dir"], seed=config.seed + 1)
+    trainer.load_checkpoint(root / "step_1")
+    out["resumed_metrics"] = trainer.train_step(_micro_batches(trainer, spec, 1, spec["seq_len"]), step=2)
+    out["resumed_end"] = _weights(trainer)
+    _save(trainer, root, 3, training_state=False, keep_last=2)  # retention: step_1 goes
+    out["listed"] = [s for s, _ in ck.list_checkpoints(root)]
+    trainer.load_checkpoint(root / "step_2")
+    out["loaded_end"] = _weights(trainer)
+    trainer.load_checkpoint(root / "step_3", weights_only=True)  # ...and the weights-only one
+    out["loaded_weights_only"] = _weights(trainer)
+    try:
+        trainer.load_checkpoint(root / "step_3")
+        out["weights_only_error"] = None
+    except ValueError as exc:
+        out["weights_only_error"] = str(exc)
+    trainer.close()
+
+    # the first step's samples in one long row: the same loss, however the step is split
+    trainer = backend.create_trainer(config, model_path=spec["model_dir"], seed=config.seed)
+    big = _micro_batches(trainer, spec, 0, spec["one_row_seq_len"])
+    out["one_row_count"] = len(big)
+    out["one_row"] = trainer.train_step(big, step=1)
+    trainer.close()
+
+    converted = backend.convert_checkpoint(root / "step_2", Path(spec["dir"]) / "hf")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
+    out["converted"] = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    torch.save(out, spec["out"])
+
+
+if __name__ == "__main__":
+    assert "RANK" in os.environ, "run with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT"
+    main(json.loads(Path(sys.argv[1]).read_text()))

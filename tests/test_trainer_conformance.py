@@ -1,0 +1,157 @@
+"""The trainer protocol, tested the same way on every backend (FSDP and Megatron).
+
+Each backend runs in its own process (``conformance_worker.py``, one gloo rank), created through
+the ``telescope.trainers`` entry point as ``telescope train`` does, on the same tiny Llama and
+the same steps: ``dr_grpo`` with ``token_sum_norm`` (its loss divides by the step's sample count,
+so a backend that normalises by the local micro-batch is caught), a warmup schedule (so a backend
+one step ahead in its LR is caught), float32 and no dropout. What every backend must do:
+
+- be a ``TrainerBackend``; its ``row_multiple``; the seed it was given is torch's seed;
+- ``train_step`` returns the protocol's metric keys; the LR of step k is ``lr · lr_multiplier(k-1)``;
+- the loss of a step is the same whether its samples come in several micro-batches or one row;
+- ``save_checkpoint`` writes into exactly the folder given and returns ``{"backend": name, ...}``;
+  under the CLI's layout, the folder is listed, loads into a fresh trainer (another seed), which
+  redoes the next step exactly; retention keeps the newest; a weights-only folder loads with
+  ``weights_only`` and is refused without it;
+- ``convert_checkpoint`` gives a folder transformers loads with the trained weights;
+- and both backends agree: the same loss, LR and metrics at every step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+WORKER = Path(__file__).with_name("conformance_worker.py")
+BACKENDS = ["fsdp", "megatron"]
+LR = 1e-3
+OVERRIDES = {
+    "algorithm": "dr_grpo",
+    "dr_grpo_loss_agg_mode": "token_sum_norm",
+    "learning_rate": LR,
+    "lr_scheduler": "constant",
+    "warmup_steps": 2,
+    "number_of_steps": 4,
+    "model_dtype": "float32",
+    "mixed_precision_dtype": None,
+    "max_tokens": 16,
+    "seed": 1234,
+}
+REQUIRED = (
+    "loss", "entropy", "kl_divergence_inference", "grad_norm", "learning_rate", "num_tokens",
+    "num_samples", "skipped_steps", "timing/step",
+)  # fmt: skip
+
+
+def _steps() -> list[list[dict]]:
+    rng = random.Random(7)
+    steps = []
+    for n in (6, 5):
+        samples = []
+        for _ in range(n):
+            prompt = [rng.randrange(3, 400) for _ in range(rng.randint(3, 6))]
+            completion = [rng.randrange(3, 400) for _ in range(rng.randint(6, 12))]
+            samples.append(
+                {
+                    "prompt_ids": prompt,
+                    "completion_ids": completion,
+                    "advantage": rng.uniform(-2, 2),
+                    "rollout_logprobs": [-rng.uniform(3, 7) for _ in completion],
+                }
+            )
+        steps.append(samples)
+    return steps
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(backend: str, model_dir: Path, tmp: Path) -> dict:
+    spec = {
+        "backend": backend, "model_dir": str(model_dir), "overrides": OVERRIDES, "steps": _steps(),
+        "seq_len": 24, "one_row_seq_len": 256, "dir": str(tmp), "out": str(tmp / "out.pt"),
+    }  # fmt: skip
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    env = {
+        **os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp),
+    }  # fmt: skip
+    log = tmp / "worker.log"
+    with log.open("w") as fh:
+        cmd = [sys.executable, str(WORKER), str(tmp / "spec.json")]
+        proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=900, check=False)
+    assert proc.returncode == 0, log.read_text()[-4000:]
+    return torch.load(tmp / "out.pt", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def results(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    return {b: _run(b, tiny_model_dir, tmp_path_factory.mktemp(b)) for b in BACKENDS}
+
+
+def _same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for name, value in a.items():
+        torch.testing.assert_close(value, b[name], atol=atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_protocol_seed_and_metrics(results, backend):
+    r = results[backend]
+    assert r["is_protocol"]
+    assert r["row_multiple"] == 1
+    assert r["initial_seed"] == 1234  # the config's seed reached the trainer
+    assert r["facts"]["backend"] == backend
+    for m in r["metrics"]:
+        missing = [k for k in REQUIRED if k not in m]
+        assert not missing, missing
+    # constant schedule, warmup 2: lr_multiplier(0) = 0/2, lr_multiplier(1) = 1/2 (steps 1 and 2)
+    assert [m["learning_rate"] for m in r["metrics"]] == pytest.approx([0.0, LR / 2])
+    assert r["metrics"][1]["num_samples"] == 5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loss_is_the_same_however_the_step_is_split(results, backend):
+    r = results[backend]
+    assert r["micro_batch_counts"][0] > 1, "the test wants several micro-batches"
+    assert r["one_row_count"] == 1
+    for key in ("loss", "entropy", "num_tokens", "num_samples"):
+        assert r["metrics"][0][key] == pytest.approx(r["one_row"][key], rel=1e-5), key
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checkpoint_round_trip_retention_and_export(results, backend):
+    r = results[backend]
+    assert r["meta_2"]["backend"] == backend
+    assert r["meta_2"]["step"] == 2
+    assert r["listed"] == [2, 3]  # keep_last 2 after step 3
+    # a trainer with another seed resumed from step_1 redoes step 2 exactly
+    assert r["resumed_metrics"]["loss"] == r["metrics"][1]["loss"]
+    assert r["resumed_metrics"]["learning_rate"] == r["metrics"][1]["learning_rate"]
+    _same_weights(r["resumed_end"], r["weights_end"])
+    _same_weights(r["loaded_end"], r["weights_end"])
+    _same_weights(r["loaded_weights_only"], r["weights_end"])
+    assert "weights only" in r["weights_only_error"]
+    converted = {k: v for k, v in r["converted"].items() if k in r["weights_end"]}
+    _same_weights(converted, r["weights_end"])
+    assert any(not torch.equal(r["weights_1"][k], r["weights_end"][k]) for k in r["weights_end"])
+
+
+def test_both_backends_agree(results):
+    fsdp, meg = results["fsdp"], results["megatron"]
+    for step, (a, b) in enumerate(zip(fsdp["metrics"], meg["metrics"], strict=True)):
+        for key in ("loss", "entropy", "kl_divergence_inference", "grad_norm", "learning_rate", "num_tokens"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (step, key)
