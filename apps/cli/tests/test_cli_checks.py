@@ -10,17 +10,23 @@ from telescope_config import TelescopeConfig, defaults
 
 def test_installed_backends_pass_and_unknown_ones_list_the_installed():
     assert _checks.backend_problem("fsdp") is None
-    assert _checks.backend_problem("megatron") is None  # the test environment has the extra
     problem = _checks.backend_problem("deepspeed")
     assert problem is not None
     assert "installed: fsdp, megatron" in problem
 
 
-def test_megatron_without_megatron_core_names_the_extra(monkeypatch):
+def test_megatron_needs_megatron_core_and_names_the_extra(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(
-        _checks.importlib.util, "find_spec", lambda name, *a: None if name == "megatron" else real(name, *a)
-    )
+    present = {"megatron": True}
+
+    def find_spec(name, *args):
+        if name == "megatron":
+            return object() if present["megatron"] else None
+        return real(name, *args)
+
+    monkeypatch.setattr(_checks.importlib.util, "find_spec", find_spec)
+    assert _checks.backend_problem("megatron") is None
+    present["megatron"] = False
     problem = _checks.backend_problem("megatron")
     assert problem is not None
     assert "pip install 'telescope-trainer-megatron[megatron]'" in problem

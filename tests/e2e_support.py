@@ -1,0 +1,158 @@
+"""Running ``telescope train`` as a user does, and checking what a user checks afterwards.
+
+``train(run_dir, *args)`` runs ``python -m telescope_cli train --run-dir RUN_DIR ARGS`` in a
+subprocess with its output piped (so the console is the plain, non-terminal one), the test
+environment modules importable (``e2e_envs``) and a small vLLM KV cache. ``check_finished`` is the
+user's view of a finished run: exit 0, no traceback, one metrics line per step, a rollouts file per
+step whose samples carry no error, and no process of the run left.
+
+Processes of a run are found by the ``TELESCOPE_RUN_DIR=<run dir>`` entry the driver puts in its
+environment, which Ray's daemons, the actors and the vLLM servers all inherit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+
+SCALE_DOWN = [
+    "--ray_address", "", "--inference_num_workers", "1", "--trainer_num_workers", "1",
+    "--ray_inference_cpus_per_worker", "1", "--ray_trainer_cpus_per_worker", "1",
+    "--group_size", "4", "--prompts_batch_size_for_trainer", "2", "--max_concurrent_prompts_per_server", "2",
+    "--number_of_steps", "2", "--max_model_len", "1024", "--seq_len", "1024", "--max_tokens", "16",
+    "--discard_group_zero_advantage", "false", "--model_dtype", "float32", "--mixed_precision_dtype", "null",
+    "--use_wandb", "false", "--checkpoint_every", "0", "--learning_rate", "1e-4",
+]  # fmt: skip
+"""Overrides that scale an example config down to a tiny model on a 2-core CPU machine."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_args(model_dir: Path) -> list[str]:
+    """The model and a free port range for the servers (several tests run at once)."""
+    return ["--model", str(model_dir), "--inference_base_port", str(free_port())]
+
+
+def run_env() -> dict[str, str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+    env.pop("TELESCOPE_RUN_DIR", None)
+    return env
+
+
+def command(run_dir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "telescope_cli", "train", "--run-dir", str(run_dir), *args]
+
+
+@dataclass
+class Finished:
+    returncode: int
+    output: str
+    wall_s: float
+    run_dir: Path
+
+    def metrics(self) -> list[dict[str, Any]]:
+        path = self.run_dir / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+    def step_metrics(self) -> list[dict[str, Any]]:
+        """The training steps' lines (eval lines carry ``eval/step``)."""
+        return [m for m in self.metrics() if "eval/step" not in m]
+
+    def rollouts(self, step: int) -> list[dict[str, Any]]:
+        import pyarrow.parquet as pq
+
+        return pq.read_table(self.run_dir / "rollouts" / f"step_{step:06d}.parquet").to_pylist()
+
+
+def train(run_dir: Path, *args: str, timeout_s: float = 600.0) -> Finished:
+    """Run ``telescope train`` to its end (killed at ``timeout_s``); output piped, as in CI or nohup."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(
+            command(run_dir, *args), env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            timeout=timeout_s, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.output or b"").decode(errors="replace")
+        raise AssertionError(f"telescope train ran past {timeout_s} s:\n{out[-4000:]}") from exc
+    finished = Finished(done.returncode, done.stdout.decode(errors="replace"), time.monotonic() - t0, run_dir)
+    print(f"telescope train {run_dir.name}: exit {done.returncode} in {finished.wall_s:.1f} s")
+    return finished
+
+
+def start(run_dir: Path, *args: str) -> subprocess.Popen:
+    """Start ``telescope train`` in the background; its output goes to ``<run dir>.console``."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with (run_dir.parent / f"{run_dir.name}.console").open("ab") as log:
+        return subprocess.Popen(command(run_dir, *args), env=run_env(), stdout=log, stderr=log)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"run exited early with {proc.returncode}: see {path.parent}"
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout_s} s"
+        time.sleep(0.05)  # tiny-model steps take a fraction of a second: act close to the event
+
+
+def processes_of(run_dir: Path) -> list[int]:
+    """PIDs whose environment carries TELESCOPE_RUN_DIR=<run_dir>."""
+    marker = f"TELESCOPE_RUN_DIR={run_dir}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in env.split(b"\0"):
+            found.append(int(pid))
+    return found
+
+
+def wait_gone(run_dir: Path, timeout_s: float = 90.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_of(run_dir)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
+
+
+def check_finished(run: Finished, steps: int, *, resumed_at: int = 0) -> list[dict[str, Any]]:
+    """What a user checks after a run (resumed after step ``resumed_at``); returns the steps' lines."""
+    assert run.returncode == 0, run.output[-4000:]
+    assert "Traceback" not in run.output, run.output[-4000:]
+    assert wait_gone(run.run_dir, timeout_s=30) == [], "processes of the run are still alive"
+    lines = run.step_metrics()
+    assert [m["step"] for m in lines] == list(range(1, steps + 1)), [m["step"] for m in lines]
+    for m in lines:
+        assert m["groups/kept"] >= 1
+        assert m["reward/mean"] is not None
+    for step in range(1, steps + 1):
+        rows = run.rollouts(step)
+        kept = [r for r in rows if r["status"] == "kept"]
+        assert kept, f"step {step} has no kept sample"
+        errors = [r["error"] for r in rows if r["error"] and r["status"] != "cancelled"]
+        assert not errors, f"step {step}: sample errors {errors[:3]}"
+        assert all(r["completion_tokens"] > 0 for r in kept)
+    # the console of a pipe: one plain line per step this run trained
+    for step in range(resumed_at + 1, steps + 1):
+        assert f"step {step}/{steps}" in run.output, run.output[-2000:]
+    return lines
