@@ -88,6 +88,12 @@ def main(spec: dict) -> None:
     out["resumed_end"] = _weights(trainer)
     _save(trainer, root, 3, training_state=False, keep_last=2)  # retention: step_1 goes
     out["listed"] = [s for s, _ in ck.list_checkpoints(root)]
+    out["root"] = sorted(p.name for p in root.iterdir())
+    try:
+        trainer.save_checkpoint(root / "missing")
+        out["missing_folder_error"] = None
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        out["missing_folder_error"] = str(exc)
     trainer.load_checkpoint(root / "step_2")
     out["loaded_end"] = _weights(trainer)
     trainer.load_checkpoint(root / "step_3", weights_only=True)  # ...and the weights-only one

@@ -5,6 +5,7 @@
 - ``SlowDigitsEnv``: the same reward after two seconds (asynchronously), so an eval of it outlasts
   a training step of the tiny model.
 - ``LongPromptEnv``: every prompt is far longer than the tests' ``max_model_len``.
+- ``BrokenRewardEnv``: every reward raises the same error (a grader that is down).
 """
 
 from __future__ import annotations
@@ -47,3 +48,10 @@ class LongPromptEnv(SingleTurnEnvironment):
 
     def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         return RewardResult(0.0, {})
+
+
+class BrokenRewardEnv(DigitsEnv):
+    """Every reward raises: the run can never assemble a batch."""
+
+    def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        raise RuntimeError("the grader is down")

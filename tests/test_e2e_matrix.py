@@ -11,6 +11,7 @@ rollouts file per step with no sample errors, no traceback, no process left.
 - a synchronous run with TIS at temperature 0.7: ``kl_divergence_inference`` below 1e-3 at every
   step (the servers return the logprobs of the sampled distribution);
 - prompts that can never fit ``max_model_len``: exit 1 within a minute, naming the environment;
+  a reward that always raises: exit 1 with its error once a run of groups failed with it;
 - learning: on the digits task the reward rises over the run (a wrong sign in the loss, or weights
   that never reach the servers, fail it);
 - two FSDP ranks through Ray at the packaged default precision (bf16 mixed precision);
@@ -91,6 +92,20 @@ def test_prompts_that_never_fit_stop_the_run_within_a_minute(tmp_path, tiny_mode
     assert "environment 'e2e_envs:LongPromptEnv' has no prompt that fits the context" in run.output
     assert "max_model_len (256)" in run.output
     assert "max_tokens (16)" in run.output
+    assert wait_gone(run.run_dir, timeout_s=30) == []
+
+
+@pytest.mark.xdist_group("e2e_a")
+def test_a_reward_that_always_fails_stops_the_run_with_its_error(tmp_path, tiny_model_dir):
+    run = train(
+        tmp_path / "run", *base_args(tiny_model_dir), *SCALE_DOWN,
+        "--environments", '[{"name": "e2e_envs:BrokenRewardEnv"}]', timeout_s=240,
+    )  # fmt: skip
+    assert run.returncode == 1, run.output[-3000:]
+    assert "Traceback" not in run.output
+    assert "This is a bug" not in run.output
+    assert "failed with sample_error (environment e2e_envs:BrokenRewardEnv)" in run.output, run.output[-3000:]
+    assert "the grader is down" in run.output
     assert wait_gone(run.run_dir, timeout_s=30) == []
 
 

@@ -9,7 +9,8 @@ one step ahead in its LR is caught), float32 and no dropout. What every backend 
 - be a ``TrainerBackend``; its ``row_multiple``; the seed it was given is torch's seed;
 - ``train_step`` returns the protocol's metric keys; the LR of step k is ``lr · lr_multiplier(k-1)``;
 - the loss of a step is the same whether its samples come in several micro-batches or one row;
-- ``save_checkpoint`` writes into exactly the folder given and returns ``{"backend": name, ...}``;
+- ``save_checkpoint`` writes into exactly the folder given (the caller makes it: a missing one is an
+  error) and returns ``{"backend": name, ...}``;
   under the CLI's layout, the folder is listed, loads into a fresh trainer (another seed), which
   redoes the next step exactly; retention keeps the newest; a weights-only folder loads with
   ``weights_only`` and is refused without it;
@@ -138,6 +139,9 @@ def test_checkpoint_round_trip_retention_and_export(results, backend):
     assert r["meta_2"]["backend"] == backend
     assert r["meta_2"]["step"] == 2
     assert r["listed"] == [2, 3]  # keep_last 2 after step 3
+    # nothing outside the folders given: the checkpoints, and the bare folder saved for its facts
+    assert r["root"] == ["step_2", "step_3", "step_99.tmp"]
+    assert "does not exist" in r["missing_folder_error"]
     # a trainer with another seed resumed from step_1 redoes step 2 exactly
     assert r["resumed_metrics"]["loss"] == r["metrics"][1]["loss"]
     assert r["resumed_metrics"]["learning_rate"] == r["metrics"][1]["learning_rate"]

@@ -128,3 +128,15 @@ def test_a_resumed_engine_counts_from_the_checkpoints_step():
     state = resumed_engine_state(saved, 2)
     assert state == {**saved, "step": 2, "version": 2}  # the sampler goes on: no prompt drawn twice
     assert saved["step"] == 4  # the checkpoint's copy is left alone
+
+
+def test_resuming_from_an_earlier_step_sets_the_later_checkpoints_aside(tmp_path):
+    from telescope_cli._checkpoints import set_aside_later
+
+    for s in (2, 4, 6):
+        _fake(tmp_path, s)
+    (tmp_path / "step_6.abandoned").mkdir()  # set aside by an earlier resume
+    moved = set_aside_later(tmp_path, 2)
+    assert sorted(p.name for p in moved) == ["step_4.abandoned", "step_6.abandoned2"]
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2]
+    assert find_checkpoint(tmp_path) == tmp_path / "step_2"

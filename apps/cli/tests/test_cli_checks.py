@@ -43,3 +43,13 @@ def test_top_p_warns_only_with_a_term_that_compares_logprobs():
     assert warning is not None
     assert "use_tis, kl_penalty_tau" in warning
     assert "top_p: null" in warning
+    # a ratio against the trainer's own pre-update logprobs compares nothing with the servers
+    assert (
+        _checks.truncated_sampling_warning(
+            _config(top_p=0.9, use_ppo_clip=True, ppo_clip_ref_logprobs="batch")
+        )
+        is None
+    )
+    gspo = _checks.truncated_sampling_warning(_config(top_p=0.9, algorithm="gspo"))
+    assert gspo is not None
+    assert "the gspo ratio compare" in gspo

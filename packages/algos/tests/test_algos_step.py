@@ -22,23 +22,27 @@ from telescope_algos import (
 )
 from telescope_algos._step import DATA_KEYWORDS
 
+# The loss fields both backends read (the list the Megatron backend once kept by hand).
+LOSS_FIELDS = [
+    "algorithm", "clip_high", "clip_low", "clip_ratio_c", "dr_grpo_loss_agg_mode", "entropy_coef",
+    "kl_estimator", "kl_penalty_tau", "sapo_tau_neg", "sapo_tau_pos", "seq_is_mask_high",
+    "seq_is_mask_low", "seq_is_masking", "tis_cap", "tis_floor", "tis_logprob_clamp", "tis_mode",
+    "use_ppo_clip", "use_tis",
+]  # fmt: skip
 
-def _option_names() -> list[str]:
-    params = inspect.signature(compute_loss).parameters.values()
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    return [p.name for p in params if p.kind is keyword and p.name not in DATA_KEYWORDS]
 
-
-def test_loss_options_read_every_non_data_keyword_of_compute_loss():
-    names = _option_names()
-    assert {"algorithm", "use_tis", "clip_low", "dr_grpo_loss_agg_mode", "entropy_coef"} <= set(names)
-    config = SimpleNamespace(**{n: f"value of {n}" for n in names}, unrelated=1)
-    assert loss_options(config) == {n: f"value of {n}" for n in names}
+def test_loss_options_read_every_loss_field_of_the_config_and_nothing_else():
+    config = SimpleNamespace(**{n: f"value of {n}" for n in LOSS_FIELDS}, learning_rate=1e-6, seq_len=8)
+    options = loss_options(config)
+    assert sorted(options) == LOSS_FIELDS
+    assert options["tis_cap"] == "value of tis_cap"
+    params = inspect.signature(compute_loss).parameters
+    assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in options)
+    assert not set(options) & DATA_KEYWORDS
 
 
 def test_a_config_without_a_loss_field_is_an_error():
-    names = _option_names()
-    config = SimpleNamespace(**{n: 0 for n in names if n != "tis_cap"})
+    config = SimpleNamespace(**{n: 0 for n in LOSS_FIELDS if n != "tis_cap"})
     with pytest.raises(ValueError, match=r"lacks loss fields \['tis_cap'\]"):
         loss_options(config)
 
@@ -93,3 +97,30 @@ def test_rng_state_round_trip():
     got = (random.random(), np.random.rand(), torch.rand(2))
     assert got[:2] == expected[:2]
     assert torch.equal(got[2], expected[2])
+
+
+def test_step_counts_total_tokens_and_samples_per_group():
+    import torch.distributed as dist
+
+    from telescope_algos import Sample, pack_samples, step_counts
+
+    samples = [
+        Sample(prompt_ids=[1, 2], completion_ids=[3, 4, 5], advantage=1.0, rollout_logprobs=[-1.0] * 3),
+        Sample(prompt_ids=[1], completion_ids=[6, 7], advantage=-1.0, rollout_logprobs=[-1.0] * 2),
+        Sample(prompt_ids=[1, 2, 3], completion_ids=[8], advantage=0.5, rollout_logprobs=[-1.0]),
+    ]
+    [mbs] = pack_samples(samples, seq_len=6, num_ranks=1)  # 5 + 3 + 4 tokens: one row each
+    assert len(mbs) == 3
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        counts = step_counts(mbs, minibatch_groups(len(mbs), 2))
+    finally:
+        dist.destroy_process_group()
+    # groups [0, 2] and [1]; loss tokens are completion tokens: which rows hold which sample is
+    # the packer's choice, so check the totals against each row's own counts
+    by_row = [(mb.num_tokens, mb.num_samples) for mb in mbs]
+    assert counts.tokens == [by_row[0][0] + by_row[2][0], by_row[1][0]]
+    assert counts.samples == [by_row[0][1] + by_row[2][1], by_row[1][1]]
+    assert sum(counts.tokens) == 3 + 2 + 1
+    assert sum(counts.samples) == 3

@@ -327,11 +327,11 @@ def test_the_start_up_check_names_an_environment_whose_first_prompts_never_fit(t
     kwargs = {"max_model_len": 256, "max_tokens": 16}
     msg = unfit_environment({"echo": short, "mixed": mixed, "long": long}, tokenizer, **kwargs)
     assert msg is not None
-    assert msg.startswith("environment 'long' has no prompt that fits the context: none of the last 5")
+    assert msg.startswith("environment 'long' has no prompt that fits the context: none of its first 5")
     assert "(they are all 5 of its training prompts)" in msg
     assert f"The longest has {max(lengths)} prompt tokens, the shortest {min(lengths)};" in msg
     assert unfit_environment({"echo": short, "mixed": mixed}, tokenizer, **kwargs) is None  # some fit
     # a large dataset whose first `probe` prompts are all too long
     big = LongEnv(n=100)
     big.load_dataset()
-    assert "none of the last 8 prompts" in unfit_environment({"big": big}, tokenizer, probe=8, **kwargs)
+    assert "none of its first 8 prompts" in unfit_environment({"big": big}, tokenizer, probe=8, **kwargs)

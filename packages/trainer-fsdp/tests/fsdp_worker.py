@@ -29,6 +29,7 @@ def main(job_dir: Path) -> None:
         mine = job["micro_batches"][trainer.dp_rank]
         metrics = [trainer.train_step(mine, step=s) for s in range(job["steps"])]
         weights = {name: t.clone() for name, t in trainer.hf_weights()}  # every rank exhausts it
+        (job_dir / "ckpt").mkdir(exist_ok=True)  # the caller's folder (every rank sees it)
         assert trainer.save_checkpoint(job_dir / "ckpt")["world_size"] == trainer.world_size
         result = {"metrics": metrics, "dp": (trainer.dp_rank, trainer.dp_world_size), "cp": trainer.cp_size}
         if rank == 0:

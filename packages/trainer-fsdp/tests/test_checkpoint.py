@@ -35,6 +35,7 @@ def test_resume_equals_training_straight_through(helpers, tiny_model_dir, tmp_pa
     with helpers.open_trainer(cfg) as trainer:
         first = [trainer.train_step(batches[s], step=s)["learning_rate"] for s in range(2)]
         torch.rand(5)  # move the RNG; the checkpoint must capture this state
+        (tmp_path / "step_2").mkdir()  # the caller makes the folder
         facts = trainer.save_checkpoint(tmp_path / "step_2")
         rng_after_save = torch.rand(3)
     assert facts["backend"] == "fsdp"
@@ -88,11 +89,11 @@ def test_weights_only_checkpoint(helpers, tiny_model_dir, tmp_path):
 
 
 def test_a_folder_that_is_no_checkpoint_is_named(helpers, tiny_model_dir, tmp_path):
-    with (
-        helpers.open_trainer(helpers.make_config(tiny_model_dir)) as trainer,
-        pytest.raises(FileNotFoundError, match="is not a checkpoint of the FSDP backend"),
-    ):
-        trainer.load_checkpoint(tmp_path)
+    with helpers.open_trainer(helpers.make_config(tiny_model_dir)) as trainer:
+        with pytest.raises(FileNotFoundError, match="is not a checkpoint of the FSDP backend"):
+            trainer.load_checkpoint(tmp_path)
+        with pytest.raises(FileNotFoundError, match="does not exist \\(the caller makes it, empty\\)"):
+            trainer.save_checkpoint(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="is not a checkpoint of the FSDP backend"):
         convert_checkpoint(tmp_path, tmp_path / "hf")
 
@@ -109,6 +110,7 @@ def test_conversion_loads_in_transformers_and_matches(
     with helpers.open_trainer(cfg) as trainer:
         trainer.train_step(_batches(helpers, 1)[0], step=0)
         trained = helpers.hf_state(trainer)
+        (tmp_path / "ckpt").mkdir()
         trainer.save_checkpoint(tmp_path / "ckpt")
     out = convert_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
     assert (out / "model.safetensors").is_file()

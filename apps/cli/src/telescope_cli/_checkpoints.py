@@ -12,10 +12,11 @@ The CLI owns all of it; a trainer backend only writes its state into the folder 
                        step_<N> once every rank returned and meta.json is in it
 
 Only folders named ``step_<N>`` that hold a ``meta.json`` are checkpoints; anything else under
-the root (a shared ``checkpoint_dir``) is never touched. An interrupted save leaves a ``.tmp``
-folder that the next save of that step clears; an existing ``step_<N>`` is replaced only once the
-new one is complete. The root must be visible to the driver and every trainer rank (a shared file
-system on several nodes).
+the root (a shared ``checkpoint_dir``) is never touched. A run resumed from step N renames the
+checkpoints of later steps to ``step_<M>.abandoned`` (they belong to the abandoned run). An
+interrupted save leaves a ``.tmp`` folder that the next save of that step clears; an existing
+``step_<N>`` is replaced only once the new one is complete. The root must be visible to the
+driver and every trainer rank (a shared file system on several nodes).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "list_checkpoints",
     "prune",
     "read_meta",
+    "set_aside_later",
     "step_dir",
 ]
 
@@ -149,3 +151,20 @@ def prune(root: str | Path, *, current: int, keep_last: int | None, keep_every: 
     for s in doomed:
         shutil.rmtree(found[s])
     return [found[s] for s in doomed]
+
+
+def set_aside_later(root: str | Path, step: int) -> list[Path]:
+    """Rename the checkpoints of steps after ``step`` to ``step_<M>.abandoned`` (a run resumed from
+    ``step`` redoes those steps: their checkpoints belong to the abandoned run and must neither be
+    resumed nor count in retention). Returns the new paths; nothing is deleted."""
+    moved = []
+    for s, path in list_checkpoints(root):
+        if s > step:
+            target = path.with_name(f"{path.name}.abandoned")
+            n = 1
+            while target.exists():
+                n += 1
+                target = path.with_name(f"{path.name}.abandoned{n}")
+            path.rename(target)
+            moved.append(target)
+    return moved

@@ -44,9 +44,12 @@ def truncated_sampling_warning(cfg: Any) -> str | None:
     """
     if cfg.top_p is None or cfg.top_p >= 1:
         return None
+    ratio = bool(cfg.use_ppo_clip) or cfg.algorithm in ("cispo", "gspo", "sapo")
+    ratio_name = "use_ppo_clip" if cfg.use_ppo_clip else f"the {cfg.algorithm} ratio"
     terms = {
         "use_tis": bool(cfg.use_tis),
-        "use_ppo_clip": bool(cfg.use_ppo_clip),
+        # with ppo_clip_ref_logprobs "batch" the ratio is against the trainer's own pre-update pass
+        ratio_name: ratio and cfg.ppo_clip_ref_logprobs == "rollout",
         "kl_penalty_tau": cfg.kl_penalty_tau > 0,
         "seq_is_masking": bool(cfg.seq_is_masking),
         "filter_gibberish": bool(cfg.filter_gibberish),

@@ -381,7 +381,8 @@ async def save_checkpoint(ctx: LoopContext, step: int) -> None:
     cfg = ctx.config
     training_state = bool(cfg.checkpoint_save_training_state)
     config = ctx.run.path / "config.yaml"
-    tmp = ck.begin(ctx.checkpoint_root, step)
+    # folder work (clearing a stale .tmp, renames, deleting old checkpoints) off the event loop
+    tmp = await asyncio.to_thread(ck.begin, ctx.checkpoint_root, step)
     facts = await _gather([a.save_checkpoint.remote(str(tmp), training_state) for a in ctx.trainers])
     meta = {
         **facts[0],
@@ -390,7 +391,7 @@ async def save_checkpoint(ctx: LoopContext, step: int) -> None:
         "training_state": training_state,
         "extra_state": {"engine": ctx.engine.state_dict(), "step": step},
     }
-    path = ck.commit(tmp, step, meta)
+    path = await asyncio.to_thread(ck.commit, tmp, step, meta)
     keep = {"keep_last": cfg.checkpoint_keep_last, "keep_every": cfg.checkpoint_keep_every}
-    deleted = ck.prune(ctx.checkpoint_root, current=step, **keep)
+    deleted = await asyncio.to_thread(ck.prune, ctx.checkpoint_root, current=step, **keep)
     log.info("checkpoint saved", step=step, path=str(path), deleted=[str(p) for p in deleted])

@@ -14,8 +14,13 @@ from typing import Any
 import structlog
 
 __all__ = [
-    "algos_advantage_fn", "build_engine", "build_training_environments", "load_datasets", "tokenizer_dir",
-]  # fmt: skip
+    "DatasetError",
+    "algos_advantage_fn",
+    "build_engine",
+    "build_training_environments",
+    "load_datasets",
+    "tokenizer_dir",
+]
 
 log = structlog.get_logger()
 _TOKENIZER_FILES = [
@@ -52,6 +57,10 @@ def algos_advantage_fn(algorithm: str, advantage_norm: str):
     return advantages
 
 
+class DatasetError(ValueError):
+    """An environment's dataset cannot be used; the message names the environment."""
+
+
 def build_training_environments(cfg: Any) -> tuple[list[Any], list[Any]]:
     """The config's environments (datasets not loaded yet) and the sandbox pools given to them.
 
@@ -75,7 +84,14 @@ def load_datasets(cfg: Any, built: list[Any], model_path: str) -> tuple[Any, str
     from telescope_rollout import Tokenizer, unfit_environment
 
     for b in built:
-        b.env.load_dataset()
+        try:
+            b.env.load_dataset()
+        except Exception as exc:  # a hub name, a missing extra, bad rows: the user's to fix
+            raise DatasetError(
+                f"environment {b.name!r}: its dataset did not load: {type(exc).__name__}: {exc}"
+            ) from exc
+        if not len(b.env):
+            raise DatasetError(f"environment {b.name!r} loaded no samples: check its dataset kwargs")
         log.info("environment ready", name=b.name, weight=b.weight, samples=len(b.env))
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir(model_path), chat_template=cfg.chat_template)
     thinking = getattr(cfg, "enable_thinking", None)

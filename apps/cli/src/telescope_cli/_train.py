@@ -15,6 +15,7 @@ import os
 import signal
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,6 @@ def _setup_file_logging(run: RunDir, debug: bool) -> None:
 def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, quiet: bool = False) -> Path:
     """Run a whole training job from a resolved config; returns the run directory."""
     from telescope_cli._cluster import Cluster
-    from telescope_cli._models import resolve_model
     from telescope_cli._progress import Console
 
     cfg = resolved.config
@@ -98,48 +98,28 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
     _sigterm_to_interrupt()
     cluster = Cluster(cfg, log_path=run.path / "logs" / "ray.log")
     wandb_run = None
-    sandboxes: list[Any] = []
+    sandboxes: list[Any] = []  # filled by the start-up phases; closed on the way out
     loop_started = False  # from then on the loop closes the sandbox pools itself
     try:
-        from telescope_cli._checks import backend_problem, truncated_sampling_warning
-
-        if (problem := backend_problem(cfg.train_backend)) is not None:
-            raise TrainError(problem)
-        if (warning := truncated_sampling_warning(cfg)) is not None:
-            log.warning("truncated sampling", detail=warning)
-            console.info(f"[yellow]warning[/yellow]: {warning}")
-        with console.phase("environments and sandboxes"):
-            from telescope_cli._rollout import build_training_environments
-            from telescope_cli._sandboxes import SandboxSetupError
-
-            try:
-                built, sandboxes = build_training_environments(cfg)
-            except SandboxSetupError as err:
-                raise TrainError(str(err)) from None
-        with console.phase("model"):
-            model_path = resolve_model(cfg.model)
-        with console.phase("datasets and prompts"):
-            from telescope_cli._rollout import load_datasets
-
-            tokenizer, problem = load_datasets(cfg, built, model_path)
-            if problem is not None:
-                raise TrainError(problem)
+        inputs = _prepare_inputs(cfg, run, console, sandboxes)
         env_for_actors = {
             "TELESCOPE_RUN_DIR": str(run.path) if cfg.ray_propagate_run_dir else "",
             "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", ""),
         }
         with console.phase("Ray"):
             cluster.start(run_env={k: v for k, v in env_for_actors.items() if v})
-        servers, trainers, infos = _start_workers(cluster, resolved, model_path, run, console)
+        servers, trainers, infos = _start_workers(cluster, resolved, inputs.model_path, run, console)
         with console.phase("evals and rollout engine"):
             from telescope_cli._rollout import build_engine
+            from telescope_cli._sandboxes import SandboxSetupError
 
             try:
-                engine, client, pad_id, evals, sandboxes = build_engine(
-                    cfg, tokenizer, [s["url"] for s in servers], built, sandboxes
+                engine, client, pad_id, evals, pools = build_engine(
+                    cfg, inputs.tokenizer, [s["url"] for s in servers], inputs.built, list(sandboxes)
                 )
             except SandboxSetupError as err:
                 raise TrainError(str(err)) from None
+            sandboxes[:] = pools
         urls = [s["url"] for s in servers]
         groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
         with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
@@ -150,9 +130,9 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
             ray.get([a.connect_weights.remote(groups, settings, loopback) for a in trainers])
         start_step = 0
         ckpt_root = run.checkpoints(cfg.checkpoint_dir)
-        if resuming:
+        if inputs.resume is not None:
             with console.phase("resume from checkpoint"):
-                start_step = _resume(cfg, ckpt_root, trainers, engine, run)
+                start_step = _resume(inputs.resume, trainers, engine, run)
         if cfg.use_wandb:
             wandb_run = _start_wandb(cfg, resolved, run)
         from telescope_cli._loop import LoopContext, training_loop
@@ -165,7 +145,12 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
             wandb=wandb_run, evals=evals, sandboxes=sandboxes,
         )  # fmt: skip
         loop_started = True
-        asyncio.run(training_loop(ctx))
+        from telescope_rollout import RolloutError
+
+        try:
+            asyncio.run(training_loop(ctx))
+        except RolloutError as err:  # the input cannot make progress (hopeless prompts, every sample failing)
+            raise TrainError(str(err)) from None
         console.close()
         console.info(f"[green]finished[/green] {cfg.number_of_steps} steps; records in {run.path}")
         return run.path
@@ -181,6 +166,93 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
         finally:
             if wandb_run is not None:  # after the workers stopped: their logs are complete
                 _finish_wandb(wandb_run, cfg, run)
+
+
+@dataclass
+class _Inputs:
+    """What the start-up phases before Ray produce (everything that can be wrong with the input)."""
+
+    built: list[Any]
+    model_path: str
+    tokenizer: Any
+    resume: tuple[Path, dict[str, Any]] | None
+    """The checkpoint to resume and its meta.json, when ``resume_from_checkpoint`` is set."""
+
+
+def _prepare_inputs(cfg: Any, run: RunDir, console: Any, sandboxes: list[Any]) -> _Inputs:
+    """Start-up checks, environments with their sandboxes, model, datasets, the checkpoint to resume.
+
+    Everything here fails with a ``TrainError`` before any process starts; ``sandboxes`` receives
+    the pools as they are built (the caller closes them).
+    """
+    from telescope_cli._checks import backend_problem, truncated_sampling_warning
+    from telescope_cli._models import resolve_model
+    from telescope_cli._rollout import DatasetError, build_training_environments, load_datasets
+    from telescope_cli._sandboxes import SandboxSetupError
+    from telescope_rollout import UnknownEnvironmentError
+
+    if (problem := backend_problem(cfg.train_backend)) is not None:
+        raise TrainError(problem)
+    if (warning := truncated_sampling_warning(cfg)) is not None:
+        log.warning("truncated sampling", detail=warning)
+        console.info(f"[yellow]warning[/yellow]: {warning}")
+    resume = None
+    if cfg.resume_from_checkpoint:
+        resume = _choose_checkpoint(cfg, run.checkpoints(cfg.checkpoint_dir))
+    with console.phase("environments and sandboxes"):
+        try:
+            built, pools = build_training_environments(cfg)
+        except (SandboxSetupError, UnknownEnvironmentError, ValueError) as err:
+            raise TrainError(str(err)) from None
+        sandboxes.extend(pools)
+    with console.phase("model"):
+        model_path = resolve_model(cfg.model)
+    with console.phase("datasets and prompts"):
+        try:
+            tokenizer, problem = load_datasets(cfg, built, model_path)
+        except DatasetError as err:
+            raise TrainError(str(err)) from None
+        if problem is not None:
+            raise TrainError(problem)
+    return _Inputs(built, model_path, tokenizer, resume)
+
+
+def _choose_checkpoint(cfg: Any, root: Path) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint to resume and its meta, checked against the config before anything starts."""
+    from telescope_cli import _checkpoints as ck
+
+    try:
+        path = ck.find_checkpoint(root, cfg.resume_from_checkpoint)
+        meta = ck.read_meta(path)
+    except (ck.CheckpointError, ValueError) as err:
+        raise TrainError(str(err)) from None
+    if not meta.get("training_state"):
+        raise TrainError(
+            f"{path} holds weights only (checkpoint_save_training_state was false): it cannot resume a run. "
+            "Start a new run from it with --model <converted folder> instead (telescope convert)."
+        )
+    if meta.get("backend") != cfg.train_backend:
+        raise TrainError(
+            f"{path} was written by the {meta.get('backend')!r} backend; this run has train_backend "
+            f"{cfg.train_backend!r}. Resume with --train_backend {meta.get('backend')}, or convert it "
+            "(telescope convert) and start a new run from the converted folder."
+        )
+    if meta.get("backend") == "megatron":
+        layout = {
+            "world_size": cfg.trainer_num_workers,
+            "tp_size": cfg.megatron_tensor_parallel_size,
+            "pp_size": cfg.megatron_pipeline_parallel_size,
+            "cp_size": cfg.megatron_context_parallel_size,
+            "ep_size": cfg.megatron_expert_parallel_size,
+        }
+        diff = {k: (meta.get(k), v) for k, v in layout.items() if k in meta and meta[k] != v}
+        if diff:
+            raise TrainError(
+                f"{path} was written with another parallel layout {diff} (saved, now): resume with the "
+                "saved sizes, or convert it (telescope convert) and start a new run from the converted "
+                "folder."
+            )
+    return path, meta
 
 
 def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, console: Any):
@@ -231,34 +303,26 @@ def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, co
     )
 
 
-def _resume(cfg: Any, root: Path, trainers: list[Any], engine: Any, run: RunDir) -> int:
-    """Load the checkpoint to resume on every rank, the engine's state, and the servers' weights.
+def _resume(chosen: tuple[Path, dict[str, Any]], trainers: list[Any], engine: Any, run: RunDir) -> int:
+    """Load the chosen checkpoint on every rank, the engine's state, and the servers' weights.
 
     The engine's step counter is set to the trainer's: batches it had queued but the trainer never
-    trained are generated again, so ``max_async_rollout`` means the same after a resume.
+    trained are generated again, so ``max_async_rollout`` means the same after a resume. Checkpoints
+    of later steps (a run resumed from an earlier one) are set aside, never resumed or kept by retention.
     """
     import ray
 
     from telescope_cli import _checkpoints as ck
 
-    try:
-        path = ck.find_checkpoint(root, cfg.resume_from_checkpoint)
-        meta = ck.read_meta(path)
-    except ck.CheckpointError as err:
-        raise TrainError(str(err)) from None
-    if not meta.get("training_state"):
-        raise TrainError(
-            f"{path} holds weights only (checkpoint_save_training_state was false): it cannot resume a run. "
-            "Start a new run from it with --model <converted folder> instead (telescope convert)."
-        )
-    if meta.get("backend") != cfg.train_backend:
-        raise TrainError(
-            f"{path} was written by the {meta.get('backend')!r} backend; this run has train_backend "
-            f"{cfg.train_backend!r}. Resume with --train_backend {meta.get('backend')}, or convert it "
-            "(telescope convert) and start a new run from the converted folder."
-        )
-    ray.get([a.load_checkpoint.remote(str(path)) for a in trainers])
+    path, meta = chosen
     step = int(meta["step"])
+    try:
+        ray.get([a.load_checkpoint.remote(str(path)) for a in trainers])
+    except ray.exceptions.RayTaskError as err:
+        cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
+        raise TrainError(f"could not load {path}: {cause}") from None
+    for moved in ck.set_aside_later(path.parent, step):
+        log.warning("later checkpoint set aside", path=str(moved), resumed_step=step)
     engine.load_state_dict(resumed_engine_state(meta["extra_state"]["engine"], step))
     ray.get([a.publish.remote(step) for a in trainers])  # the servers still hold the base model
     run.truncate_metrics(step)

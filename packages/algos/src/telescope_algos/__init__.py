@@ -45,6 +45,7 @@ from telescope_algos._packing import MicroBatch, Sample, first_fit_decreasing, p
 from telescope_algos._schedule import LR_SCHEDULES, lr_multiplier
 from telescope_algos._segments import Segments, find_segments, segment_ids_from_position_ids
 from telescope_algos._step import (
+    StepCounts,
     loss_options,
     minibatch_groups,
     needs_old_logprobs,
@@ -52,6 +53,7 @@ from telescope_algos._step import (
     rng_state,
     row_multiple,
     set_rng_state,
+    step_counts,
 )
 from telescope_algos._tokens import (
     align_to_inputs,
@@ -69,6 +71,7 @@ __all__ = [
     "MicroBatch",
     "Sample",
     "Segments",
+    "StepCounts",
     "TrainerBackend",
     "__version__",
     "align_to_inputs",
@@ -112,6 +115,7 @@ __all__ = [
     "seq_is_mask",
     "set_rng_state",
     "split_length",
+    "step_counts",
     "tis_weights",
     "token_entropy",
     "token_logprobs",

@@ -4,7 +4,8 @@
   (one mapping, not a hand-kept list per backend; a keyword the config lacks is an error);
 - :func:`needs_old_logprobs`: whether the step starts with a no-grad pass for π_old;
 - :func:`minibatch_groups`: micro-batches dealt round-robin into ``number_of_minibatches``
-  optimizer updates;
+  optimizer updates, and :func:`step_counts`, each group's loss tokens and samples over the ranks
+  (the ``num_tokens`` / ``num_samples`` of ``compute_loss``);
 - :func:`row_multiple`: the length every packed row must be a multiple of for a parallel layout,
   and :func:`pad_multiple`, what the loop pads rows to;
 - :func:`rng_state` / :func:`set_rng_state`: Python, NumPy, torch (and CUDA) RNG capture and
@@ -19,16 +20,20 @@ from __future__ import annotations
 import inspect
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from telescope_algos._loss import compute_loss
+from telescope_algos._packing import MicroBatch
 
 __all__ = [
     "DATA_KEYWORDS",
+    "StepCounts",
     "loss_options",
     "minibatch_groups",
     "needs_old_logprobs",
@@ -36,6 +41,7 @@ __all__ = [
     "rng_state",
     "row_multiple",
     "set_rng_state",
+    "step_counts",
 ]
 
 DATA_KEYWORDS = frozenset(
@@ -98,6 +104,56 @@ def row_multiple(*, context_parallel: int = 1, tensor_parallel: int = 1) -> int:
     if context_parallel == 1:
         return tensor_parallel
     return context_parallel * math.lcm(2, tensor_parallel)
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """Step-wide totals over all ranks, per minibatch group."""
+
+    tokens: list[int]
+    samples: list[int]
+
+
+def step_counts(
+    micro_batches: Sequence[MicroBatch],
+    groups: list[list[int]],
+    *,
+    device: torch.device | str = "cpu",
+    group: Any = None,
+    copies: int = 1,
+) -> StepCounts:
+    """Loss tokens and samples per minibatch group, summed over the ranks of ``group`` (one all-gather).
+
+    ``groups`` are :func:`minibatch_groups` of ``micro_batches``. Every rank of ``group`` (default:
+    the whole world; Megatron passes its data-parallel group) must hold as many micro-batches (else a
+    ValueError on every rank). ``copies``: consecutive ranks that hold the same micro-batches (the
+    context-parallel ranks of an FSDP replica); they must agree, and count once. These totals are
+    ``compute_loss``'s ``num_tokens`` and ``num_samples``, so each update is the group's exact mean.
+    """
+    local = [len(micro_batches)]
+    local += [sum(micro_batches[i].num_tokens for i in g) for g in groups]
+    local += [sum(micro_batches[i].num_samples for i in g) for g in groups]
+    t = torch.tensor(local, dtype=torch.int64, device=device)
+    world = dist.get_world_size(group)
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t, group=group)
+    table = torch.stack(parts).cpu()
+    counts = table[:, 0].tolist()
+    if len(set(counts)) != 1:
+        raise ValueError(
+            f"ranks hold different numbers of micro-batches {counts}; every rank must get "
+            "pack_samples(..., num_ranks=dp_world_size)[dp_rank] of the same step"
+        )
+    for first in range(0, world, copies):
+        peers = table[first : first + copies]
+        if not bool((peers == peers[0]).all()):
+            raise ValueError(
+                f"the context-parallel ranks {first}..{first + copies - 1} hold different micro-batches; "
+                "every rank of a replica must get pack_samples(..., num_ranks=dp_world_size)[dp_rank]"
+            )
+    n = len(groups)
+    totals = (table.sum(dim=0) // copies).tolist()
+    return StepCounts(tokens=totals[1 : 1 + n], samples=totals[1 + n : 1 + 2 * n])
 
 
 def rng_state() -> dict[str, Any]:

@@ -237,8 +237,9 @@ class TelescopeConfig(BaseModel):
         ge=1,
         description="Consecutive prompts of one environment that do not fit max_model_len (prompt tokens "
         ">= max_model_len) after which the run stops with the environment's name and the longest prompt; "
-        ">= 1. Such prompts are dropped (reason prompt_too_long) and one that fits resets the count. New "
-        "in Telescope (the original drew unfit prompts forever).",
+        ">= 1. Such prompts are dropped (reason prompt_too_long) and one that fits resets the count. "
+        "Before any server starts, the first this-many prompts of each dataset are checked the same way. "
+        "New in Telescope (the original drew unfit prompts forever).",
     )
     enable_individual_sample_lanes: bool = Field(
         description="Give each completion its own lane slot instead of one slot per group, so a finished "
@@ -637,7 +638,10 @@ class TelescopeConfig(BaseModel):
         min_length=1, description="Directory of the checkpoints; null means <run directory>/checkpoints."
     )
     checkpoint_keep_last: int | None = Field(
-        ge=1, description="Keep only the N most recent checkpoints, >= 1; null keeps all."
+        ge=1,
+        description="Keep the N most recent checkpoints, >= 1 (with checkpoint_keep_every, its multiples "
+        "too); null: no limit by recency (with checkpoint_keep_every set, only its multiples and the "
+        "newest are kept; with both null every checkpoint is kept).",
     )
     checkpoint_keep_every: int | None = Field(
         ge=1,

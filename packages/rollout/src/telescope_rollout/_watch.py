@@ -25,6 +25,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = [
+    "ErrorRun",
+    "FailureWatch",
+    "UnfitStreak",
+    "same_error_message",
+    "unfit_environment",
+    "unfit_message",
+]
+
 
 @dataclass
 class UnfitStreak:
@@ -98,13 +107,26 @@ class FailureWatch:
 
 
 def unfit_message(
-    env: str, streak: UnfitStreak, *, candidates: int, max_model_len: int, max_tokens: int, limit: int
+    env: str,
+    streak: UnfitStreak,
+    *,
+    candidates: int,
+    max_model_len: int,
+    max_tokens: int,
+    limit: int,
+    drawn: bool = True,
 ) -> str:
-    """Why environment ``env`` stops the run, and how to fix it (for :class:`RolloutError`)."""
+    """Why environment ``env`` stops the run, and how to fix it (for :class:`RolloutError`).
+
+    ``drawn``: the streak is of prompts the sampler drew (the engine) rather than the dataset's
+    first ones (the start-up check).
+    """
     n = streak.count
-    what = f"none of the last {n} prompts drawn from it fits"
+    what = (
+        f"none of the last {n} prompts drawn from it fits" if drawn else f"none of its first {n} prompts fits"
+    )
     if n == 1:
-        what = "the prompt drawn from it does not fit"
+        what = "the prompt drawn from it does not fit" if drawn else "its one prompt does not fit"
     if len(streak.indices) >= candidates:
         seen = f"they are all {candidates} of its training prompts"
         if candidates == 1:
@@ -178,6 +200,6 @@ def unfit_environment(
             if n:
                 return unfit_message(
                     name, streak, candidates=len(env), max_model_len=max_model_len, max_tokens=max_tokens,
-                    limit=probe,
+                    limit=probe, drawn=False,
                 )  # fmt: skip
     return None

@@ -41,9 +41,8 @@ def save_state(
     """Write the trainer's state into exactly ``directory`` (layout: ``_checkpoint``). Every rank calls it."""
     directory = Path(directory)
     rank = dist.get_rank()
-    if rank == 0:
-        directory.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
+    if not directory.is_dir():  # every rank sees the same (shared) folder: all raise, none waits
+        raise FileNotFoundError(f"checkpoint folder {directory} does not exist (the caller makes it, empty)")
     if training_state:
         model_sd, optim_sd = get_state_dict(model, [optimizer])
         state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}

@@ -39,6 +39,7 @@ from telescope_algos import (
     minibatch_groups,
     needs_old_logprobs,
     row_multiple,
+    step_counts,
 )
 from telescope_trainer_fsdp import _export, _state, _step
 from telescope_trainer_fsdp._context_parallel import (
@@ -128,7 +129,7 @@ class FSDPTrainer:
         if self._cp:
             mbs = [pad_for_cp(mb, self.cp_size) for mb in mbs]
         groups = minibatch_groups(len(mbs), cfg.number_of_minibatches)
-        counts = _step.gather_step_counts(mbs, groups, device=self.device, copies=self.cp_size)
+        counts = step_counts(mbs, groups, device=self.device, copies=self.cp_size)
         metrics = StepMetrics()
         self.model.train()
 
@@ -303,7 +304,7 @@ def create_trainer(
     device: str | torch.device | None = None,
     gradient_checkpointing: bool = True,
     attn_implementation: str | None = None,
-    seed: int | None = -1,
+    seed: int | None = None,
     trust_remote_code: bool = False,
     dist_timeout_s: float = 1800.0,
 ) -> FSDPTrainer:
@@ -317,8 +318,8 @@ def create_trainer(
         attn_implementation: force a transformers attention implementation (default: flash-attn on GPU
             when installed, else SDPA; both isolate packed samples). With context parallelism the
             trainer's own ``telescope_cp`` attention is used and this must stay None.
-        seed: seeds Python, NumPy and torch on every rank before the model loads; the default (-1)
-            takes ``config.seed``; None leaves the generators as they are.
+        seed: seeds Python, NumPy and torch on every rank before the model loads; None (the default)
+            takes ``config.seed``.
         trust_remote_code: passed to transformers.
         dist_timeout_s: collective timeout when this call creates the process group.
     """
@@ -340,12 +341,10 @@ def create_trainer(
         if cp > 1:
             register_attention()
             attn_implementation = ATTENTION
-        if seed == -1:
-            seed = int(config.seed)
-        if seed is not None:
-            random.seed(seed)
-            np.random.seed(seed)
-            torch.manual_seed(seed)
+        seed = int(config.seed if seed is None else seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
         path = model_path or config.model
         model = load_sharded_model(
             path,

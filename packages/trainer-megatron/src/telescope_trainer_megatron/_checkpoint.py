@@ -37,11 +37,14 @@ from telescope_algos import rng_state as algos_rng_state
 from telescope_algos import set_rng_state as algos_set_rng_state
 
 __all__ = [
+    "BACKEND",
+    "FORMAT",
     "HF_DIR",
     "HF_META_FILES",
     "LAYOUT_FILE",
     "LAYOUT_KEYS",
     "convert_checkpoint",
+    "copy_hf_meta",
     "layout_mismatch",
     "optimizer_state",
     "read_layout",

@@ -79,6 +79,7 @@ from telescope_algos import (
     needs_old_logprobs,
     next_token_labels,
     row_multiple,
+    step_counts,
     zigzag_indices,
 )
 from telescope_trainer_megatron import _checkpoint as ckpt
@@ -321,14 +322,17 @@ class MegatronTrainer:
             # wd_mult is 0 for norms and biases (no weight decay there), lr_mult is 1.
             group["lr"] = lr * group.get("lr_mult", 1.0)
             group["weight_decay"] = cfg.weight_decay * group.get("wd_mult", 1.0)
-        groups = [[batches[i] for i in g] for g in minibatch_groups(len(batches), cfg.number_of_minibatches)]
+        indices = minibatch_groups(len(batches), cfg.number_of_minibatches)
+        # each group's loss tokens and samples over the data-parallel ranks (CP ranks share theirs)
+        counts = step_counts(micro_batches, indices, device=self._device, group=self.dp_group)
+        groups = [[batches[i] for i in g] for g in indices]
         n_groups = len(groups)
         sums: dict[str, float] = {}
         norms, skipped = [], 0
         fb_time = opt_time = 0.0
-        for group in groups:
+        for g, group in enumerate(groups):
             t = time.perf_counter()
-            outputs = self._forward_backward(group)
+            outputs = self._forward_backward(group, counts.tokens[g], counts.samples[g])
             fb_time += time.perf_counter() - t
             t = time.perf_counter()
             norm, ok = self._optimizer_step(step)
@@ -507,14 +511,19 @@ class MegatronTrainer:
                 "count with empty micro-batches"
             )
 
-    def _prepare(self, mb: MicroBatch) -> _Batch:
-        from megatron.core.packed_seq_params import PackedSeqParams
-
-        dev = (
+    @property
+    def _device(self) -> torch.device:
+        """Where this rank's tensors live (and its collectives run: NCCL on CUDA, gloo on the CPU)."""
+        return (
             torch.device("cuda", torch.cuda.current_device())
             if torch.cuda.is_available()
             else torch.device("cpu")
         )
+
+    def _prepare(self, mb: MicroBatch) -> _Batch:
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        dev = self._device
         tensors = [mb.input_ids, mb.position_ids, mb.loss_mask, mb.advantages, mb.rollout_logprobs]
         if tensors[0].dim() != 2 or tensors[0].shape[0] != 1:
             raise ValueError(f"a micro-batch must be one packed row [1, L], got {tuple(tensors[0].shape)}")
@@ -592,14 +601,11 @@ class MegatronTrainer:
             self.model.train()
         return [o["logprobs"] for o in out] if self._is_last_stage else [None] * len(batches)
 
-    def _forward_backward(self, group: list[_Batch]) -> list[dict[str, torch.Tensor]]:
+    def _forward_backward(
+        self, group: list[_Batch], group_tokens: int, group_samples: int
+    ) -> list[dict[str, torch.Tensor]]:
+        """Forward and backward of one minibatch group; ``group_*`` are its totals over the DP ranks."""
         cfg = self.config
-        # The group's loss tokens and samples over every data-parallel rank (CP ranks share theirs).
-        counts = torch.tensor(
-            [sum(b.num_tokens for b in group), sum(b.num_samples for b in group)], dtype=torch.int64
-        )
-        dist.all_reduce(counts, group=self.dp_group)
-        group_tokens, group_samples = (int(c) for c in counts.tolist())
 
         def loss_func(b: _Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
             lp, ent = self._logprobs(logits, b)

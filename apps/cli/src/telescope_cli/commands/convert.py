@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt = Path(args.checkpoint)
     try:
         backend = read_meta(ckpt).get("backend", "fsdp")
-    except CheckpointError as err:
+    except (CheckpointError, ValueError) as err:  # ValueError: a meta.json that is not JSON
         print(f"telescope convert: {err}", file=sys.stderr)
         return EXIT_INVALID
     found = {ep.name: ep for ep in entry_points(group="telescope.trainers")}
