@@ -7,9 +7,10 @@ checks what a user checks afterwards (``check_finished``): exit 0, one metrics l
 rollouts file per step with no sample errors, no traceback, no process left.
 
 - every built-in environment from its example config (bundled datasets; i3_code on the local
-  bubblewrap sandbox, the example's ``provider: daytona`` replaced);
-- a synchronous run with TIS at temperature 0.7: ``kl_divergence_inference`` below 1e-3 at every
-  step (the servers return the logprobs of the sampled distribution);
+  bubblewrap sandbox, the example's ``provider: daytona`` replaced; the three boxed-math examples
+  in one run); the countdown run is synchronous with TIS at temperature 0.7:
+  ``kl_divergence_inference`` below 1e-3 at every step (the servers return the logprobs of the
+  sampled distribution);
 - prompts that can never fit ``max_model_len``: exit 1 within a minute, naming the environment;
   a reward that always raises: exit 1 with its error once a run of groups failed with it;
 - learning: on the digits task the reward rises over the run (a wrong sign in the loss, or weights
@@ -36,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 EXAMPLES = ROOT / "configs" / "examples"
 DIGITS = '[{"name": "e2e_envs:DigitsEnv"}]'
 """An environment whose groups have spread even for a random model, so every step trains."""
-ENV_CASES = {
+ENV_KWARGS = {
     "countdown": {"dataset": "bundled"},
     "hendrycks_math": {"dataset": "bundled"},
     "dapo_math": {"dataset": "bundled"},
@@ -44,41 +45,52 @@ ENV_CASES = {
     "wordle": {},
     "i3_code": {"dataset": "bundled", "provider": "local", "pool_size": 4},
 }
+"""Offline data for each built-in environment, and the local sandbox instead of the example's Daytona."""
+CASES = {
+    # countdown also runs synchronously with TIS at temperature 0.7: the servers' logprobs must be
+    # those of the distribution they sampled, kl_divergence_inference near zero at every step
+    "countdown": (["countdown"], ["--max_async_rollout", "0", "--temperature", "0.7", "--use_tis", "true"]),
+    # the three boxed-math examples in one run (their environments weighted as the examples say)
+    "boxed_math": (
+        ["hendrycks_math", "dapo_math", "deepscaler"],
+        ["--prompts_batch_size_for_trainer", "4", "--group_size", "2"],
+    ),
+    "wordle": (["wordle"], []),
+    "i3_code": (["i3_code"], []),
+}
 
 
-def example(name: str, tmp_path: Path, **env_kwargs) -> Path:
-    """The example config ``name`` with its environment's kwargs updated (offline data, local sandbox)."""
-    data = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
-    for entry in data["environments"]:
-        entry["kwargs"] = {**(entry.get("kwargs") or {}), **env_kwargs}
-    out = tmp_path / f"{name}.yaml"
+def examples(names: list[str], tmp_path: Path, kwargs: dict[str, dict] = ENV_KWARGS) -> Path:
+    """The example config of ``names[0]`` with the environments of every example in ``names``."""
+    data = yaml.safe_load((EXAMPLES / f"{names[0]}.yaml").read_text())
+    entries = []
+    for name in names:
+        for entry in yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())["environments"]:
+            entry["kwargs"] = {**(entry.get("kwargs") or {}), **kwargs.get(name, {})}
+            entries.append(entry)
+    data["environments"] = entries
+    out = tmp_path / f"{'_'.join(names)}.yaml"
     out.write_text(yaml.safe_dump(data))
     return out
 
 
 @pytest.mark.xdist_group("e2e_a")
-@pytest.mark.parametrize("name", list(ENV_CASES))
-def test_every_builtin_environment_from_its_example(name, tmp_path, tiny_model_dir):
-    config = example(name, tmp_path, **ENV_CASES[name])
-    run = train(tmp_path / "run", "--config", str(config), *base_args(tiny_model_dir), *SCALE_DOWN)
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_builtin_environment_from_its_example(case, tmp_path, tiny_model_dir):
+    names, extra = CASES[case]
+    config = examples(names, tmp_path)
+    run = train(tmp_path / "run", "--config", str(config), *base_args(tiny_model_dir), *SCALE_DOWN, *extra)
     lines = check_finished(run, 2)
-    assert all(f"reward/{name}/mean" in m for m in lines)
-    if name == "i3_code":  # rewards ran through the sandbox pool without infrastructure errors
-        rows = [r for step in (1, 2) for r in run.rollouts(step)]
+    rows = [r for step in (1, 2) for r in run.rollouts(step)]
+    assert {r["env"] for r in rows} == set(names)  # the sampler is seeded: every environment drawn
+    assert all(any(f"reward/{n}/mean" in m for m in lines) for n in names)
+    if case == "i3_code":  # rewards ran through the sandbox pool without infrastructure errors
         assert all(json.loads(r["metrics_json"]).get("sandbox_error", 0.0) == 0.0 for r in rows)
-
-
-@pytest.mark.xdist_group("e2e_a")
-def test_synchronous_tis_at_temperature_0_7_sees_the_sampled_distribution(tmp_path, tiny_model_dir):
-    config = example("countdown", tmp_path, dataset="bundled")
-    run = train(
-        tmp_path / "run", "--config", str(config), *base_args(tiny_model_dir), *SCALE_DOWN,
-        "--number_of_steps", "3", "--max_async_rollout", "0", "--temperature", "0.7", "--use_tis", "true",
-    )  # fmt: skip
-    lines = check_finished(run, 3)
-    kl = [m["kl_divergence_inference"] for m in lines]
-    print(f"kl_divergence_inference at T=0.7 per step: {kl}")
-    assert all(abs(k) < 1e-3 for k in kl), kl
+    if case == "countdown":
+        kl = [m["kl_divergence_inference"] for m in lines]
+        print(f"kl_divergence_inference at T=0.7 per step: {kl}")
+        assert all(abs(k) < 1e-3 for k in kl), kl
+        assert all(m["async_level"] == 0 for m in lines)
 
 
 @pytest.mark.xdist_group("e2e_a")
@@ -163,7 +175,7 @@ def test_a_periodic_eval_on_a_drained_server_while_training_goes_on(tmp_path, ti
     assert (run.run_dir / "evals" / "e2e_envs_SlowDigitsEnv" / "step_000002.parquet").is_file()
 
 
-@pytest.mark.xdist_group("e2e_a")
+@pytest.mark.xdist_group("e2e_b")
 def test_megatron_checkpoint_kill_resume_and_convert(tmp_path, tiny_model_dir):
     args = [
         *base_args(tiny_model_dir), *SCALE_DOWN, "--environments", DIGITS, "--train_backend", "megatron",
