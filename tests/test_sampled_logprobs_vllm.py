@@ -1,7 +1,7 @@
 """vLLM's logprobs describe the distribution it sampled from, the one the trainer computes.
 
 The trainer divides its logits by the sampling temperature (``token_logprobs_and_entropy``); the
-servers Telescope launches (``server_command``) return logprobs after temperature
+servers Telescope launches (``telescope_cli._vllm.server_command``) return logprobs after temperature
 (``--logprobs-mode processed_logprobs``). At temperature 0.7 and 1.0 the logprob vLLM reports for
 each sampled token equals the trainer-side one within 1e-4 (fp32, the tiny model). With top-p the
 server's distribution is truncated and renormalised, which the trainer does not do: that gap is
@@ -15,7 +15,8 @@ import socket
 
 import pytest
 
-from telescope_rollout import InferenceClient, ServerSettings, Tokenizer, start_servers
+from telescope_cli._vllm import ServerSettings, launch_server
+from telescope_rollout import InferenceClient, Tokenizer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
@@ -63,8 +64,8 @@ def test_server_logprobs_equal_the_trainers_temperature_scaled_ones(tiny_model_d
     from transformers import AutoModelForCausalLM
 
     cfg = ServerSettings(
-        model=str(tiny_model_dir), device="cpu", base_port=_free_port(), max_model_len=512,
-        max_num_seqs=16, served_model_name="tiny", scheduling_policy="fcfs", seed=0,
+        model=str(tiny_model_dir), host="127.0.0.1", device="cpu", max_model_len=512, max_num_seqs=16,
+        served_model_name="tiny", scheduling_policy="fcfs", seed=0,
     )  # fmt: skip
     tok = Tokenizer.from_pretrained(tiny_model_dir)
     prompts = [tok.encode(p) for p in PROMPTS]
@@ -73,9 +74,9 @@ def test_server_logprobs_equal_the_trainers_temperature_scaled_ones(tiny_model_d
         1.0: {"temperature": 1.0},
         "top_p": {"temperature": 0.7, "top_p": 0.5},
     }
-    with start_servers(cfg, 1, log_dir=tmp_path, env=CPU_ENV) as group:
-        asyncio.run(group.wait_healthy(timeout_s=300))
-        out = {name: asyncio.run(_sample(group.urls[0], prompts, s)) for name, s in runs.items()}
+    with launch_server(cfg, port=_free_port(), log_path=tmp_path / "vllm_0.log", env=CPU_ENV) as server:
+        server.wait_healthy(timeout_s=300)
+        out = {name: asyncio.run(_sample(server.url, prompts, s)) for name, s in runs.items()}
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     gaps = {name: _max_gap(model, prompts, out[name], runs[name]["temperature"]) for name in runs}
     print(f"max |vLLM - trainer| logprob per case: {gaps}")

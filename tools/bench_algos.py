@@ -4,9 +4,9 @@ What is timed: one training-style pass over a ``[1, tokens, vocab]`` float32 log
 model's output, with gradient): log-probabilities of the taken tokens and the full-vocabulary
 entropy at temperature 0.7, ``compute_loss`` (GRPO with TIS, a k3 KL penalty and an entropy bonus,
 so both outputs need gradients), and the backward pass to the logits. ``naive`` is the textbook
-version (``log_softmax`` over the whole ``tokens × vocab`` slice, ``exp``, product, gather), the way
-upstream computes it; ``chunked`` is ``telescope_algos.token_logprobs_and_entropy``. The loss part
-is the same function in both.
+version (``log_softmax`` over the whole ``tokens × vocab`` slice, ``exp``, product, gather, each a
+``tokens × vocab`` tensor kept for backward); ``chunked`` is
+``telescope_algos.token_logprobs_and_entropy``. The loss part is the same function in both.
 
 How memory is measured: torch's CPU allocator has no peak statistics, and tracemalloc does not see
 torch's buffers, so each variant runs in a **fresh subprocess** and reads the process's resident-set
@@ -62,6 +62,7 @@ def _child(variant: str, tokens: int, vocab: int, chunk_size: int, repeats: int)
     mask[:, :64] = False
     advantages = torch.randn(1, tokens)
     rollout = -torch.rand(1, tokens) * 3
+    options = ta.LossOptions(use_tis=True, kl_penalty_tau=0.01, kl_estimator="k3", entropy_coef=0.01)
     baseline = _maxrss_bytes()
 
     def one_pass() -> float:
@@ -73,17 +74,10 @@ def _child(variant: str, tokens: int, vocab: int, chunk_size: int, repeats: int)
             )
         else:
             lp, ent = _naive_logprobs_and_entropy(logits, input_ids, TEMPERATURE)
-        loss, _ = ta.compute_loss(
-            lp,
-            advantages=advantages,
-            loss_mask=mask,
-            rollout_logprobs=rollout,
-            entropy=ent,
-            use_tis=True,
-            kl_penalty_tau=0.01,
-            kl_estimator="k3",
-            entropy_coef=0.01,
+        inputs = ta.LossInputs(
+            lp, advantages=advantages, loss_mask=mask, rollout_logprobs=rollout, entropy=ent
         )
+        loss, _ = ta.compute_loss(inputs, options)
         loss.backward()
         return time.perf_counter() - start
 

@@ -4,11 +4,13 @@ Two measurements in one run:
 
 * ``overhead``: the engine with an instant in-process fake server (``telescope_rollout.testing``)
   on the quickstart addition environment (chat template, tokenization, lanes, rewards,
-  advantages, batching all real; generation free). ``--overhead-samples`` samples, group size 8,
+  advantages, batching all real; generation free; the torch-free advantages of
+  ``telescope_rollout.testing``). ``--overhead-samples`` samples, group size 8,
   16 groups per batch, weights announced after every batch so nothing pauses. Reported as samples
   per second of bookkeeping (target: >= 5,000 on 2 cores).
 * ``engine_vs_offline``: completions per second through the engine against one real vLLM server
-  (``start_servers``, the tiny model of tools/tiny_model.py, fp32 eager on CPU), divided by the
+  (the CLI's launcher ``telescope_cli._vllm``, the tiny model of tools/tiny_model.py, fp32 eager on
+  CPU), divided by the
   completions per second of vLLM's offline ``LLM.generate`` on the same prompt ids.
 
 What is held equal so the ratio measures the engine and the serving path, not the settings:
@@ -59,13 +61,15 @@ CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "HF_H
 def _engine(settings, client, tokenizer, num_samples: int = 2000):
     from telescope_rollout import MultiEnvSampler, RolloutEngine, SamplerEntry
     from telescope_rollout.envs.quickstart_add import QuickstartAddEnv
+    from telescope_rollout.testing import group_advantages
 
     env = QuickstartAddEnv(num_samples=num_samples)
     env.load_dataset()
     sampler = MultiEnvSampler([SamplerEntry("add", 1.0, len(env))], seed=0)
     return RolloutEngine(
-        settings, environments={"add": env}, sampler=sampler, tokenizer=tokenizer, client=client
-    )
+        settings, environments={"add": env}, sampler=sampler, tokenizer=tokenizer, client=client,
+        advantage_fn=group_advantages,
+    )  # fmt: skip
 
 
 async def _drive(engine, num_samples: int, update_weights: bool) -> tuple[int, float, list[list[int]], int]:
@@ -169,13 +173,15 @@ def _free_port() -> int:
 
 def bench_server(model_dir: Path, tokenizer, args, log_dir: Path) -> tuple[float, list[list[int]]]:
     """Engine and raw-HTTP completions/s on one server; returns (best engine rate, prompt ids)."""
-    from telescope_rollout import EngineSettings, InferenceClient, ServerSettings, start_servers
+    from telescope_cli._vllm import ServerSettings, launch_server
+    from telescope_rollout import EngineSettings, InferenceClient
 
     cfg = ServerSettings(
-        model=str(model_dir), device="cpu", base_port=args.port or _free_port(), max_model_len=512,
+        model=str(model_dir), host="127.0.0.1", device="cpu", max_model_len=512,
         max_num_seqs=args.concurrency, max_num_batched_tokens=args.batched_tokens,
         served_model_name="tiny", scheduling_policy="fcfs", seed=0, extra_args=tuple(args.server_arg),
     )  # fmt: skip
+    port = args.port or _free_port()
     settings = EngineSettings(
         group_size=GROUP, prompts_batch_size_for_trainer=args.concurrency // GROUP,
         max_concurrent_prompts_per_server=args.concurrency // GROUP, max_tokens=args.max_tokens,
@@ -185,10 +191,10 @@ def bench_server(model_dir: Path, tokenizer, args, log_dir: Path) -> tuple[float
     legacy = dataclasses.replace(settings, max_off_policy_steps=8)
 
     async def run() -> tuple[float, list[list[int]]]:
-        with start_servers(cfg, 1, log_dir=log_dir, env=CPU_ENV) as group:
-            await group.wait_healthy(timeout_s=900)
-            url = group.urls[0]
-            async with InferenceClient(group.urls, model="tiny", timeout_s=1800) as client:
+        with launch_server(cfg, port=port, log_path=log_dir / "vllm_0.log", env=CPU_ENV) as server:
+            await asyncio.to_thread(server.wait_healthy, 900)
+            url = server.url
+            async with InferenceClient([url], model="tiny", timeout_s=1800) as client:
                 _, _, prompts, _ = await _drive(
                     _engine(settings, client, tokenizer), 2 * args.concurrency, False
                 )

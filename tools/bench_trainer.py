@@ -70,7 +70,7 @@ def draw_samples(n: int, *, max_len: int, vocab: int, seed: int):
     """Long-tailed lengths: prompt ~ U(max_len/64, max_len/16), completion ~ LogNormal, capped."""
     import numpy as np
 
-    from telescope_algos import Sample
+    from telescope_algos import TrainingSample
 
     rng = np.random.default_rng(seed)
     out = []
@@ -79,7 +79,7 @@ def draw_samples(n: int, *, max_len: int, vocab: int, seed: int):
         median = max_len / 8
         c = int(np.clip(rng.lognormal(math.log(median), 1.0), 4, max_len - p))
         out.append(
-            Sample(
+            TrainingSample(
                 prompt_ids=rng.integers(3, vocab, p).tolist(),
                 completion_ids=rng.integers(3, vocab, c).tolist(),
                 advantage=float(rng.standard_normal()),

@@ -61,42 +61,24 @@ def tiny_dir(out: Path) -> Path:
 
 @contextlib.contextmanager
 def vllm_server(model_dir: Path, log: Path, timeout_s: float = 600) -> Iterator[str]:
-    """A vllm OpenAI server on a free port with the weight-sync extension; killed on exit."""
-    import httpx
+    """A vLLM OpenAI server (fp32, eager) on a free port with the weight-sync extension, launched by
+    the CLI's launcher (``telescope_cli._vllm``) and stopped on exit. Yields its URL."""
+    import torch
+
+    from telescope_cli._vllm import ServerSettings, launch_server
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "512", "--worker-extension-cls", EXTENSION,
-    ]  # fmt: skip
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"vLLM not ready after {timeout_s}s:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
+    settings = ServerSettings(
+        model=str(model_dir), host="127.0.0.1", device="cuda" if torch.cuda.is_available() else "cpu",
+        dtype="float32", enforce_eager=True, max_model_len=512,
+    )  # fmt: skip
+    kv_cache_gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+    env = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": kv_cache_gib}
+    with launch_server(settings, port=port, log_path=log, extension_cls=EXTENSION, env=env) as server:
+        server.wait_healthy(timeout_s=timeout_s)
+        yield server.url
 
 
 def bench_model(model_dir: Path, log_dir: Path, args: argparse.Namespace) -> dict[str, float]:

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from telescope_cli._evals import EvalPlan, console_line, eval_servers, weight_groups
+from telescope_cli._eval_schedule import EvalPlan, console_line, eval_servers, weight_groups
 from telescope_cli._loop import LoopContext, training_loop
 from telescope_cli._rundir import RunDir
 from telescope_rollout import EvalResult, RolloutBatch, ScoredGroup, ScoredSample
@@ -30,7 +30,7 @@ def plan(**kw: Any) -> EvalPlan:
 def test_schedule_baseline_periodic_and_final():
     p = plan()
     assert p.baseline() == ["quiz", "other"]
-    # steps counted from 1: quiz after 2, 4, 6; other after 3, 6 (the original's (s+1) % every, s from 0)
+    # steps counted from 1: quiz after 2, 4, 6; other after 3, 6
     assert {s: p.after_step(s) for s in range(1, 7)} == {
         1: [], 2: ["quiz"], 3: ["other"], 4: ["quiz"], 5: [], 6: ["quiz", "other"],
     }  # fmt: skip
@@ -486,7 +486,8 @@ async def test_a_step_that_fails_beside_a_periodic_eval_stops_it(tmp_path):
     assert [c[0] for c in runner.calls] == [0, 3]
     assert runner.ends[1:] == []  # the eval at 3 was cancelled, not left running
     assert _eval_tasks() == []
-    assert ctx.running_eval is None
+    assert ctx.eval_schedule is not None
+    assert ctx.eval_schedule.running is None
 
 
 async def test_periodic_evals_need_a_server_left_for_training(tmp_path):

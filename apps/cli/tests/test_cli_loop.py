@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from telescope_cli._loop import reward_metrics, to_train_samples
-from telescope_cli._rollout import algos_advantage_fn
+from telescope_cli._rollout import engine_math
 from telescope_rollout import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
 
 
@@ -73,10 +73,29 @@ def test_batch_norm_whitens_over_the_kept_samples():
     assert [s.advantage for s in samples] == pytest.approx([1 / std, -1 / std, 3 / std, -3 / std], rel=1e-5)
 
 
+def _advantage_fn(algorithm: str, advantage_norm: str):
+    return engine_math(
+        _config(algorithm=algorithm, advantage_norm=advantage_norm, overlong_penalty_factor=0.0)
+    )[0]
+
+
 def test_group_advantages_come_from_telescope_algos():
     # GRPO: rewards [1, 0, 0, 1] -> centred [0.5, -0.5, -0.5, 0.5] over the group's std: signs alternate
-    adv = algos_advantage_fn("grpo", "group")([1.0, 0.0, 0.0, 1.0])
+    adv = _advantage_fn("grpo", "group")([1.0, 0.0, 0.0, 1.0])
     assert adv[0] == pytest.approx(-adv[1])
     assert adv[0] > 0
-    assert algos_advantage_fn("grpo", "batch")([1.0, 0.0]) == pytest.approx([0.5, -0.5])  # centred only
-    assert algos_advantage_fn("rloo", "group")([1.0, 0.0, 0.0]) == pytest.approx([1.0, -0.5, -0.5])
+    assert _advantage_fn("grpo", "batch")([1.0, 0.0]) == pytest.approx([0.5, -0.5])  # centred only
+    assert _advantage_fn("rloo", "group")([1.0, 0.0, 0.0]) == pytest.approx([1.0, -0.5, -0.5])
+
+
+def test_the_overlong_penalty_comes_from_telescope_algos():
+    cfg = _config(overlong_penalty_factor=2.0, overlong_buffer_tokens=10, max_tokens=100)
+    _, shaping = engine_math(cfg)
+    assert engine_math(_config(overlong_penalty_factor=0.0))[1] is None  # off: no shaping at all
+
+    def sample(reward: float, model_tokens: int) -> ScoredSample:
+        return ScoredSample(0, 0, "a", completion_mask=[1] * model_tokens + [0] * 7, reward=reward)
+
+    # L = 95, Lmax = 100, B = 10: excess 5 -> -5/10 * 2 = -1
+    assert shaping(sample(1.0, 95)) == pytest.approx(0.0)
+    assert shaping(sample(1.0, 90)) == 1.0

@@ -1,4 +1,4 @@
-"""Advantage estimators against hand-worked numbers (spec §3.1)."""
+"""Advantage estimators against hand-worked numbers (docs/algorithms.md#advantages)."""
 
 import math
 
@@ -90,3 +90,16 @@ def test_errors():
             ta.compute_advantages(REWARDS, algorithm=algorithm, advantage_norm="batch")
     with pytest.raises(ValueError, match="num_groups, group_size"):
         ta.compute_advantages(torch.ones(4))
+
+
+def test_group_advantages_is_the_per_group_stage():
+    # grpo [1, 0]: μ = 0.5, σ = √0.5 = 0.707107 → ±0.5/(0.707107 + 1e-4) = ±0.70700679
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)
+    assert ta.group_advantages([1.0, 0.0]) == pytest.approx([a, -a], abs=1e-12)
+    assert a == pytest.approx(0.70700679, abs=1e-8)
+    # rloo [3, 1, 2]: μ = 2 → (r − μ)·3/2 = [1.5, −1.5, 0]
+    assert ta.group_advantages([3, 1, 2], algorithm="rloo") == pytest.approx([1.5, -1.5, 0.0])
+    # batch normalisation is two stages: the group stage of a group of one is its raw reward
+    assert ta.group_advantages([2.0], advantage_norm="batch") == [2.0]
+    with pytest.raises(ValueError, match="not defined for rloo"):
+        ta.group_advantages([1.0, 0.0], algorithm="rloo", advantage_norm="batch")

@@ -1,4 +1,7 @@
-"""Reward shaping and output filters (spec §3.8) against hand-worked numbers."""
+"""Reward shaping and output filters against hand-worked numbers.
+
+The rules: docs/algorithms.md#filters-and-the-overlong-penalty.
+"""
 
 import random
 

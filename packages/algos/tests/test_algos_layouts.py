@@ -108,7 +108,7 @@ def packed(samples, rows, extra=0, use_segment_ids=False):
 
 
 def loss_and_grads(samples, batch, config):
-    loss, metrics = ta.compute_loss(batch.pop("logprobs"), **batch, **config)
+    loss, metrics = ta.compute_loss(ta.LossInputs(**batch), ta.LossOptions(**config))
     leaves = [s[k] for s in samples for k in ("logprobs", "entropy")]
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     return (
@@ -139,7 +139,7 @@ def test_padded_and_packed_agree(config):
 
 def test_global_num_tokens_makes_micro_batches_sum_to_the_step_mean():
     # Splitting a step into micro-batches and summing their losses, each divided by the step's token
-    # count, is exactly the loss of the whole step (upstream averaged per-micro-batch means instead).
+    # count, is exactly the loss of the whole step (averaging per-micro-batch means would not be).
     samples = make_samples(seed=2)
     config = {"algorithm": "cispo", "entropy_coef": 0.02, "kl_penalty_tau": 0.1}
     whole, _, whole_grads = loss_and_grads(samples, padded(samples), config)
@@ -148,7 +148,7 @@ def test_global_num_tokens_makes_micro_batches_sum_to_the_step_mean():
     losses = []
     for part in split:
         batch = padded(part)
-        loss, _ = ta.compute_loss(batch.pop("logprobs"), **batch, num_tokens=total, **config)
+        loss, _ = ta.compute_loss(ta.LossInputs(**batch, num_tokens=total), ta.LossOptions(**config))
         losses.append(loss)
     step = losses[0] + losses[1]
     assert_close(step, whole)
@@ -166,12 +166,8 @@ def test_token_sum_norm_removes_length_bias():
         mask[0, 1:3] = True
         mask[1, 1:] = True
         loss, _ = ta.compute_loss(
-            logprobs,
-            advantages=torch.tensor([1.0, 1.0]),
-            loss_mask=mask,
-            algorithm="dr_grpo",
-            dr_grpo_loss_agg_mode=mode,
-            max_len=10,
+            ta.LossInputs(logprobs, advantages=torch.tensor([1.0, 1.0]), loss_mask=mask, max_len=10),
+            ta.LossOptions(algorithm="dr_grpo", dr_grpo_loss_agg_mode=mode),
         )
         return torch.autograd.grad(loss, logprobs)[0]
 
@@ -188,16 +184,13 @@ def test_token_sum_norm_defaults_and_explicit_denominators():
     # two samples with 2 and 3 loss tokens, ℓ = −1, A = 1 → masked sum 5.
     logprobs = torch.full((2, 4), -1.0)
     mask = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1]], dtype=torch.bool)
-    kw = {
-        "advantages": torch.ones(2),
-        "loss_mask": mask,
-        "algorithm": "dr_grpo",
-        "dr_grpo_loss_agg_mode": "token_sum_norm",
-    }
+    kw = {"advantages": torch.ones(2), "loss_mask": mask}
+    options = ta.LossOptions(algorithm="dr_grpo", dr_grpo_loss_agg_mode="token_sum_norm")
     # defaults: 2 samples with loss tokens · longest sample 3 → 5/6
-    assert_close(ta.compute_loss(logprobs, **kw)[0], torch.tensor(5 / 6))
+    assert_close(ta.compute_loss(ta.LossInputs(logprobs, **kw), options)[0], torch.tensor(5 / 6))
     # explicit: 8 samples in the step, generation budget 100 → 5/800
-    assert_close(ta.compute_loss(logprobs, num_samples=8, max_len=100, **kw)[0], torch.tensor(5 / 800))
+    explicit = ta.LossInputs(logprobs, num_samples=8, max_len=100, **kw)
+    assert_close(ta.compute_loss(explicit, options)[0], torch.tensor(5 / 800))
 
 
 def test_segments_are_vectorised_and_global():

@@ -1,4 +1,4 @@
-"""Every policy term and modifier of compute_loss against hand-worked numbers (spec §3.2-3.5).
+"""Every policy term and modifier of compute_loss against hand-worked numbers (docs/algorithms.md).
 
 Unless a test says otherwise the batch is one padded row of four tokens: column 0 is the prompt (and
 is never a loss token), so the loss is a mean over the three tokens t = 1, 2, 3.
@@ -36,7 +36,8 @@ def test_reinforce_for_grpo_rloo_reinforce_pp_dr_grpo():
     for algorithm in ("grpo", "rloo", "reinforce_pp", "dr_grpo"):
         logprobs = lp(-1.0, -2.0, -0.5)
         loss, metrics = ta.compute_loss(
-            logprobs, advantages=torch.tensor([2.0]), loss_mask=MASK, algorithm=algorithm
+            ta.LossInputs(logprobs, advantages=torch.tensor([2.0]), loss_mask=MASK),
+            ta.LossOptions(algorithm=algorithm),
         )
         assert_close(loss, torch.tensor(7 / 3))
         assert_close(grad(loss, logprobs), torch.full((3,), -2 / 3))
@@ -52,7 +53,8 @@ def test_cispo_clips_the_detached_weight():
     logprobs = lp(-1.0, -2.0, -0.5)
     ref = behind(logprobs, LN2, LN_HALF, 0.0)
     loss, metrics = ta.compute_loss(
-        logprobs, advantages=torch.tensor([1.0]), loss_mask=MASK, rollout_logprobs=ref, algorithm="cispo"
+        ta.LossInputs(logprobs, advantages=torch.tensor([1.0]), loss_mask=MASK, rollout_logprobs=ref),
+        ta.LossOptions(algorithm="cispo"),
     )
     assert_close(loss, torch.tensor(3.2 / 3))
     assert_close(grad(loss, logprobs), torch.tensor([-0.5, -0.2, -1 / 3]))
@@ -68,7 +70,8 @@ def test_ppo_clip_asymmetric_bounds_positive_advantage():
     logprobs = lp(-1.0, -2.0, -0.5)
     ref = behind(logprobs, LN2, LN_HALF, 0.0)
     loss, metrics = ta.compute_loss(
-        logprobs, advantages=torch.tensor([1.0]), loss_mask=MASK, rollout_logprobs=ref, use_ppo_clip=True
+        ta.LossInputs(logprobs, advantages=torch.tensor([1.0]), loss_mask=MASK, rollout_logprobs=ref),
+        ta.LossOptions(use_ppo_clip=True),
     )
     assert_close(loss, torch.tensor(-1.0))
     assert_close(grad(loss, logprobs), torch.tensor([0.0, -0.5 / 3, -1 / 3]))
@@ -83,12 +86,14 @@ def test_ppo_clip_negative_advantage_uses_old_logprobs_when_given():
     old = behind(logprobs, LN2, LN_HALF, 0.0)
     rollout = logprobs.detach() + 5.0  # must be ignored for the ratio when old_logprobs is given
     loss, metrics = ta.compute_loss(
-        logprobs,
-        advantages=torch.tensor([-1.0]),
-        loss_mask=MASK,
-        rollout_logprobs=rollout,
-        old_logprobs=old,
-        use_ppo_clip=True,
+        ta.LossInputs(
+            logprobs,
+            advantages=torch.tensor([-1.0]),
+            loss_mask=MASK,
+            rollout_logprobs=rollout,
+            old_logprobs=old,
+        ),
+        ta.LossOptions(use_ppo_clip=True),
     )
     assert_close(loss, torch.tensor(1.2))
     assert_close(grad(loss, logprobs), torch.tensor([2 / 3, 0.0, 1 / 3]))
@@ -102,19 +107,16 @@ def test_dual_clip_bounds_negative_advantage_losses():
     logprobs = lp(-1.0, -2.0, -0.5)
     ref = behind(logprobs, LN4, LN_HALF, 0.0)
     loss, metrics = ta.compute_loss(
-        logprobs,
-        advantages=torch.tensor([-1.0]),
-        loss_mask=MASK,
-        rollout_logprobs=ref,
-        use_ppo_clip=True,
-        clip_ratio_c=3.0,
+        ta.LossInputs(logprobs, advantages=torch.tensor([-1.0]), loss_mask=MASK, rollout_logprobs=ref),
+        ta.LossOptions(use_ppo_clip=True, clip_ratio_c=3.0),
     )
     assert_close(loss, torch.tensor(4.6 / 3))
     assert_close(grad(loss, logprobs), torch.tensor([0.0, 0.0, 1 / 3]))
     assert_close(metrics["dual_clip_frac"], torch.tensor(1 / 3))
     with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
         ta.compute_loss(
-            logprobs, advantages=torch.tensor([1.0]), loss_mask=MASK, rollout_logprobs=ref, clip_ratio_c=1.0
+            ta.LossInputs(logprobs, advantages=torch.tensor([1.0]), loss_mask=MASK, rollout_logprobs=ref),
+            ta.LossOptions(clip_ratio_c=1.0),
         )
 
 
@@ -126,11 +128,13 @@ def test_gspo_sequence_ratio_and_one_over_n_gradient():
     deltas = torch.tensor([[0.0, 0.3, -0.3, 9.0, 9.0], [0.0, 0.2, -0.2, 0.5, -0.5]])  # 9.0: padding, ignored
     mask = torch.tensor([[0, 1, 1, 0, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
     loss, _ = ta.compute_loss(
-        logprobs,
-        advantages=torch.tensor([1.0, 1.0]),
-        loss_mask=mask,
-        rollout_logprobs=logprobs.detach() - deltas,
-        algorithm="gspo",
+        ta.LossInputs(
+            logprobs,
+            advantages=torch.tensor([1.0, 1.0]),
+            loss_mask=mask,
+            rollout_logprobs=logprobs.detach() - deltas,
+        ),
+        ta.LossOptions(algorithm="gspo"),
     )
     assert_close(loss, torch.tensor(-1.0))
     (g,) = torch.autograd.grad(loss, logprobs)
@@ -145,14 +149,16 @@ def test_gspo_clips_the_sequence_ratio_and_averages_advantages():
     ref = behind(logprobs, LN2, LN2, LN2)
     adv = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
     loss, metrics = ta.compute_loss(
-        logprobs, advantages=adv, loss_mask=MASK, rollout_logprobs=ref, algorithm="gspo"
+        ta.LossInputs(logprobs, advantages=adv, loss_mask=MASK, rollout_logprobs=ref),
+        ta.LossOptions(algorithm="gspo"),
     )
     assert_close(loss, torch.tensor(-3.0))
     assert_close(grad(loss, logprobs), torch.zeros(3))
     assert_close(metrics["clip_high_frac"], torch.tensor(1.0))
     # A = −2 everywhere: max(4, 3) = 4 (unclipped); dL/dℓ_t = (1/3)·(−A)·ρ/N = (1/3)·2·2/3 = 0.444444
     loss, _ = ta.compute_loss(
-        logprobs, advantages=torch.tensor([-2.0]), loss_mask=MASK, rollout_logprobs=ref, algorithm="gspo"
+        ta.LossInputs(logprobs, advantages=torch.tensor([-2.0]), loss_mask=MASK, rollout_logprobs=ref),
+        ta.LossOptions(algorithm="gspo"),
     )
     assert_close(loss, torch.tensor(4.0))
     assert_close(grad(loss, logprobs), torch.full((3,), 4 / 9))
@@ -168,7 +174,8 @@ def test_sapo_gate_values():
     ref = behind(logprobs, LN2, 0.0, 0.0)
     adv = torch.tensor([[0.0, 1.0, 1.0, -1.0]])
     loss, _ = ta.compute_loss(
-        logprobs, advantages=adv, loss_mask=MASK, rollout_logprobs=ref, algorithm="sapo"
+        ta.LossInputs(logprobs, advantages=adv, loss_mask=MASK, rollout_logprobs=ref),
+        ta.LossOptions(algorithm="sapo"),
     )
     assert_close(loss, torch.tensor((-2.924234 - 2 + 1.904762) / 3))
     # gradient: −A·4σ(1−σ)·ρ/3: t1: −4·0.731059·0.268941·2/3 = −0.524301; t2: −1/3; t3: +1/3
@@ -180,9 +187,9 @@ def test_sapo_equals_vanilla_policy_gradient_at_ratio_one():
     logprobs = torch.randn(3, 6).clamp(max=0).requires_grad_()
     adv = torch.randn(3)
     mask = torch.ones(3, 6, dtype=torch.bool)
-    kwargs = {"advantages": adv, "loss_mask": mask, "rollout_logprobs": logprobs.detach()}
-    sapo, _ = ta.compute_loss(logprobs, algorithm="sapo", sapo_tau_pos=0.7, sapo_tau_neg=1.3, **kwargs)
-    pg, _ = ta.compute_loss(logprobs, algorithm="grpo", **kwargs)
+    inputs = ta.LossInputs(logprobs, advantages=adv, loss_mask=mask, rollout_logprobs=logprobs.detach())
+    sapo, _ = ta.compute_loss(inputs, ta.LossOptions(algorithm="sapo", sapo_tau_pos=0.7, sapo_tau_neg=1.3))
+    pg, _ = ta.compute_loss(inputs, ta.LossOptions(algorithm="grpo"))
     assert_close(torch.autograd.grad(sapo, logprobs)[0], torch.autograd.grad(pg, logprobs)[0])
 
 
@@ -192,7 +199,8 @@ def test_tis_truncate():
     logprobs = lp(-1.0, -2.0, -0.5)
     rollout = behind(logprobs, LN3, LN_HALF, 0.0)
     loss, metrics = ta.compute_loss(
-        logprobs, advantages=torch.tensor([1.0]), loss_mask=MASK, rollout_logprobs=rollout, use_tis=True
+        ta.LossInputs(logprobs, advantages=torch.tensor([1.0]), loss_mask=MASK, rollout_logprobs=rollout),
+        ta.LossOptions(use_tis=True),
     )
     assert_close(loss, torch.tensor(3.5 / 3))
     assert_close(metrics["tis_mean"], torch.tensor(3.5 / 3))
@@ -206,13 +214,8 @@ def test_tis_icepop_and_logprob_clamp():
     logprobs = lp(-1.0, -2.0, -0.5)
     rollout = behind(logprobs, LN3, LN_HALF, 0.0)
     loss, metrics = ta.compute_loss(
-        logprobs,
-        advantages=torch.tensor([1.0]),
-        loss_mask=MASK,
-        rollout_logprobs=rollout,
-        use_tis=True,
-        tis_mode="icepop",
-        tis_floor=0.6,
+        ta.LossInputs(logprobs, advantages=torch.tensor([1.0]), loss_mask=MASK, rollout_logprobs=rollout),
+        ta.LossOptions(use_tis=True, tis_mode="icepop", tis_floor=0.6),
     )
     assert_close(loss, torch.tensor(0.5 / 3))
     assert_close(metrics["tis_mean"], torch.tensor(1 / 3))
@@ -228,18 +231,13 @@ def test_kl_penalty_k2_and_k3():
     #     gradient τ·2δ/3 = [0.033333, −0.066667, 0]
     logprobs = lp(-1.0, -2.0, -0.5)
     rollout = behind(logprobs, 0.5, -1.0, 0.0)
-    kwargs = {
-        "advantages": torch.tensor([0.0]),
-        "loss_mask": MASK,
-        "rollout_logprobs": rollout,
-        "kl_penalty_tau": 0.1,
-    }
-    loss, metrics = ta.compute_loss(logprobs, **kwargs)
+    inputs = ta.LossInputs(logprobs, advantages=torch.tensor([0.0]), loss_mask=MASK, rollout_logprobs=rollout)
+    loss, metrics = ta.compute_loss(inputs, ta.LossOptions(kl_penalty_tau=0.1))
     assert_close(loss, torch.tensor(0.125 / 3))
     assert_close(metrics["kl_penalty"], torch.tensor(1.25 / 3))
     assert_close(grad(loss, logprobs), torch.tensor([0.1 / 3, -0.2 / 3, 0.0]))
     # k3: e^{−δ} − 1 + δ = [0.606531 − 0.5, 2.718282 − 2, 0] = [0.106531, 0.718282, 0]
-    loss, metrics = ta.compute_loss(logprobs, kl_estimator="k3", **kwargs)
+    loss, metrics = ta.compute_loss(inputs, ta.LossOptions(kl_penalty_tau=0.1, kl_estimator="k3"))
     assert_close(metrics["kl_penalty"], torch.tensor((0.106531 + 0.718282) / 3))
     assert_close(loss, torch.tensor(0.1 * (0.106531 + 0.718282) / 3))
     # k3 is capped at 10 (δ = −20 would give e^20)
@@ -253,12 +251,14 @@ def test_seq_is_masking_drops_whole_samples():
     logprobs = torch.tensor([[0.0, -1.0, -1.0, 0.0, -2.0, -2.0]], requires_grad=True)
     rollout = logprobs.detach() - torch.tensor([[0.0, 0.1, 0.1, 0.0, 0.3, 0.5]])
     loss, metrics = ta.compute_loss(
-        logprobs,
-        advantages=torch.ones(1, 6),
-        loss_mask=torch.tensor([[0, 1, 1, 0, 1, 1]]),
-        position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]),
-        rollout_logprobs=rollout,
-        seq_is_masking=True,
+        ta.LossInputs(
+            logprobs,
+            advantages=torch.ones(1, 6),
+            loss_mask=torch.tensor([[0, 1, 1, 0, 1, 1]]),
+            position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]),
+            rollout_logprobs=rollout,
+        ),
+        ta.LossOptions(seq_is_masking=True),
     )
     assert_close(loss, torch.tensor(0.5))
     assert_close(metrics["seq_is_masked_frac"], torch.tensor(0.5))
@@ -271,12 +271,14 @@ def test_entropy_bonus_and_metrics():
     logprobs = lp(-1.0, -2.0, -0.5)
     entropy = torch.tensor([[9.0, 1.0, 2.0, 3.0]], requires_grad=True)
     loss, metrics = ta.compute_loss(
-        logprobs,
-        advantages=torch.tensor([2.0]),
-        loss_mask=MASK,
-        rollout_logprobs=behind(logprobs, LN2, 0.0, 0.0),
-        entropy=entropy,
-        entropy_coef=0.01,
+        ta.LossInputs(
+            logprobs,
+            advantages=torch.tensor([2.0]),
+            loss_mask=MASK,
+            rollout_logprobs=behind(logprobs, LN2, 0.0, 0.0),
+            entropy=entropy,
+        ),
+        ta.LossOptions(entropy_coef=0.01),
     )
     assert_close(loss, torch.tensor(7 / 3 - 0.02))
     assert_close(grad(loss, entropy), torch.full((3,), -0.01 / 3))
@@ -293,50 +295,56 @@ def test_modifier_order_dual_clip_before_tis_and_kl():
     logprobs = lp(-1.0, -2.0, -0.5)
     ref = behind(logprobs, LN4, 0.0, 0.0)
     loss, _ = ta.compute_loss(
-        logprobs,
-        advantages=torch.tensor([-1.0]),
-        loss_mask=MASK,
-        rollout_logprobs=ref,
-        old_logprobs=ref,
-        use_ppo_clip=True,
-        clip_ratio_c=3.0,
-        use_tis=True,
-        kl_penalty_tau=0.1,
+        ta.LossInputs(
+            logprobs, advantages=torch.tensor([-1.0]), loss_mask=MASK, rollout_logprobs=ref, old_logprobs=ref
+        ),
+        ta.LossOptions(use_ppo_clip=True, clip_ratio_c=3.0, use_tis=True, kl_penalty_tau=0.1),
     )
     assert_close(loss, torch.tensor((6 + 0.1 * LN4**2 + 2) / 3))
 
 
 def test_first_token_of_a_sample_is_never_a_loss_token():
     logprobs = torch.tensor([[-5.0, -1.0]], requires_grad=True)
-    loss, metrics = ta.compute_loss(logprobs, advantages=torch.tensor([1.0]), loss_mask=torch.ones(1, 2))
+    loss, metrics = ta.compute_loss(
+        ta.LossInputs(logprobs, advantages=torch.tensor([1.0]), loss_mask=torch.ones(1, 2)), ta.LossOptions()
+    )
     assert_close(loss, torch.tensor(1.0))  # only token 1: −(−1)·1/1
     assert_close(metrics["num_tokens"], torch.tensor(1.0))
 
 
 def test_all_masked_micro_batch_is_zero_not_nan():
     logprobs = torch.zeros(2, 4, requires_grad=True)
-    loss, metrics = ta.compute_loss(logprobs, advantages=torch.zeros(2), loss_mask=torch.zeros(2, 4))
+    loss, metrics = ta.compute_loss(
+        ta.LossInputs(logprobs, advantages=torch.zeros(2), loss_mask=torch.zeros(2, 4)), ta.LossOptions()
+    )
     assert_close(loss, torch.tensor(0.0))
     assert_close(metrics["num_tokens"], torch.tensor(0.0))
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("options", "data", "match"),
     [
-        ({"algorithm": "ppo"}, "unknown algorithm"),
-        ({"algorithm": "cispo"}, "needs a ratio"),
-        ({"use_ppo_clip": True}, "needs a ratio"),
-        ({"use_tis": True}, "rollout_logprobs"),
-        ({"seq_is_masking": True}, "rollout_logprobs"),
-        ({"kl_penalty_tau": 0.1}, "rollout_logprobs"),
-        ({"entropy_coef": 0.1}, "entropy"),
-        ({"dr_grpo_loss_agg_mode": "seq_mean"}, "dr_grpo_loss_agg_mode"),
-        ({"algorithm": "sapo", "use_ppo_clip": True, "rollout_logprobs": torch.zeros(1, 4)}, "own clipping"),
-        ({"use_ppo_clip": True, "use_tis": True, "rollout_logprobs": torch.zeros(1, 4)}, "corrects twice"),
-        ({"position_ids": torch.zeros(1, 4, dtype=torch.long)}, "padded layout"),
-        ({"rollout_logprobs": torch.zeros(2, 4)}, "shape"),
+        ({"algorithm": "ppo"}, {}, "unknown algorithm"),
+        ({"algorithm": "cispo"}, {}, "needs a ratio"),
+        ({"use_ppo_clip": True}, {}, "needs a ratio"),
+        ({"use_tis": True}, {}, "rollout_logprobs"),
+        ({"seq_is_masking": True}, {}, "rollout_logprobs"),
+        ({"kl_penalty_tau": 0.1}, {}, "rollout_logprobs"),
+        ({"entropy_coef": 0.1}, {}, "entropy"),
+        ({"dr_grpo_loss_agg_mode": "seq_mean"}, {}, "dr_grpo_loss_agg_mode"),
+        (
+            {"algorithm": "sapo", "use_ppo_clip": True},
+            {"rollout_logprobs": torch.zeros(1, 4)},
+            "own clipping",
+        ),
+        ({"use_ppo_clip": True, "use_tis": True}, {"rollout_logprobs": torch.zeros(1, 4)}, "corrects twice"),
+        ({}, {"position_ids": torch.zeros(1, 4, dtype=torch.long)}, "padded layout"),
+        ({}, {"rollout_logprobs": torch.zeros(2, 4)}, "shape"),
     ],
 )
-def test_argument_errors(kwargs, match):
+def test_argument_errors(options, data, match):
     with pytest.raises(ValueError, match=match):
-        ta.compute_loss(torch.zeros(1, 4), advantages=torch.zeros(1), loss_mask=MASK, **kwargs)
+        ta.compute_loss(
+            ta.LossInputs(torch.zeros(1, 4), advantages=torch.zeros(1), loss_mask=MASK, **data),
+            ta.LossOptions(**options),
+        )

@@ -1,4 +1,7 @@
-"""Sequence packing (spec §1.7): FFD, sample boundaries, padding, dummy micro-batches, zig-zag ranks."""
+"""Sequence packing: FFD, sample boundaries, padding, dummy micro-batches, zig-zag ranks.
+
+The steps: docs/algorithms.md#packing.
+"""
 
 import pytest
 import torch
@@ -8,7 +11,7 @@ import telescope_algos as ta
 
 
 def sample(n_prompt, n_comp, adv=1.0, **kw):
-    return ta.Sample(
+    return ta.TrainingSample(
         prompt_ids=list(range(100, 100 + n_prompt)),
         completion_ids=list(range(200, 200 + n_comp)),
         advantage=adv,
@@ -47,7 +50,7 @@ def test_layout_of_one_micro_batch():
 
 def test_truncation_and_first_token_and_logprob_length():
     # prompt 0 tokens: the first completion token cannot be predicted, so it is not a loss token.
-    s = ta.Sample(
+    s = ta.TrainingSample(
         prompt_ids=[], completion_ids=[1, 2, 3, 4, 5, 6], advantage=1.0, rollout_logprobs=[-1.0] * 9
     )
     [[mb]] = ta.pack_samples([s], seq_len=4)
@@ -83,7 +86,7 @@ def test_padding_multiple_and_empty_input():
 
 def test_errors():
     with pytest.raises(ValueError, match="at least one token"):
-        ta.pack_samples([ta.Sample([], [], 0.0)], seq_len=8)
+        ta.pack_samples([ta.TrainingSample([], [], 0.0)], seq_len=8)
     with pytest.raises(ValueError, match="completion_mask"):
         ta.pack_samples([sample(1, 3, completion_mask=[1, 1])], seq_len=8)
     with pytest.raises(ValueError, match=">= 1"):
@@ -100,14 +103,14 @@ def test_packed_micro_batches_match_the_padded_computation_end_to_end():
     for i in range(n):
         p, c = 1 + i % 3, 2 + (5 * i) % 11
         samples.append(
-            ta.Sample(
+            ta.TrainingSample(
                 prompt_ids=torch.randint(0, vocab, (p,)).tolist(),
                 completion_ids=torch.randint(0, vocab, (c,)).tolist(),
                 advantage=float(torch.randn(())),
                 rollout_logprobs=(-torch.rand(c) * 5).tolist(),
             )
         )
-    config = {"algorithm": "gspo", "clip_low": 0.2, "clip_high": 0.2, "use_tis": True, "kl_penalty_tau": 0.01}
+    options = ta.LossOptions(algorithm="gspo", clip_low=0.2, clip_high=0.2, use_tis=True, kl_penalty_tau=0.01)
 
     def run(batch_ids, position_ids, **kw):
         logits = (emb[batch_ids] + pos_emb[position_ids]).requires_grad_()
@@ -121,14 +124,16 @@ def test_packed_micro_batches_match_the_padded_computation_end_to_end():
         for mb in r:
             logprobs, entropy = run(mb.input_ids, mb.position_ids)
             loss, _ = ta.compute_loss(
-                logprobs,
-                advantages=mb.advantages,
-                loss_mask=mb.loss_mask,
-                rollout_logprobs=mb.rollout_logprobs,
-                entropy=entropy,
-                position_ids=mb.position_ids,
-                num_tokens=total_tokens,
-                **config,
+                ta.LossInputs(
+                    logprobs,
+                    advantages=mb.advantages,
+                    loss_mask=mb.loss_mask,
+                    rollout_logprobs=mb.rollout_logprobs,
+                    entropy=entropy,
+                    position_ids=mb.position_ids,
+                    num_tokens=total_tokens,
+                ),
+                options,
             )
             packed_loss = packed_loss + loss
     # padded: one sample per row, right padding
@@ -143,11 +148,27 @@ def test_packed_micro_batches_match_the_padded_computation_end_to_end():
         rollout[i, p : p + c] = torch.tensor(s.rollout_logprobs)
     logprobs, entropy = run(ids, torch.arange(t).expand(n, t))
     padded_loss, _ = ta.compute_loss(
-        logprobs,
-        advantages=torch.tensor([s.advantage for s in samples]),
-        loss_mask=mask,
-        rollout_logprobs=rollout,
-        entropy=entropy,
-        **config,
+        ta.LossInputs(
+            logprobs,
+            advantages=torch.tensor([s.advantage for s in samples]),
+            loss_mask=mask,
+            rollout_logprobs=rollout,
+            entropy=entropy,
+        ),
+        options,
     )
     assert_close(packed_loss, padded_loss)
+
+
+def test_pad_micro_batch_adds_a_padding_segment_without_loss_tokens():
+    [[mb]] = ta.pack_samples([sample(2, 3, 1.5)], seq_len=16)
+    assert len(mb) == 5
+    padded = ta.pad_micro_batch(mb, 4)
+    assert len(padded) == 8
+    assert padded.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]  # positions restart at 0
+    assert padded.loss_mask[0, 5:].tolist() == [False] * 3
+    assert padded.advantages[0, 5:].tolist() == [0.0] * 3
+    assert padded.input_ids[0, :5].tolist() == mb.input_ids[0].tolist()
+    assert (padded.num_tokens, padded.num_samples) == (mb.num_tokens, mb.num_samples)
+    assert ta.pad_micro_batch(padded, 4) is padded  # already a multiple
+    assert ta.pad_micro_batch(mb, 1) is mb

@@ -1,4 +1,7 @@
-"""Learning-rate multipliers by hand (spec §1.8): W = 2 warmup steps, T = 6 steps, ρ = 0.1."""
+"""Learning-rate multipliers by hand: W = 2 warmup steps, T = 6 steps, ρ = 0.1.
+
+The schedules: docs/algorithms.md#learning-rate-schedules.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import random
 from types import SimpleNamespace
@@ -9,8 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from torch.testing import assert_close
 
+import telescope_algos as ta
 from telescope_algos import (
+    LossOptions,
     compute_loss,
     loss_options,
     minibatch_groups,
@@ -20,7 +24,6 @@ from telescope_algos import (
     row_multiple,
     set_rng_state,
 )
-from telescope_algos._step import DATA_KEYWORDS
 
 # The loss fields both backends read (the list the Megatron backend once kept by hand).
 LOSS_FIELDS = [
@@ -34,11 +37,14 @@ LOSS_FIELDS = [
 def test_loss_options_read_every_loss_field_of_the_config_and_nothing_else():
     config = SimpleNamespace(**{n: f"value of {n}" for n in LOSS_FIELDS}, learning_rate=1e-6, seq_len=8)
     options = loss_options(config)
-    assert sorted(options) == LOSS_FIELDS
-    assert options["tis_cap"] == "value of tis_cap"
+    assert isinstance(options, LossOptions)
+    assert sorted(f.name for f in dataclasses.fields(options)) == LOSS_FIELDS
+    assert options.tis_cap == "value of tis_cap"
+    # compute_loss takes them as one argument, apart from the data (LossInputs): no name is both
     params = inspect.signature(compute_loss).parameters
-    assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in options)
-    assert not set(options) & DATA_KEYWORDS
+    assert list(params) == ["inputs", "options"]
+    data = {f.name for f in dataclasses.fields(ta.LossInputs)}
+    assert not set(LOSS_FIELDS) & data
 
 
 def test_a_config_without_a_loss_field_is_an_error():
@@ -102,12 +108,14 @@ def test_rng_state_round_trip():
 def test_step_counts_total_tokens_and_samples_per_group():
     import torch.distributed as dist
 
-    from telescope_algos import Sample, pack_samples, step_counts
+    from telescope_algos import TrainingSample, pack_samples, step_counts
 
     samples = [
-        Sample(prompt_ids=[1, 2], completion_ids=[3, 4, 5], advantage=1.0, rollout_logprobs=[-1.0] * 3),
-        Sample(prompt_ids=[1], completion_ids=[6, 7], advantage=-1.0, rollout_logprobs=[-1.0] * 2),
-        Sample(prompt_ids=[1, 2, 3], completion_ids=[8], advantage=0.5, rollout_logprobs=[-1.0]),
+        TrainingSample(
+            prompt_ids=[1, 2], completion_ids=[3, 4, 5], advantage=1.0, rollout_logprobs=[-1.0] * 3
+        ),
+        TrainingSample(prompt_ids=[1], completion_ids=[6, 7], advantage=-1.0, rollout_logprobs=[-1.0] * 2),
+        TrainingSample(prompt_ids=[1, 2, 3], completion_ids=[8], advantage=0.5, rollout_logprobs=[-1.0]),
     ]
     [mbs] = pack_samples(samples, seq_len=6, num_ranks=1)  # 5 + 3 + 4 tokens: one row each
     assert len(mbs) == 3
@@ -124,3 +132,75 @@ def test_step_counts_total_tokens_and_samples_per_group():
     assert counts.samples == [by_row[0][1] + by_row[2][1], by_row[1][1]]
     assert sum(counts.tokens) == 3 + 2 + 1
     assert sum(counts.samples) == 3
+
+
+def test_lr_schedule_reads_the_config_and_checks_it_at_once():
+    config = SimpleNamespace(lr_scheduler="linear", warmup_steps=2, number_of_steps=6, min_lr_ratio=0.1)
+    schedule = ta.lr_schedule(config)
+    for step in range(8):
+        expected = ta.lr_multiplier(step, schedule="linear", warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
+        assert schedule(step) == expected
+    with pytest.raises(ValueError, match="unknown lr_scheduler"):
+        ta.lr_schedule(
+            SimpleNamespace(lr_scheduler="step", warmup_steps=0, number_of_steps=6, min_lr_ratio=0.0)
+        )
+
+
+def test_a_step_without_micro_batches_is_an_error():
+    with pytest.raises(ValueError, match="no micro-batches"):
+        ta.check_micro_batches([])
+
+
+def test_micro_batch_loss_is_compute_loss_with_the_group_totals():
+    samples = [
+        ta.TrainingSample([1, 2], [3, 4, 5], advantage=1.0, rollout_logprobs=[-1.0, -0.5, -2.0]),
+        ta.TrainingSample([1], [6, 7], advantage=-0.5, rollout_logprobs=[-0.3, -0.7]),
+    ]
+    [[mb]] = ta.pack_samples(samples, seq_len=16)
+    logprobs = -torch.rand(1, len(mb), generator=torch.Generator().manual_seed(0))
+    entropy = torch.rand(1, len(mb), requires_grad=True)
+    counts = ta.StepCounts(tokens=[40, 7], samples=[9, 2])
+    options = ta.LossOptions(use_tis=True, kl_penalty_tau=0.1)
+    loss, metrics = ta.micro_batch_loss(
+        mb, logprobs, entropy, old_logprobs=None, counts=counts, group=1, max_len=12, options=options
+    )
+    expected, expected_metrics = ta.compute_loss(
+        ta.LossInputs(
+            logprobs,
+            advantages=mb.advantages,
+            loss_mask=mb.loss_mask,
+            rollout_logprobs=mb.rollout_logprobs,
+            entropy=entropy,
+            position_ids=mb.position_ids,
+            num_tokens=7,
+            num_samples=2,
+            max_len=12,
+        ),
+        options,
+    )
+    assert_close(loss, expected)
+    assert metrics.keys() == expected_metrics.keys()
+    assert not loss.requires_grad  # no entropy bonus: the entropy's gradient is dropped
+
+
+def test_step_log_records_norms_skips_and_timings():
+    log = ta.StepLog()
+    with log.timed("optimizer"):
+        log.update(2.0, applied=True)
+    with log.timed("optimizer"):
+        log.update(float("inf"), applied=False)
+    log.update(4.0, applied=True)
+    out = log.metrics(learning_rate=0.5, skipped_total=3, device=torch.device("cpu"))
+    assert out == {
+        "grad_norm": float("inf"),
+        "learning_rate": 0.5,
+        "skipped_steps": 1.0,
+        "skipped_steps_total": 3.0,
+    }
+    timings = log.timing_metrics()
+    assert sorted(timings) == ["timing/optimizer", "timing/step"]
+    assert 0.0 <= timings["timing/optimizer"] <= timings["timing/step"]
+    assert (
+        ta.StepLog().metrics(learning_rate=1.0, skipped_total=0, device=torch.device("cpu"))["grad_norm"]
+        == 0.0
+    )

@@ -28,15 +28,15 @@ def test_the_defaults_file_is_the_only_source_of_defaults():
     assert all(f.is_required() for f in TelescopeConfig.model_fields.values())
 
 
-def test_defaults_match_the_original_except_the_deliberate_differences():
-    original = yaml.safe_load((DATA / "original_defaults.yaml").read_text())
-    assert len(original) == 147
+def test_defaults_match_upstream_except_the_deliberate_differences():
+    upstream = yaml.safe_load((DATA / "upstream_defaults.yaml").read_text())
+    assert len(upstream) == 147
     ours = defaults()
-    assert set(ours) - set(original) == {"environments", "evals", "seed", "max_consecutive_unfit_prompts"}
-    assert set(original) <= set(ours)
-    changed = {k for k in original if original[k] != ours[k] or type(original[k]) is not type(ours[k])}
+    assert set(ours) - set(upstream) == {"environments", "evals", "seed", "max_consecutive_unfit_prompts"}
+    assert set(upstream) <= set(ours)
+    changed = {k for k in upstream if upstream[k] != ours[k] or type(upstream[k]) is not type(ours[k])}
     assert changed == {"use_wandb"}
-    assert (original["use_wandb"], ours["use_wandb"]) == (True, False)
+    assert (upstream["use_wandb"], ours["use_wandb"]) == (True, False)
     assert ours["environments"] == []
     assert ours["evals"] == []
 
@@ -60,7 +60,7 @@ def test_the_deliberate_differences_are_explained_next_to_their_keys():
     text = _defaults_text()
     for key in ("use_wandb", "environments", "evals"):
         block = text.split(f"\n{key}:")[0].rsplit("\n\n", 1)[1]
-        assert "Differs from the original" in block or "Empty here" in block, key
+        assert "Differs from upstream" in block or "Empty here" in block, key
 
 
 def test_the_defaults_file_comments_are_rendered_from_the_schema():

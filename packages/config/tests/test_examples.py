@@ -1,4 +1,4 @@
-"""The example configs and the original Telescope's run.yaml load unchanged."""
+"""The example configs and upstream Telescope's run.yaml load unchanged."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from telescope_config import load_config
 
 HERE = Path(__file__).parent
 EXAMPLES = sorted((HERE.parents[2] / "configs" / "examples").glob("*.yaml"))
-ORIGINAL_RUN = HERE / "data" / "original_run.yaml"
+UPSTREAM_RUN = HERE / "data" / "upstream_run.yaml"
 
 
-@pytest.mark.parametrize("path", [*EXAMPLES, ORIGINAL_RUN], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [*EXAMPLES, UPSTREAM_RUN], ids=lambda p: p.stem)
 def test_loads_unchanged_with_every_value_as_written(path):
     written = yaml.safe_load(path.read_text())
     resolved = load_config(path)
@@ -52,8 +52,8 @@ def test_eval_example():
     assert cfg.num_inference_servers == 2
 
 
-def test_original_run_yaml_notable_values():
-    cfg = load_config(ORIGINAL_RUN).config
+def test_upstream_run_yaml_notable_values():
+    cfg = load_config(UPSTREAM_RUN).config
     assert cfg.prompt_prefetch_buffer_size == 8
     assert (cfg.tis_cap, cfg.tis_logprob_clamp, cfg.entropy_chunk_size) == (10, 2, 2048)
     assert cfg.max_tokens == 3600

@@ -34,7 +34,7 @@ def test_every_field_is_optional_documented_and_has_its_default():
         assert schema["$defs"][entry]["required"] == ["name"]
 
 
-@pytest.mark.parametrize("path", [*EXAMPLES, HERE / "data" / "original_run.yaml"], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [*EXAMPLES, HERE / "data" / "upstream_run.yaml"], ids=lambda p: p.stem)
 def test_example_configs_validate(validator, path):
     validator.validate(yaml.safe_load(path.read_text()))
 

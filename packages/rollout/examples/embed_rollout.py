@@ -7,9 +7,13 @@ then run
     python packages/rollout/examples/embed_rollout.py --model-dir MODEL_DIR --server http://127.0.0.1:8100
 
 Each batch holds ``prompts_batch_size_for_trainer`` groups of ``group_size`` completions with their
-token ids, vLLM logprobs, rewards and group advantages. After you change the server's weights,
-call ``engine.weights_updated(version)`` so the engine keeps the rollouts within
-``max_async_rollout`` steps of them (and cancels groups older than ``max_off_policy_steps``).
+token ids, vLLM logprobs, rewards and group advantages. The advantages are yours to choose: pass
+``advantage_fn`` (the rewards of one group in, one advantage per completion out). Here it is the
+torch-free GRPO of ``telescope_rollout.testing``; with torch installed,
+``functools.partial(telescope_algos.group_advantages, algorithm="grpo")`` is what ``telescope train``
+uses, and a plain function works as well. After you change the server's weights, call
+``engine.weights_updated(version)`` so the engine keeps the rollouts within ``max_async_rollout``
+steps of them (and cancels groups older than ``max_off_policy_steps``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from telescope_rollout import (
     SingleTurnEnvironment,
     Tokenizer,
 )
+from telescope_rollout.testing import group_advantages
 
 
 class Parrot(SingleTurnEnvironment):
@@ -60,8 +65,9 @@ async def main(model_dir: str, servers: list[str], steps: int) -> None:
     )
     async with InferenceClient(servers, timeout_s=300) as client:
         engine = RolloutEngine(
-            settings, environments={"parrot": env}, sampler=sampler, tokenizer=tokenizer, client=client
-        )
+            settings, environments={"parrot": env}, sampler=sampler, tokenizer=tokenizer, client=client,
+            advantage_fn=group_advantages,  # GRPO; any function of one group's rewards works
+        )  # fmt: skip
         async with engine:
             for _ in range(steps):
                 batch = await engine.next_batch(timeout_s=600)

@@ -14,7 +14,7 @@ from telescope_rollout import (
     SamplerEntry,
     SingleTurnEnvironment,
 )
-from telescope_rollout.testing import FakeRequest, sample_ids
+from telescope_rollout.testing import FakeRequest, group_advantages, sample_ids
 
 
 class EchoEnv(SingleTurnEnvironment):
@@ -43,15 +43,26 @@ def by_sample_parity(req: FakeRequest) -> tuple[str, list[int]]:
     return str(sid % 2), [10 + sid % 2, 3]
 
 
-def make_engine(tokenizer, server, *, env=None, clock=None, **overrides) -> RolloutEngine:
+def make_engine(
+    tokenizer,
+    server,
+    *,
+    env=None,
+    clock=None,
+    advantage_fn=group_advantages,
+    reward_shaping=None,
+    **overrides,
+) -> RolloutEngine:
     env = env if env is not None else EchoEnv()
     env.load_dataset()
     base = dict(
         group_size=2, prompts_batch_size_for_trainer=1, max_concurrent_prompts_per_server=2,
         max_async_rollout=10, max_tokens=16, max_model_len=256, enable_prompt_prefetch=False,
+        enable_thinking=None,
     )  # fmt: skip
     settings = EngineSettings(**{**base, **overrides})
     sampler = MultiEnvSampler([SamplerEntry("echo", 1.0, len(env))], seed=0)
     return RolloutEngine(
-        settings, environments={"echo": env}, sampler=sampler, tokenizer=tokenizer, client=server, clock=clock
-    )
+        settings, environments={"echo": env}, sampler=sampler, tokenizer=tokenizer, client=server,
+        advantage_fn=advantage_fn, reward_shaping=reward_shaping, clock=clock,
+    )  # fmt: skip

@@ -182,7 +182,7 @@ async def test_staleness_is_measured_from_dispatch_not_completion(tokenizer):
         b2 = await engine.next_batch(timeout_s=10)
     assert 0 not in {g.group_id for g in [*b0.groups, *b1.groups, *b2.groups]}
     dropped = [d for d in b2.discarded if d.group.group_id == 0]
-    # at completion the live version is 1 (the original's measure: 2 - 1 = 1, kept);
+    # at completion the live version is 1 (counted from there: 2 - 1 = 1, it would be kept);
     # it started under version 0, so it is 2 steps stale and dropped
     assert len(dropped) == 1
     assert dropped[0].reason == "max_async"
@@ -438,3 +438,41 @@ def test_settings_from_config_reads_the_config_names():
     assert EngineSettings.from_config(fewer).max_consecutive_unfit_prompts == 5
     with pytest.raises(ValueError, match="free_lane_after_generation needs enable_individual_sample_lanes"):
         EngineSettings(enable_individual_sample_lanes=False, free_lane_after_generation=True)
+
+
+def test_every_engine_setting_is_a_config_field_with_the_packaged_default():
+    from dataclasses import fields
+
+    from telescope_config import TelescopeConfig, defaults
+
+    packaged, known = defaults(), set(TelescopeConfig.model_fields)
+    for f in fields(EngineSettings):
+        name = EngineSettings.CONFIG_NAMES.get(f.name, f.name)
+        if f.name in EngineSettings.NOT_IN_CONFIG:
+            assert name not in known, f"{f.name} is a config field: from_config must read it"
+            continue
+        assert name in known, f"EngineSettings.{f.name} maps to no config field"
+        if f.name in EngineSettings.OWN_DEFAULTS:  # a library default, with its reason
+            assert f.default != packaged[name], f"EngineSettings.{f.name} no longer differs: drop it"
+            continue
+        assert f.default == packaged[name], f"EngineSettings.{f.name}: {f.default!r} != {packaged[name]!r}"
+    assert set(EngineSettings.CONFIG_NAMES) <= {f.name for f in fields(EngineSettings)}
+    assert set(EngineSettings.OWN_DEFAULTS) <= {f.name for f in fields(EngineSettings)}
+
+
+def test_from_config_names_a_missing_field():
+    from telescope_config import TelescopeConfig, defaults
+
+    cfg = TelescopeConfig.model_validate({**defaults(), "environments": [{"name": "countdown"}]})
+
+    class WithoutPolicy:
+        def __getattr__(self, name: str) -> Any:
+            if name == "vllm_scheduling_policy":
+                raise AttributeError(name)
+            return getattr(cfg, name)
+
+    with pytest.raises(
+        AttributeError, match=r"no field 'vllm_scheduling_policy' \(for EngineSettings\.scheduling_policy\)"
+    ):
+        EngineSettings.from_config(WithoutPolicy())  # type: ignore[arg-type]
+    assert EngineSettings.from_config(WithoutPolicy(), scheduling_policy="fcfs").scheduling_policy == "fcfs"

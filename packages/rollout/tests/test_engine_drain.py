@@ -1,4 +1,4 @@
-"""Draining servers out of the training pool for evals and restoring them (spec §6.1), driven
+"""Draining servers out of the training pool for evals and restoring them (docs/rollout.md), driven
 deterministically with the in-process fake server: two servers ``a`` and ``b``, groups of 2,
 2 prompts per server (4 lane slots each), round-robin dispatch a, b, a, b."""
 

@@ -21,8 +21,8 @@ from telescope_rollout import (
     Sample,
     SamplerEntry,
 )
-from telescope_rollout._client import PromptTooLongError, ServerUnavailableError
-from telescope_rollout.testing import FakeInferenceServer, sample_ids, settle
+from telescope_rollout.inference import PromptTooLongError, ServerUnavailableError
+from telescope_rollout.testing import FakeInferenceServer, group_advantages, sample_ids, settle
 
 A, B = "http://a", "http://b"
 
@@ -55,11 +55,12 @@ def two_env_engine(tokenizer, server, envs: dict[str, Any], **overrides) -> Roll
     base = dict(
         group_size=2, prompts_batch_size_for_trainer=1, max_concurrent_prompts_per_server=2,
         max_async_rollout=10, max_tokens=16, max_model_len=256, enable_prompt_prefetch=False,
+        enable_thinking=None,
     )  # fmt: skip
     sampler = MultiEnvSampler([SamplerEntry(n, 1.0, len(e)) for n, e in envs.items()], seed=0)
     return RolloutEngine(
         EngineSettings(**{**base, **overrides}), environments=envs, sampler=sampler,
-        tokenizer=tokenizer, client=server,
+        tokenizer=tokenizer, client=server, advantage_fn=group_advantages,
     )  # fmt: skip
 
 
@@ -318,7 +319,7 @@ async def test_dropping_prompts_at_dispatch_lets_other_tasks_run(tokenizer):
 
 
 def test_the_start_up_check_names_an_environment_whose_first_prompts_never_fit(tokenizer):
-    from telescope_rollout import unfit_environment
+    from telescope_rollout.engine import unfit_environment
 
     long, mixed, short = LongEnv(n=5), EveryThirdLong(), EchoEnv()
     for env in (long, mixed, short):

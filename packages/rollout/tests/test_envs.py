@@ -1,6 +1,7 @@
 import pytest
 
-from telescope_rollout import Sample, TrajectoryStep, get_environment
+from telescope_rollout import Sample, get_environment
+from telescope_rollout.envs import TrajectoryStep
 from telescope_rollout.envs.countdown import equation_reward, format_reward, safe_eval
 from telescope_rollout.envs.quickstart_add import score_addition
 from telescope_rollout.envs.wordle import feedback, parse_guess, word_list

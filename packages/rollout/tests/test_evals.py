@@ -18,7 +18,6 @@ from structlog.testing import capture_logs
 
 from telescope_rollout import (
     EngineSettings,
-    EvalMetricsResult,
     EvalRunner,
     EvalSpec,
     MultiEnvSampler,
@@ -26,12 +25,12 @@ from telescope_rollout import (
     RewardResult,
     Sample,
     SamplerEntry,
-    ServerTimeoutError,
-    ServerUnavailableError,
     SingleTurnEnvironment,
     get_environment,
 )
-from telescope_rollout._evals import DEFAULT_TIMEOUT_S, HUNG_AFTER_TIMEOUTS, _ServerHealth
+from telescope_rollout.envs import EvalMetricsResult
+from telescope_rollout.evals._runner import DEFAULT_TIMEOUT_S, HUNG_AFTER_TIMEOUTS, _ServerHealth
+from telescope_rollout.inference import ServerTimeoutError, ServerUnavailableError
 from telescope_rollout.testing import FakeInferenceServer, FakeRequest
 
 # successes per prompt q0..q3 among 4 completions
@@ -68,7 +67,7 @@ def quiz_server(tokenizer, right: dict[int, int], boom: tuple[int, int] | None =
 
 def settings(**kw: Any) -> EngineSettings:
     base = dict(max_tokens=16, max_model_len=256, temperature=1.0, top_p=0.9, group_size=2,
-                max_concurrent_prompts_per_server=2)  # fmt: skip
+                max_concurrent_prompts_per_server=2, enable_thinking=None)  # fmt: skip
     return EngineSettings(**{**base, **kw})
 
 
@@ -229,7 +228,7 @@ def test_spec_from_config_entry_and_sampling_overlay():
 
 
 def test_separate_eval_samples_holds_out_the_same_dataset_under_any_name(tokenizer):
-    # the training entry is named "my_math" (not the eval's name): the original missed such cases
+    # the training entry is named "my_math" (not the eval's name): matching by name would miss it
     train_math = get_environment("hendrycks_math", dataset="bundled")
     train_math.load_dataset()
     train_cd = get_environment("countdown", dataset="bundled")

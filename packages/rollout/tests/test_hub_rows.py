@@ -1,6 +1,6 @@
-"""Hub dataset rows, shaped as the original's loaders read them, through our row mappings (no network).
+"""Hub dataset rows, shaped as the hub datasets have them, through our row mappings (no network).
 
-Row shapes follow the original's environment code: countdown reads ``nums``/``target``;
+Row shapes: countdown reads ``nums``/``target``;
 hendrycks_math ``prompt`` + JSON-string ``verification_info.ground_truth``; dapo_math
 ``prompt[0].content`` + ``reward_model.ground_truth`` (dict or JSON string); deepscaler
 ``problem``/``answer``; wordle has no hub dataset (secret words drawn from its word list).
@@ -11,7 +11,7 @@ import json
 import pytest
 
 from telescope_rollout import get_environment
-from telescope_rollout.envs import boxed_math, countdown
+from telescope_rollout.envs import _data
 
 
 # --- countdown -----------------------------------------------------------------------------------
@@ -24,7 +24,7 @@ def test_countdown_row():
     assert "equals 98" in s.prompt
     for bad in [{"nums": [1, 2]}, {"nums": "1 2", "target": 3}, {"nums": [1, None], "target": 3}, {}]:
         assert env.row_to_sample(bad) is None
-    # The original's kwarg names select the dataset.
+    # The alias kwarg names (as INTELLECT-3 configs spell them) select the dataset.
     named = get_environment("countdown", dataset_name="me/cd", dataset_subset="default", dataset_split="test")
     assert (named.dataset, named.subset, named.split) == ("me/cd", "default", "test")
 
@@ -71,7 +71,7 @@ def test_math_row_variants_and_rejects():
     as_text = {**DAPO_ROW, "reward_model": json.dumps(DAPO_ROW["reward_model"])}
     assert d.row_to_sample(as_text).answer == "34"
     assert d.row_to_sample(DAPO_ROW).metadata["data_source"] == "math_dapo"
-    # Rows the original's loaders skip.
+    # Rows without a usable question or answer are skipped.
     rejects = [
         (h, {**HENDRYCKS_ROW, "verification_info": "{broken"}),
         (h, {**HENDRYCKS_ROW, "verification_info": json.dumps({"ground_truth": 7})}),
@@ -88,7 +88,7 @@ def test_math_row_variants_and_rejects():
         assert env.row_to_sample(row) is None, row
 
 
-def test_hub_load_skips_bad_rows_and_uses_the_original_kwargs(monkeypatch):
+def test_hub_load_skips_bad_rows_and_takes_the_alias_kwargs(monkeypatch):
     seen = []
 
     def fake_hub_rows(name, subset=None, split="train"):
@@ -96,20 +96,20 @@ def test_hub_load_skips_bad_rows_and_uses_the_original_kwargs(monkeypatch):
         empty = {"problem": "", "answer": "1"}
         return [empty, DEEPSCALER_ROW, {"problem": "q2", "answer": "2"}, DEEPSCALER_ROW]
 
-    monkeypatch.setattr(boxed_math, "hub_rows", fake_hub_rows)
+    monkeypatch.setattr(_data, "hub_rows", fake_hub_rows)  # what every hub-backed built-in reads
     env = get_environment("deepscaler", dataset_name="me/ds", dataset_subset="default", dataset_split="test")
     samples = env.load_dataset(num_samples=2)
     assert seen == [("me/ds", "default", "test")]
     assert [s.answer for s in samples] == ["\\frac{3}{4}", "2"]  # the empty problem is skipped
     assert len(env) == 2
 
-    monkeypatch.setattr(countdown, "hub_rows", lambda *a, **k: [{"nums": [1, 2], "target": 3}])
+    monkeypatch.setattr(_data, "hub_rows", lambda *a, **k: [{"nums": [1, 2], "target": 3}])
     (s,) = get_environment("countdown").load_dataset()
     assert s.metadata["nums"] == [1, 2]
 
 
 # --- wordle --------------------------------------------------------------------------------------
-def test_wordle_samples_like_the_original():
+def test_wordle_samples_are_seeded_secret_words():
     env = get_environment("wordle", num_samples=50, seed=3)
     samples = env.load_dataset()
     assert len(samples) == 50

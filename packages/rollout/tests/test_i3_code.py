@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from telescope_rollout import RunResult, Sample, SandboxLike, get_environment
+from telescope_rollout import Sample, SandboxLike, get_environment
+from telescope_rollout.envs import RunResult
 from telescope_rollout.envs._code_tests import call_result_matches, outputs_match
 from telescope_rollout.envs._code_tests import tests_from_row as read_tests
 
@@ -92,7 +93,7 @@ async def test_i3_code_sandbox_errors_and_missing_sandbox():
         await get_environment("i3_code").prepare_resources()
 
 
-# --- the hub row layout, as the original reads it ------------------------------------------------
+# --- the hub row layout (docs/rollout.md, "The i3 code-test format") ----------------------------
 def _hub_row(tests, question="Write f.", **extra):
     # INTELLECT-3-RL code rows: `info` is a JSON string whose `tests` is a JSON string again.
     return {"question": question, "info": json.dumps({"tests": json.dumps(tests), "source": "lc"}), **extra}
@@ -119,7 +120,7 @@ def test_hub_rows_map_to_samples():
         {"input": "[2, 7, 11, 15]\n9", "output": "[0, 1]", "fn_name": "twoSum"},
         {"input": "[3, 3]\n6", "output": "[[0, 1]]", "fn_name": "twoSum"},
     ]
-    # Rows the original skips: unreadable info/tests, no question.
+    # Rows that are skipped: unreadable info/tests, no question.
     assert env.row_to_sample({"question": "q", "info": "{not json"}) is None
     assert env.row_to_sample({"question": "q", "info": json.dumps({"tests": "{bad"})}) is None
     assert env.row_to_sample({"question": "q", "info": json.dumps({"no_tests": 1})}) is None
@@ -127,7 +128,7 @@ def test_hub_rows_map_to_samples():
     assert read_tests({"info": json.dumps({"tests": json.dumps({"inputs": 3, "outputs": 4})})}) == []
 
 
-def test_difficulty_filter_like_the_original():
+def test_difficulty_filter_counts_a_missing_value_as_zero():
     env = get_environment("i3_code", min_difficulty=0.2, max_difficulty=0.8)
     tests = {"inputs": ["1"], "outputs": ["1"]}
     key = "avg@8_qwen3_4b_instruct_2507"
@@ -221,7 +222,7 @@ FN_CASES = [
 
 
 @pytest.mark.parametrize(("solution", "fn_name", "cases", "reward"), FN_CASES, ids=[c[1] for c in FN_CASES])
-async def test_function_call_tests_run_like_the_original(solution, fn_name, cases, reward):
+async def test_function_call_tests_are_graded(solution, fn_name, cases, reward):
     env = get_environment("i3_code", sandbox=LocalSandbox(), timeout_per_test=5.0)
     if fn_name == "slow":
         env.timeout_per_test = 0.5

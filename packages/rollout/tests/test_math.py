@@ -1,7 +1,7 @@
 import pytest
 
-from telescope_rollout import verify_math_answer
-from telescope_rollout._math import fallback_math_equal, normalize_math_answer
+from telescope_rollout.envs import verify_math_answer
+from telescope_rollout.envs._math import fallback_math_equal, normalize_math_answer
 
 
 @pytest.mark.parametrize(
@@ -53,3 +53,33 @@ def test_with_math_verify_when_installed():
     import math_verify  # noqa: F401  (installed in every test environment of this package)
 
     assert verify_math_answer("\\sqrt{4}", "2")
+
+
+def test_a_missing_math_verify_is_warned_about_once(monkeypatch):
+    import builtins
+
+    from structlog.testing import capture_logs
+
+    from telescope_rollout.envs import _math
+
+    real_import = builtins.__import__
+
+    def no_math_verify(name, *args, **kwargs):
+        if name == "math_verify":
+            raise ImportError("No module named 'math_verify'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_math_verify)
+    _math._math_verify.cache_clear()
+    try:
+        with capture_logs() as logs:
+            # equal values the fallback does not normalise: math-verify would say yes, the fallback no
+            assert not verify_math_answer("\\sqrt{4}", "2")
+            assert not verify_math_answer("2^{1}", "2")
+        warnings = [e for e in logs if e["event"] == "math_verify_missing"]
+        assert len(warnings) == 1
+        assert warnings[0]["log_level"] == "warning"
+        assert "pip install math-verify" in warnings[0]["fix"]
+        assert "telescope-rollout[math]" in warnings[0]["fix"]
+    finally:
+        _math._math_verify.cache_clear()  # the next caller finds the installed math-verify again

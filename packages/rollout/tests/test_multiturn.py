@@ -1,4 +1,4 @@
-from telescope_rollout import MultiTurnTokens, TurnTokenizer
+from telescope_rollout.chat import MultiTurnTokens, TurnTokenizer
 
 CONVO = [
     {"role": "system", "content": "You are a helpful assistant."},

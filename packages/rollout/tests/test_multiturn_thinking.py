@@ -6,7 +6,7 @@ code under test.
 
 import pytest
 
-from telescope_rollout import MultiTurnTokens, TurnTokenizer
+from telescope_rollout.chat import MultiTurnTokens, TurnTokenizer
 
 CONVO = [
     {"role": "system", "content": "You are a helpful assistant."},

@@ -7,14 +7,9 @@ import json
 
 import pytest
 
-from telescope_rollout import (
-    ChatTemplate,
-    MultiTurnTokens,
-    Sample,
-    ToolEnvironment,
-    TrajectoryStep,
-    TurnTokenizer,
-)
+from telescope_rollout import ChatTemplate, Sample, ToolEnvironment
+from telescope_rollout.chat import MultiTurnTokens, TurnTokenizer
+from telescope_rollout.envs import TrajectoryStep
 
 
 def add(a: int, b: int = 0) -> int:
@@ -60,7 +55,7 @@ def test_supports_tools(qwen_tokenizer, tokenizer):
     assert not ChatTemplate("{% set tools = [] %}{{ tools }}").supports_tools  # assigned, not read
 
 
-def test_default_is_the_original_prompt_text(qwen_tokenizer):
+def test_default_puts_the_tools_in_the_prompt_text(qwen_tokenizer):
     env = Calc(tools=[add], system_prompt="Use tools.")
     assert env.template_kwargs() == {}
     prompt = env.get_initial_prompt(env.load_dataset()[0], qwen_tokenizer)

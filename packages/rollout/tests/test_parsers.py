@@ -1,7 +1,19 @@
 import subprocess
 import sys
+import time
 
-from telescope_rollout import extract_boxed_answer, strip_think_tags
+import pytest
+
+from telescope_rollout.parsers import (
+    extract_answer_tags,
+    extract_boxed_answer,
+    extract_code_block,
+    extract_last_number,
+    extract_xml_tag,
+    strip_eos,
+    strip_think_tags,
+    verify_exact_match,
+)
 
 
 def test_boxed_nested_and_last():
@@ -26,18 +38,6 @@ def test_import_loads_no_torch():
 
 
 # --- the other parsers, on tricky inputs -------------------------------------------------------
-import time  # noqa: E402
-
-import pytest  # noqa: E402
-
-from telescope_rollout import (  # noqa: E402
-    extract_answer_tags,
-    extract_code_block,
-    extract_last_number,
-    extract_xml_tag,
-    verify_exact_match,
-)
-from telescope_rollout.parsers import strip_eos  # noqa: E402
 
 
 def test_boxed_fallbacks_and_unicode():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from telescope_rollout import PassKSpec, pass_at_k, pass_pow_k
-from telescope_rollout._passk import sample_pass_metrics, unit_metrics
+from telescope_rollout.evals import PassKSpec, pass_at_k, pass_pow_k
+from telescope_rollout.evals._passk import sample_pass_metrics, unit_metrics
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_bad_counts_raise():
 
 
 def test_all_completions_are_used_not_only_the_first_k():
-    # 4 completions, only the first right. The original looked at the first k = 2 only and got
+    # 4 completions, only the first right. Looking at the first k = 2 only would give
     # "any of [1, 0]" = 1; over all 4 the chance that 2 random draws hold the right one is 1/2.
     spec = PassKSpec(at_k=(2,), at_k_metrics=("correct",))
     out = sample_pass_metrics(spec, [{"correct": 1.0}, {"correct": 0.0}, {"correct": 0.0}, {"correct": 0.0}])

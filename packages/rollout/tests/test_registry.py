@@ -7,7 +7,7 @@ import pytest
 from telescope_rollout import UnknownEnvironmentError, build_environments, get_environment, list_environments
 from telescope_rollout.envs.countdown import CountdownEnv
 
-ORIGINAL_BLOCK = [
+INTELLECT3_BLOCK = [
     {"name": "countdown", "weight": 1.0, "kwargs": {}, "reward_min": 0.0, "reward_max": 2.0},
     {"name": "hendrycks_math", "weight": 2.0, "kwargs": {"system_prompt": "Be careful."}},
     {"name": "wordle", "weight": 0.5, "kwargs": {"max_turns": 4, "num_samples": 10}},
@@ -26,10 +26,10 @@ class Entry:
     reward_max: float | None = None
 
 
-def test_original_environments_block_builds():
-    built = build_environments(ORIGINAL_BLOCK)
-    assert [b.name for b in built] == [e["name"] for e in ORIGINAL_BLOCK]
-    assert [b.env.name for b in built] == [e["name"] for e in ORIGINAL_BLOCK]
+def test_an_intellect3_style_environments_block_builds():
+    built = build_environments(INTELLECT3_BLOCK)
+    assert [b.name for b in built] == [e["name"] for e in INTELLECT3_BLOCK]
+    assert [b.env.name for b in built] == [e["name"] for e in INTELLECT3_BLOCK]
     assert isinstance(built[0].env, CountdownEnv)
     assert built[0].env.reward_max == 2.0
     assert built[1].weight == 2.0

@@ -4,7 +4,7 @@ from collections import Counter
 import pytest
 
 from telescope_rollout import MultiEnvSampler, SamplerEntry
-from telescope_rollout._sampler import sample_from
+from telescope_rollout.engine._sampler import sample_from
 
 ENTRIES = [
     SamplerEntry("countdown", 0.5, 100),

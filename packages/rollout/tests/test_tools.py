@@ -3,14 +3,8 @@ import json
 import time
 from typing import Literal
 
-from telescope_rollout import (
-    RolloutState,
-    Sample,
-    ToolEnvironment,
-    TrajectoryStep,
-    func_to_tool_schema,
-    parse_tool_calls,
-)
+from telescope_rollout import RolloutState, Sample, ToolEnvironment
+from telescope_rollout.envs import TrajectoryStep, func_to_tool_schema, parse_tool_calls
 
 
 def add(a: int, b: int = 0) -> int:

@@ -5,24 +5,21 @@ Expected values are worked out by hand from each function's documented rule.
 
 import pytest
 
-from telescope_rollout import (
-    RolloutState,
-    Sample,
-    TrajectoryStep,
-    extract_answer_tags,
-    extract_boxed_answer,
-    extract_code_block,
-    extract_last_number,
-    get_environment,
-    strip_think_tags,
-    verify_exact_match,
-    verify_math_answer,
-)
-from telescope_rollout._math import braces_balanced
+from telescope_rollout import RolloutState, Sample, get_environment
+from telescope_rollout.envs import TrajectoryStep, verify_math_answer
+from telescope_rollout.envs._math import braces_balanced
 from telescope_rollout.envs.boxed_math import score_math
 from telescope_rollout.envs.countdown import equation_reward, format_reward
 from telescope_rollout.envs.quickstart_add import score_addition
 from telescope_rollout.envs.wordle import _format_one, feedback, parse_guess
+from telescope_rollout.parsers import (
+    extract_answer_tags,
+    extract_boxed_answer,
+    extract_code_block,
+    extract_last_number,
+    strip_think_tags,
+    verify_exact_match,
+)
 
 GARBAGE = [
     "",
@@ -126,8 +123,8 @@ def test_countdown_almost_right(answer, nums, target, expected):
     [
         ("é</think><answer>1 + 2</answer>", 1.0),
         ("x</think><answer>1 + 2</answer><answer>3</answer>", 0.5),  # the answer group spans both tags
-        # Fullwidth digits are Unicode digits (\d), so the format counts as arithmetic, as in the
-        # original; the equation reward then fails to evaluate them (test_countdown_almost_right).
+        # Fullwidth digits are Unicode digits (\d), so the format counts as arithmetic; the
+        # equation reward then fails to evaluate them (test_countdown_almost_right).
         ("x</think> <answer>１+２</answer>", 1.0),
         ("x</think>\n\n<answer>\n1\n</answer>\n\n", 1.0),
         ("x</think>" + "<answer>1</answer>" * 2, 0.5),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from telescope_rollout._watch import FailureWatch, same_error_message, unfit_message
+from telescope_rollout.engine._watch import FailureWatch, same_error_message, unfit_message
 
 
 def test_unfit_streak_stops_at_the_count_and_a_fitting_prompt_starts_it_over():

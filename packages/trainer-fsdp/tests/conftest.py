@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import telescope_config
-from telescope_algos import Sample
+from telescope_algos import TrainingSample
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # the helper modules (fsdp_spawn) of the multi-rank tests
@@ -43,7 +43,7 @@ def make_config(model_dir: Path | str, **overrides) -> telescope_config.Telescop
     return telescope_config.TelescopeConfig.model_validate(values)
 
 
-def make_samples(n: int, *, seed: int, vocab: int = 400, max_completion: int = 14) -> list[Sample]:
+def make_samples(n: int, *, seed: int, vocab: int = 400, max_completion: int = 14) -> list[TrainingSample]:
     """``n`` random samples (prompt 2-8 tokens, completion 1-``max_completion``) with rollout logprobs."""
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -51,7 +51,7 @@ def make_samples(n: int, *, seed: int, vocab: int = 400, max_completion: int = 1
         p = int(torch.randint(2, 9, (1,), generator=g))
         c = int(torch.randint(1, max_completion + 1, (1,), generator=g))
         out.append(
-            Sample(
+            TrainingSample(
                 prompt_ids=torch.randint(3, vocab, (p,), generator=g).tolist(),
                 completion_ids=torch.randint(3, vocab, (c,), generator=g).tolist(),
                 advantage=float(torch.randn((), generator=g)),

@@ -24,7 +24,7 @@ def _assert_same(a, b):
 
 
 def test_resume_equals_training_straight_through(helpers, tiny_model_dir, tmp_path):
-    # Warmup + cosine: a scheduler restarted from scratch on resume (the original's bug) changes the LR.
+    # Warmup + cosine: a scheduler restarted from scratch on resume would change the LR.
     cfg = helpers.make_config(
         tiny_model_dir, lr_scheduler="cosine", warmup_steps=1, number_of_steps=4, min_lr_ratio=0.1
     )

@@ -14,8 +14,8 @@ import pytest
 import torch
 from fsdp_spawn import one_rank_order, run_ranks
 
-from telescope_algos import MicroBatch, pack_samples
-from telescope_trainer_fsdp._context_parallel import _ACTIVE, CPLayout, _Active, _cp_attention, pad_for_cp
+from telescope_algos import MicroBatch, pack_samples, pad_micro_batch, row_multiple
+from telescope_trainer_fsdp._context_parallel import _ACTIVE, CPLayout, _Active, _cp_attention
 
 CASES = {
     # name: (cp, data-parallel replicas, tied embeddings, config overrides)
@@ -98,7 +98,7 @@ def _row(ids: list[int], positions: list[int], mask: list[bool]) -> MicroBatch:
 def test_rows_pad_to_twice_cp_with_a_segment_of_their_own():
     # 6 tokens (samples of 4 and 2), cp = 2: padded to 8 with a new segment at positions 0, 1
     mb = _row([5, 6, 7, 8, 9, 10], [0, 1, 2, 3, 0, 1], [False, True, True, True, False, True])
-    got = pad_for_cp(mb, 2)
+    got = pad_micro_batch(mb, row_multiple(context_parallel=2))
     assert got.input_ids.tolist() == [[5, 6, 7, 8, 9, 10, 0, 0]]
     assert got.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 0, 1]]
     assert got.loss_mask.tolist() == [[False, True, True, True, False, True, False, False]]
@@ -106,8 +106,8 @@ def test_rows_pad_to_twice_cp_with_a_segment_of_their_own():
     assert got.rollout_logprobs.tolist() == [[-1.0] * 6 + [0.0, 0.0]]
     assert (got.num_samples, got.num_tokens) == (2, 4)
     assert mb.input_ids.shape == (1, 6)  # the caller's micro-batch is left alone
-    assert pad_for_cp(got, 2) is got  # already a multiple of 4
-    assert pad_for_cp(mb, 3) is mb  # 6 = 2 x 3
+    assert pad_micro_batch(got, row_multiple(context_parallel=2)) is got  # already a multiple of 4
+    assert pad_micro_batch(mb, row_multiple(context_parallel=3)) is mb  # 6 = 2 x 3
 
 
 def test_cp_attention_refuses_outside_the_trainer_and_unsupported_attention():

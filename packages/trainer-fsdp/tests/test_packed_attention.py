@@ -1,4 +1,4 @@
-"""Samples packed into one row never attend to each other (spec §1.8 FRAGILE, fixed).
+"""Samples packed into one row never attend to each other (whichever attention kernel runs).
 
 The trainer forward (FSDP2, gradient checkpointing on, train mode) of a packed row must give every
 sample the per-token logprobs it gets alone, within 1e-5 in fp32. A negative control shows that the

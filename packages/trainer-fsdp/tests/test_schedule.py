@@ -1,6 +1,7 @@
-"""LR schedules against hand-worked values (spec §1.8)."""
+"""LR schedules against hand-worked values (docs/algorithms.md#learning-rate-schedules)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -83,7 +84,8 @@ def test_bad_arguments_raise_clear_errors(kwargs, match):
 
 def test_scheduler_sets_the_optimizer_lr_once_per_step():
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.2)
-    sched = build_lr_scheduler(opt, schedule="linear", warmup_steps=2, total_steps=10, min_lr_ratio=0.1)
+    config = SimpleNamespace(lr_scheduler="linear", warmup_steps=2, number_of_steps=10, min_lr_ratio=0.1)
+    sched = build_lr_scheduler(opt, config)
     seen = []
     for _ in range(7):
         seen.append(opt.param_groups[0]["lr"])

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from telescope_trainer_megatron import install_cpu_shim  # noqa: E402
+from telescope_trainer_megatron import ParallelLayout, install_cpu_shim  # noqa: E402
 from telescope_trainer_megatron._arch import Architecture, padded_vocab_size  # noqa: E402
 from telescope_trainer_megatron._model import build_gpt_model, load_hf_weights, transformer_config  # noqa: E402
 
@@ -38,10 +38,7 @@ def main() -> None:
         arch = Architecture.from_pretrained(d)
         cfg = transformer_config(
             arch,
-            tp=1,
-            pp=1,
-            cp=1,
-            ep=1,
+            ParallelLayout(world=1),
             params_dtype=torch.float32,
             sequence_parallel=False,
             recompute=False,

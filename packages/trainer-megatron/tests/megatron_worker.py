@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import telescope_config  # noqa: E402
-from telescope_algos import Sample, pack_samples  # noqa: E402
+from telescope_algos import TrainingSample, pack_samples  # noqa: E402
 from telescope_trainer_megatron import create_trainer  # noqa: E402
 
 
@@ -110,7 +110,7 @@ def main() -> None:
     }
 
     def run_step(tr, i: int) -> dict:
-        samples = [Sample(**s) for s in spec["steps"][i]]
+        samples = [TrainingSample(**s) for s in spec["steps"][i]]
         per_rank = pack_samples(
             samples,
             seq_len=spec["seq_len"],
@@ -144,7 +144,7 @@ def main() -> None:
             result["weights_only_facts"] = save(trainer, weights_dir, training_state=False)
     result["is_broadcast_rank"] = trainer.is_broadcast_rank
     if spec.get("mismatched_counts"):  # data-parallel rank 0 gets one micro-batch more than the others
-        samples = [Sample(**s) for s in spec["steps"][0]]
+        samples = [TrainingSample(**s) for s in spec["steps"][0]]
         per_rank = pack_samples(samples, seq_len=spec["seq_len"], num_ranks=trainer.dp_world_size)
         mine = per_rank[trainer.dp_rank]
         try:

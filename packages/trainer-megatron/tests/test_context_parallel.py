@@ -29,7 +29,7 @@ import torch
 from megatron_spawn import run_ranks
 from safetensors.torch import load_file
 
-from telescope_algos import Sample, chunk_bounds, pack_samples, split_length
+from telescope_algos import TrainingSample, chunk_bounds, pack_samples, split_length
 
 SEQ_LEN, PAD = 50, 5
 BASE = {
@@ -86,7 +86,7 @@ def _check_layout(steps: list[list[dict]], dp: int) -> None:
     padded = straddling = 0
     for samples in steps:
         for rank in pack_samples(
-            [Sample(**s) for s in samples], seq_len=SEQ_LEN, pad_to_multiple_of=PAD, num_ranks=dp
+            [TrainingSample(**s) for s in samples], seq_len=SEQ_LEN, pad_to_multiple_of=PAD, num_ranks=dp
         ):
             for mb in rank:
                 length = mb.input_ids.shape[1]

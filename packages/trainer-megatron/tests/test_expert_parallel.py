@@ -27,7 +27,7 @@ from megatron_families import build_family
 from megatron_spawn import run_ranks
 from test_training import EPS, LR, WD, _check_against_reference, _reference, _samples
 
-from telescope_algos import Sample, pack_samples
+from telescope_algos import TrainingSample, pack_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -44,7 +44,7 @@ def _steps() -> list[list[dict]]:
 def test_the_samples_give_ranks_unequal_micro_batches():
     """The scenario the EP runs rely on: equal counts, unequal lengths, an empty padding micro-batch."""
     for i, step in enumerate(_steps()):
-        samples = [Sample(**s) for s in step]
+        samples = [TrainingSample(**s) for s in step]
         per_rank = pack_samples(samples, seq_len=SEQ_LEN, pad_to_multiple_of=8, num_ranks=2)
         assert len(per_rank[0]) == len(per_rank[1]) >= 1
         lengths = [[mb.input_ids.shape[1] for mb in mbs] for mbs in per_rank]

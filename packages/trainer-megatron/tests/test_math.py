@@ -7,9 +7,15 @@ import math
 import pytest
 import torch
 
-from telescope_algos import token_logprobs_and_entropy
+from telescope_algos import align_to_inputs, next_token_labels, token_logprobs_and_entropy
 from telescope_trainer_megatron import lr_multiplier
-from telescope_trainer_megatron._vocab_parallel import vocab_parallel_logprobs_and_entropy
+from telescope_trainer_megatron._vocab_parallel import vocab_parallel_label_logprobs_and_entropy
+
+
+def vocab_parallel_logprobs_and_entropy(logits, input_ids, **kwargs):
+    """What the trainer does with a whole row: next-token labels in, ``input_ids``-aligned out."""
+    lp, ent = vocab_parallel_label_logprobs_and_entropy(logits, next_token_labels(input_ids), **kwargs)
+    return align_to_inputs(lp), align_to_inputs(ent)
 
 
 def test_matches_algos_on_the_real_vocab_and_ignores_padding_columns():

@@ -152,7 +152,7 @@ def test_check_raises_all_problems_at_once():
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
-        ({}, "bfloat16"),  # defaults: float32 master weights, bfloat16 compute, as upstream
+        ({}, "bfloat16"),  # defaults: float32 master weights, bfloat16 compute
         ({"mixed_precision_dtype": None}, "float32"),
         ({"mixed_precision_dtype": None, "model_dtype": "bfloat16"}, "bfloat16"),
         ({"mixed_precision_dtype": "float32", "model_dtype": "bfloat16"}, "float32"),

@@ -48,7 +48,7 @@ def _reference(model_dir: Path, steps: list[list[dict]]) -> list[dict]:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from telescope_algos import compute_loss, token_logprobs_and_entropy
+    from telescope_algos import LossInputs, LossOptions, compute_loss, token_logprobs_and_entropy
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     groups = [
@@ -68,12 +68,15 @@ def _reference(model_dir: Path, steps: list[list[dict]]) -> list[dict]:
             rollout = torch.tensor([[0.0] * n_p + s["rollout_logprobs"]])
             lp, ent = token_logprobs_and_entropy(model(ids).logits, ids)
             loss, _ = compute_loss(
-                lp,
-                advantages=torch.full(ids.shape, s["advantage"]),
-                loss_mask=mask,
-                rollout_logprobs=rollout,
-                entropy=ent.detach(),
-                num_tokens=total,
+                LossInputs(
+                    lp,
+                    advantages=torch.full(ids.shape, s["advantage"]),
+                    loss_mask=mask,
+                    rollout_logprobs=rollout,
+                    entropy=ent.detach(),
+                    num_tokens=total,
+                ),
+                LossOptions(),
             )
             loss.backward()
             loss_sum += loss.item()

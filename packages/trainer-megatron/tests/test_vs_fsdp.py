@@ -40,7 +40,7 @@ from megatron_spawn import run_ranks
 from safetensors.torch import load_file
 
 import telescope_config
-from telescope_algos import Sample, pack_samples
+from telescope_algos import TrainingSample, pack_samples
 
 SEQ_LEN, PAD = 48, 8
 LR, WD, EPS, BETAS, CLIP = 1e-3, 0.1, 1e-4, (0.9, 0.999), 0.5
@@ -112,7 +112,7 @@ def _fsdp_run(
         out = []
         for i, samples in enumerate(steps):
             [micro_batches] = pack_samples(
-                [Sample(**s) for s in samples], seq_len=seq_len, pad_to_multiple_of=PAD, num_ranks=1
+                [TrainingSample(**s) for s in samples], seq_len=seq_len, pad_to_multiple_of=PAD, num_ranks=1
             )
             assert len(micro_batches) < len(samples), "the test wants several samples per row"
             assert seq_len != ONE_ROW or len(micro_batches) == 1
@@ -183,7 +183,7 @@ def test_dr_grpo_token_sum_norm_over_micro_batches_and_ranks_matches_one_micro_b
     steps = _steps()
     for samples in steps:  # what the Megatron side trains on: several micro-batches on each DP rank
         per_rank = pack_samples(
-            [Sample(**s) for s in samples], seq_len=SEQ_LEN, pad_to_multiple_of=PAD, num_ranks=2
+            [TrainingSample(**s) for s in samples], seq_len=SEQ_LEN, pad_to_multiple_of=PAD, num_ranks=2
         )
         assert all(len(mbs) >= 2 for mbs in per_rank)
     reference = _fsdp_run(tiny_tp_model, steps, overrides=DR_GRPO, seq_len=ONE_ROW)

@@ -90,7 +90,7 @@ def test_bad_input_is_explained():
 
 
 def test_default_bucket_size_depends_on_the_transport():
-    # None: 32 MiB on gloo (the faster size on CPU), 256 MiB on NCCL (the original's default)
+    # None: 32 MiB on gloo (the faster size on CPU), 256 MiB on NCCL (the config's packaged default)
     assert PublisherSettings(backend="gloo").bucket_bytes == 32 * 1024 * 1024
     if not torch.cuda.is_available():
         assert PublisherSettings().bucket_bytes == 32 * 1024 * 1024  # auto -> gloo without CUDA

@@ -174,7 +174,7 @@ def test_one_group_spans_a_tp2_server_and_a_second_server(vllm_launcher, tmp_pat
     """Server A runs tensor parallel 2, server B one worker; one group reaches all three workers.
 
     Group ``full`` = trainer + A's two TP ranks + B (world size 4); ``training_only`` leaves B
-    out, as the original leaves eval servers out. Two start-ups; the rest takes seconds.
+    out, as a run leaves its eval servers out. Two start-ups; the rest takes seconds.
     """
     model_dir = _tiny_tp_model(tmp_path / "model")
     with contextlib.ExitStack() as stack:

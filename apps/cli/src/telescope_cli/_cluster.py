@@ -4,7 +4,7 @@
   answers and ``ray_auto_start_local`` is true, starts a local one; any other value is a cluster
   address (multi-node: ``ray start --head`` on one node, ``ray start --address`` on the others,
   then ``--ray_address <head>:6379``).
-- Two placement groups as the original: inference bundles ``{CPU, GPU: tp}`` and trainer bundles
+- Two placement groups: inference bundles ``{CPU, GPU: tp}`` and trainer bundles
   ``{CPU, GPU: 1}`` (no GPU entry on a CPU-only machine), strategies from ``ray_*_placement_strategy``.
 - A local Ray gets at least as many logical CPUs as the bundles ask for (a 2-core laptop runs the
   quickstart's two 1-CPU bundles plus the driver); oversubscription is logged, not refused.
@@ -21,18 +21,23 @@ import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from telescope_cli._actors import InferenceServerActor, TrainerActor
+
+if TYPE_CHECKING:
+    from telescope_config import TelescopeConfig
 
 __all__ = ["Cluster", "ClusterError", "ray_init_options"]
 
 log = structlog.get_logger()
 
 
-def ray_init_options(cfg: Any, run_env: dict[str, str], environ: Any = os.environ) -> dict[str, Any]:
+def ray_init_options(
+    cfg: TelescopeConfig, run_env: dict[str, str], environ: Any = os.environ
+) -> dict[str, Any]:
     """The keyword arguments of ``ray.init`` for this run (both when joining and when starting Ray)."""
     runtime_env: dict[str, Any] = dict(cfg.ray_runtime_env or {})
     env_vars = {**run_env, **dict(runtime_env.get("env_vars") or {})}
@@ -91,7 +96,7 @@ def _output_to(path: Any):
 class Cluster:
     """The Ray side of a run: placement groups and actor handles; ``close()`` stops everything."""
 
-    config: Any
+    config: TelescopeConfig
     log_path: Any = None
     """File that receives the output of a locally started Ray (its daemons keep writing there)."""
     started_ray: bool = False
@@ -139,12 +144,13 @@ class Cluster:
 
     def _placement_group(self, bundles: list[dict[str, float]], strategy: str, what: str) -> Any:
         import ray
+        from ray.exceptions import GetTimeoutError
         from ray.util.placement_group import placement_group
 
         pg = placement_group(bundles, strategy=strategy)
         try:
             ray.get(pg.ready(), timeout=self.config.ray_placement_timeout_s)
-        except ray.exceptions.GetTimeoutError as exc:
+        except GetTimeoutError as exc:
             raise ClusterError(
                 f"Ray could not reserve {len(bundles)} {what} bundle(s) of {bundles[0]} within "
                 f"ray_placement_timeout_s={self.config.ray_placement_timeout_s}s. Check `ray status`; lower "
@@ -179,11 +185,16 @@ class Cluster:
             self.server_actors.append(InferenceServerActor.options(**opts).remote(index=i, **launch))
         return self.server_actors
 
-    def place_trainers(self, config_dict: dict[str, Any], model_path: str, log_dir: str) -> list[Any]:
-        """One TrainerActor per rank, forming one torch.distributed world."""
+    def place_trainers(self, model_path: str, log_dir: str) -> list[Any]:
+        """One TrainerActor per rank, forming one torch.distributed world.
+
+        The validated config goes into Ray's object store once and every rank receives that object
+        (no rank validates it again).
+        """
         import ray
 
         cfg = self.config
+        config_ref = ray.put(cfg)
         n = cfg.trainer_num_workers
         bundle: dict[str, float] = {"CPU": cfg.ray_trainer_cpus_per_worker}
         if self.gpu:
@@ -191,7 +202,7 @@ class Cluster:
         pg = self._placement_group([bundle] * n, cfg.ray_trainer_placement_strategy, "trainer")
         gpus = 1.0 if self.gpu else 0.0
         first = TrainerActor.options(**self._options(pg, 0, cfg.ray_trainer_cpus_per_worker, gpus)).remote(
-            rank=0, world_size=n, config_dict=config_dict, model_path=model_path, log_dir=log_dir
+            rank=0, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir
         )
         addr, port = ray.get(first.master_address.remote())
         self.trainer_actors = [first]
@@ -199,7 +210,7 @@ class Cluster:
             opts = self._options(pg, r, cfg.ray_trainer_cpus_per_worker, gpus)
             self.trainer_actors.append(
                 TrainerActor.options(**opts).remote(
-                    rank=r, world_size=n, config_dict=config_dict, model_path=model_path, log_dir=log_dir
+                    rank=r, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir
                 )
             )
         for actor in self.trainer_actors:

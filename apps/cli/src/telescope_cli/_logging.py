@@ -1,30 +1,50 @@
-"""Logging for the whole process, configured once by the CLI.
+"""Logging for every process of a run, configured in one place.
 
-Libraries only call ``structlog.get_logger()``; this module decides where lines go: a compact
-console renderer on stderr, warnings and up unless ``--debug``.
+Libraries only call ``structlog.get_logger()``; this module decides where lines go. Each process
+calls :func:`configure_logging` once: the command line (a compact console renderer on stderr),
+the driver of ``telescope train`` (JSON lines into the run's ``logs/telescope.jsonl``) and each
+trainer rank (JSON lines into ``logs/trainer/rank_N.log``).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
+
+NOISY = ("ray", "vllm", "httpx", "urllib3", "filelock")
+"""Libraries whose INFO lines would drown a run's log: WARNING and up only, in a log file."""
 
 
-def configure_logging(*, debug: bool = False) -> None:
-    """Route structlog and stdlib logging to stderr; INFO and up (DEBUG with ``debug``)."""
+def configure_logging(*, debug: bool = False, file: TextIO | None = None) -> None:
+    """Route structlog and stdlib logging: INFO and up (DEBUG with ``debug``).
+
+    Without ``file``: a compact console renderer on stderr. With ``file``: JSON lines into it (and
+    the noisy libraries' loggers at WARNING).
+    """
     import structlog
 
     level = logging.DEBUG if debug else logging.INFO
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    if file is None:
+        logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+        renderer: structlog.typing.Processor = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        stamp = "%H:%M:%S"
+        # sys.stderr is looked up at each call, not bound once: it may be replaced later
+        # (test capture, a redirect), and a bound closed stream would break every library log line
+        factory = lambda *args: structlog.PrintLogger(file=sys.stderr)  # noqa: E731
+    else:
+        logging.basicConfig(level=level, stream=file, force=True)
+        for noisy in NOISY:
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        renderer, stamp = structlog.processors.JSONRenderer(default=str), "iso"
+        factory = structlog.PrintLoggerFactory(file=file)
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+            structlog.processors.TimeStamper(fmt=stamp),
+            renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        # sys.stderr is looked up at each call, not bound once: it may be replaced later
-        # (test capture, a redirect), and a bound closed stream would break every library log line
-        logger_factory=lambda *args: structlog.PrintLogger(file=sys.stderr),
+        logger_factory=factory,
         cache_logger_on_first_use=False,
     )

@@ -65,7 +65,7 @@ def _convert_gguf(gguf: Path, out: Path) -> Path:
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     if hasattr(config, "quantization_config"):
-        del config.quantization_config  # else vLLM reads the folder as GGUF-quantised
+        delattr(config, "quantization_config")  # else vLLM reads the folder as GGUF-quantised
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())  # save_pretrained refuses a GGUF-loaded model
     model.save_pretrained(tmp, safe_serialization=True)

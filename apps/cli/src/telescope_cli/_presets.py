@@ -1,6 +1,6 @@
 """Which run config a command uses when the user gives no ``--config``.
 
-``./configs/run.yaml`` when it exists (as the original Telescope does), else the packaged
+``./configs/run.yaml`` when it exists, else the packaged
 quickstart preset, so that ``telescope train`` with no arguments runs the CPU quickstart.
 """
 

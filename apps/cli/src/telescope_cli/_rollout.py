@@ -1,23 +1,28 @@
 """Build the rollout side of a run from the config: tokenizer, environments, evals, sampler, engine.
 
 The chat template comes from the model's tokenizer files unless the config's ``chat_template``
-overrides it; environments are weighted by their ``weight`` entries; advantages use
-telescope-algos (group stage here, batch whitening in the loop), so training sees one
-implementation of the math.
+overrides it; environments are weighted by their ``weight`` entries. The engine gets its math
+from telescope-algos (:func:`engine_math`): the group stage of the advantages here (batch
+whitening follows in the loop) and the overlong penalty, so training sees one implementation.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+if TYPE_CHECKING:
+    from telescope_config import TelescopeConfig
+    from telescope_rollout.engine import AdvantageFn, RewardShaping
+
 __all__ = [
     "DatasetError",
-    "algos_advantage_fn",
     "build_engine",
     "build_training_environments",
+    "engine_math",
     "load_datasets",
     "tokenizer_dir",
 ]
@@ -39,29 +44,37 @@ def tokenizer_dir(model: str) -> Path:
     return Path(snapshot_download(model, allow_patterns=_TOKENIZER_FILES))
 
 
-def algos_advantage_fn(algorithm: str, advantage_norm: str):
-    """The per-group stage of the config's advantage estimator, computed by telescope-algos.
+def engine_math(cfg: TelescopeConfig) -> tuple[AdvantageFn, RewardShaping | None]:
+    """The engine's ``(advantage_fn, reward_shaping)`` for the config, both from telescope-algos.
 
-    Batch normalisation (``advantage_norm: batch`` or REINFORCE++) centres per group here and
-    whitens over the step's kept samples in the loop, as the original does.
+    ``advantage_fn`` is ``group_advantages`` with the config's algorithm and normalisation (for
+    ``advantage_norm: batch`` and REINFORCE++ its group stage; the loop whitens over the step).
+    ``reward_shaping`` adds the overlong penalty to each sample's reward when
+    ``overlong_penalty_factor > 0`` (else None): model tokens against ``max_tokens``.
     """
-    from telescope_algos import center_advantages, compute_advantages
+    from telescope_algos import group_advantages, overlong_penalty
 
-    batch_stage = algorithm == "reinforce_pp" or advantage_norm == "batch"
+    advantage_fn = functools.partial(
+        group_advantages, algorithm=cfg.algorithm, advantage_norm=cfg.advantage_norm
+    )
+    if not cfg.overlong_penalty_factor > 0:
+        return advantage_fn, None
+    penalty = functools.partial(
+        overlong_penalty, max_tokens=cfg.max_tokens, buffer_tokens=cfg.overlong_buffer_tokens,
+        factor=cfg.overlong_penalty_factor,
+    )  # fmt: skip
 
-    def advantages(rewards: list[float]) -> list[float]:
-        if batch_stage:
-            return center_advantages([list(rewards)])[0].tolist()
-        return compute_advantages([list(rewards)], algorithm=algorithm, advantage_norm="group")[0].tolist()
+    def with_overlong_penalty(sample: Any) -> float:
+        return sample.reward + penalty(sample.num_model_tokens)
 
-    return advantages
+    return advantage_fn, with_overlong_penalty
 
 
 class DatasetError(ValueError):
     """An environment's dataset cannot be used; the message names the environment."""
 
 
-def build_training_environments(cfg: Any) -> tuple[list[Any], list[Any]]:
+def build_training_environments(cfg: TelescopeConfig) -> tuple[list[Any], list[Any]]:
     """The config's environments (datasets not loaded yet) and the sandbox pools given to them.
 
     Runs before any server starts, so an unknown environment or a sandbox provider that cannot
@@ -74,14 +87,15 @@ def build_training_environments(cfg: Any) -> tuple[list[Any], list[Any]]:
     return built, attach_sandboxes((b.name, b.env, b.kwargs) for b in built)
 
 
-def load_datasets(cfg: Any, built: list[Any], model_path: str) -> tuple[Any, str | None]:
+def load_datasets(cfg: TelescopeConfig, built: list[Any], model_path: str) -> tuple[Any, str | None]:
     """Load every environment's dataset and the tokenizer; check that prompts can fit at all.
 
     Returns the tokenizer and, when the first prompts of an environment can never fit
-    ``max_model_len``, the message that says so (``telescope_rollout.unfit_environment``); both
+    ``max_model_len``, the message that says so (``telescope_rollout.engine.unfit_environment``); both
     before any server starts.
     """
-    from telescope_rollout import Tokenizer, unfit_environment
+    from telescope_rollout import Tokenizer
+    from telescope_rollout.engine import unfit_environment
 
     for b in built:
         try:
@@ -94,7 +108,7 @@ def load_datasets(cfg: Any, built: list[Any], model_path: str) -> tuple[Any, str
             raise DatasetError(f"environment {b.name!r} loaded no samples: check its dataset kwargs")
         log.info("environment ready", name=b.name, weight=b.weight, samples=len(b.env))
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir(model_path), chat_template=cfg.chat_template)
-    thinking = getattr(cfg, "enable_thinking", None)
+    thinking = cfg.enable_thinking
     problem = unfit_environment(
         {b.name: b.env for b in built},
         tokenizer,
@@ -107,7 +121,7 @@ def load_datasets(cfg: Any, built: list[Any], model_path: str) -> tuple[Any, str
 
 
 def build_engine(
-    cfg: Any, tokenizer: Any, urls: list[str], built: list[Any]
+    cfg: TelescopeConfig, tokenizer: Any, urls: list[str], built: list[Any]
 ) -> tuple[Any, Any, int, Any, list[Any]]:
     """(engine, client, pad token id, eval runner or None, the eval environments' sandbox pools).
 
@@ -143,13 +157,15 @@ def build_engine(
             log.info("eval samples held out of training", environment=name, samples=len(indices))
     entries = [SamplerEntry(b.name, b.weight, len(b.env)) for b in built]
     sampler = MultiEnvSampler(entries, seed=cfg.seed, exclude=held_out)
+    advantage_fn, reward_shaping = engine_math(cfg)
     engine = RolloutEngine(
         settings,
         environments=built,
         sampler=sampler,
         tokenizer=tokenizer,
         client=client,
-        advantage_fn=algos_advantage_fn(cfg.algorithm, cfg.advantage_norm),
+        advantage_fn=advantage_fn,
+        reward_shaping=reward_shaping,
     )
     pad = getattr(tokenizer, "pad_token_id", None)
     return engine, client, int(pad) if isinstance(pad, int) else 0, evals, pools

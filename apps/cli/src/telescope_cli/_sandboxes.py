@@ -2,8 +2,7 @@
 
 An environment that lists ``"sandbox"`` in its ``needs`` (i3_code does) and has none yet gets a
 ``telescope_sandbox.SandboxPool`` as ``env.sandbox``; environments see it only through the
-``telescope_rollout.SandboxLike`` protocol. The pool comes from the environment's kwargs, the
-original's names:
+``telescope_rollout.SandboxLike`` protocol. The pool comes from the environment's kwargs:
 
 - ``provider``: a ``telescope.sandboxes`` entry point (``local`` = bubblewrap on this machine,
   ``e2b``, ``modal``, ``daytona``); default ``local``;

@@ -15,15 +15,18 @@ import os
 import signal
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
-from telescope_cli._evals import weight_groups
+from telescope_cli._eval_schedule import weight_groups
 from telescope_cli._guard import start_guard
 from telescope_cli._rundir import RunDir, choose_run_dir
+
+if TYPE_CHECKING:
+    from telescope_config import ResolvedConfig, TelescopeConfig
 
 __all__ = ["TrainError", "train"]
 
@@ -42,109 +45,65 @@ def _sigterm_to_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _publisher_settings(cfg: Any, user_keys: Any = ()) -> dict[str, Any]:
-    """PublisherSettings fields; an unset bucket size lets the publisher pick one per transport."""
-    return {
-        "mode": cfg.weight_broadcast_mode,
-        "bucket_mb": cfg.weight_broadcast_bucket_mb if "weight_broadcast_bucket_mb" in user_keys else None,
-        "cpu_staging": cfg.weight_broadcast_cpu_staging,
-        "pin_memory": cfg.weight_broadcast_pin_memory,
-        "init_timeout_s": float(cfg.ray_broadcast_init_timeout_s),
-    }
-
-
 def _setup_file_logging(run: RunDir, debug: bool) -> None:
     """Structured JSON logs of the driver into the run directory; the console keeps phases only."""
-    import logging
+    from telescope_cli._logging import configure_logging
 
-    import structlog
-
-    fh = run.log_file.open("a", encoding="utf-8", buffering=1)
-    level = logging.DEBUG if debug else logging.INFO
-    logging.basicConfig(level=level, stream=fh, force=True)
-    for noisy in ("ray", "vllm", "httpx", "urllib3", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.processors.JSONRenderer(default=str),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=fh),
-        cache_logger_on_first_use=False,
-    )
+    configure_logging(debug=debug, file=run.log_file.open("a", encoding="utf-8", buffering=1))
 
 
-def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, quiet: bool = False) -> Path:
-    """Run a whole training job from a resolved config; returns the run directory."""
-    from telescope_cli._cluster import Cluster
-    from telescope_cli._progress import Console
-
+def _open_run(resolved: ResolvedConfig, run_dir: str | None, debug: bool) -> RunDir:
+    """The run directory with its config, the process markers and the guard, and file logging."""
     cfg = resolved.config
-    resuming = bool(cfg.resume_from_checkpoint)
     run_name = cfg.wandb_run_name if "wandb_run_name" in resolved.user_keys else None
-    run = RunDir(choose_run_dir(explicit=run_dir, run_name=run_name, resuming=resuming))
+    run = RunDir(
+        choose_run_dir(explicit=run_dir, run_name=run_name, resuming=bool(cfg.resume_from_checkpoint))
+    )
     run.write_config(resolved.to_yaml())
     # every process of the run (Ray daemons, actors, vLLM) inherits this: tests and users find them by it
     os.environ["TELESCOPE_RUN_DIR"] = str(run.path)
     # ... and this marker, unique to this launch: the guard stops them all should the driver be killed
     os.environ["TELESCOPE_RUN_ID"] = uuid.uuid4().hex
-    marker = f"TELESCOPE_RUN_ID={os.environ['TELESCOPE_RUN_ID']}"
-    start_guard(marker, log_file=run.path / "logs" / "guard.log")
+    start_guard(
+        f"TELESCOPE_RUN_ID={os.environ['TELESCOPE_RUN_ID']}", log_file=run.path / "logs" / "guard.log"
+    )
     _setup_file_logging(run, debug)
+    return run
+
+
+@dataclass
+class _Run:
+    """What a run holds between its start-up phases and its stop."""
+
+    resolved: ResolvedConfig
+    run: RunDir
+    console: Any
+    cluster: Any
+    sandboxes: list[Any] = field(default_factory=list)
+    """Filled by the start-up phases; closed on the way out (by the loop, once it started)."""
+    wandb: Any = None
+    loop_started: bool = False
+
+
+def train(
+    resolved: ResolvedConfig, *, run_dir: str | None = None, debug: bool = False, quiet: bool = False
+) -> Path:
+    """Run a whole training job from a resolved config; returns the run directory."""
+    from telescope_cli._cluster import Cluster
+    from telescope_cli._progress import Console
+
+    cfg = resolved.config
+    if cfg.use_wandb:
+        _wandb_mode()  # a bad WANDB_MODE fails now, not after every process started
+    run = _open_run(resolved, run_dir, debug)
     console = Console(cfg.number_of_steps, enabled=not quiet)
     console.info(f"run directory: {run.path}")
     _sigterm_to_interrupt()
-    cluster = Cluster(cfg, log_path=run.path / "logs" / "ray.log")
-    wandb_run = None
-    sandboxes: list[Any] = []  # filled by the start-up phases; closed on the way out
-    loop_started = False  # from then on the loop closes the sandbox pools itself
+    state = _Run(resolved, run, console, Cluster(cfg, log_path=run.path / "logs" / "ray.log"))
     try:
-        inputs = _prepare_inputs(cfg, run, console, sandboxes)
-        env_for_actors = {
-            "TELESCOPE_RUN_DIR": str(run.path) if cfg.ray_propagate_run_dir else "",
-            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", ""),
-        }
-        with console.phase("Ray"):
-            cluster.start(run_env={k: v for k, v in env_for_actors.items() if v})
-        servers, trainers, infos = _start_workers(cluster, resolved, inputs.model_path, run, console)
-        with console.phase("evals and rollout engine"):
-            from telescope_cli._rollout import build_engine
-            from telescope_cli._sandboxes import SandboxSetupError
-
-            try:
-                engine, client, pad_id, evals, eval_pools = build_engine(
-                    cfg, inputs.tokenizer, [s["url"] for s in servers], inputs.built
-                )
-            except SandboxSetupError as err:
-                raise TrainError(str(err)) from None
-            sandboxes.extend(eval_pools)
-        urls = [s["url"] for s in servers]
-        groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
-        with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
-            import ray
-
-            settings = _publisher_settings(cfg, resolved.user_keys)
-            loopback = cfg.ray_broadcast_prefer_loopback_if_single_node
-            ray.get([a.connect_weights.remote(groups, settings, loopback) for a in trainers])
-        start_step = 0
-        ckpt_root = run.checkpoints(cfg.checkpoint_dir)
-        if inputs.resume is not None:
-            with console.phase("resume from checkpoint"):
-                start_step = _resume(inputs.resume, trainers, engine, run)
-        if cfg.use_wandb:
-            wandb_run = _start_wandb(cfg, resolved, run)
-        from telescope_cli._loop import LoopContext, training_loop
-
-        ctx = LoopContext(
-            config=cfg, engine=engine, client=client, trainers=trainers,
-            dp_ranks=[i["dp_rank"] for i in infos],
-            dp_world_size=infos[0]["dp_world_size"], run=run, console=console, checkpoint_root=ckpt_root,
-            start_step=start_step, pad_token_id=pad_id, row_multiple=infos[0]["row_multiple"],
-            wandb=wandb_run, evals=evals, sandboxes=sandboxes,
-        )  # fmt: skip
-        loop_started = True
+        ctx = _start(state)
+        state.loop_started = True
+        from telescope_cli._loop import training_loop
         from telescope_rollout import RolloutError
 
         try:
@@ -155,17 +114,80 @@ def train(resolved: Any, *, run_dir: str | None = None, debug: bool = False, qui
         console.info(f"[green]finished[/green] {cfg.number_of_steps} steps; records in {run.path}")
         return run.path
     finally:
-        console.close()
-        if sandboxes and not loop_started:
-            from telescope_cli._sandboxes import close_sandboxes
+        _stop(state)
 
-            asyncio.run(close_sandboxes(sandboxes))
+
+def _start(state: _Run) -> Any:
+    """Every start-up phase after the run directory; returns the loop's context."""
+    from telescope_cli._loop import LoopContext
+
+    resolved, run, console = state.resolved, state.run, state.console
+    cfg = resolved.config
+    inputs = _prepare_inputs(cfg, run, console, state.sandboxes)
+    env_for_actors = {
+        "TELESCOPE_RUN_DIR": str(run.path) if cfg.ray_propagate_run_dir else "",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", ""),
+    }
+    with console.phase("Ray"):
+        state.cluster.start(run_env={k: v for k, v in env_for_actors.items() if v})
+    servers, trainers, infos = _start_workers(state.cluster, resolved, inputs.model_path, run, console)
+    urls = [s["url"] for s in servers]
+    with console.phase("evals and rollout engine"):
+        from telescope_cli._rollout import build_engine
+        from telescope_cli._sandboxes import SandboxSetupError
+
         try:
-            with console.phase("stopping every process of the run"):
-                cluster.close()
-        finally:
-            if wandb_run is not None:  # after the workers stopped: their logs are complete
-                _finish_wandb(wandb_run, cfg, run)
+            engine, client, pad_id, evals, eval_pools = build_engine(
+                cfg, inputs.tokenizer, urls, inputs.built
+            )
+        except SandboxSetupError as err:
+            raise TrainError(str(err)) from None
+        state.sandboxes.extend(eval_pools)
+    _connect_weights(resolved, trainers, urls, console)
+    start_step = 0
+    if inputs.resume is not None:
+        with console.phase("resume from checkpoint"):
+            start_step = _resume(inputs.resume, trainers, engine, run)
+    if cfg.use_wandb:
+        state.wandb = _start_wandb(cfg, resolved, run)
+    return LoopContext(
+        config=cfg, engine=engine, client=client, trainers=trainers,
+        dp_ranks=[i["dp_rank"] for i in infos],
+        dp_world_size=infos[0]["dp_world_size"], run=run, console=console,
+        checkpoint_root=run.checkpoints(cfg.checkpoint_dir),
+        start_step=start_step, pad_token_id=pad_id, row_multiple=infos[0]["row_multiple"],
+        wandb=state.wandb, evals=evals, sandboxes=state.sandboxes,
+    )  # fmt: skip
+
+
+def _connect_weights(resolved: ResolvedConfig, trainers: list[Any], urls: list[str], console: Any) -> None:
+    """The weight-sync group(s) between the broadcast rank and the servers."""
+    import ray
+
+    cfg = resolved.config
+    groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
+    with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
+        from telescope_weightsync import PublisherSettings
+
+        settings = PublisherSettings.from_config(cfg, user_keys=resolved.user_keys)
+        loopback = cfg.ray_broadcast_prefer_loopback_if_single_node
+        ray.get([a.connect_weights.remote(groups, settings, loopback) for a in trainers])
+
+
+def _stop(state: _Run) -> None:
+    """Close what the run started, whatever stopped it: sandboxes (unless the loop did), every
+    process of the run, then W&B (after the workers stopped: their logs are complete)."""
+    state.console.close()
+    if state.sandboxes and not state.loop_started:
+        from telescope_cli._sandboxes import close_sandboxes
+
+        asyncio.run(close_sandboxes(state.sandboxes))
+    try:
+        with state.console.phase("stopping every process of the run"):
+            state.cluster.close()
+    finally:
+        if state.wandb is not None:
+            _finish_wandb(state.wandb, state.resolved.config, state.run)
 
 
 @dataclass
@@ -179,7 +201,7 @@ class _Inputs:
     """The checkpoint to resume and its meta.json, when ``resume_from_checkpoint`` is set."""
 
 
-def _prepare_inputs(cfg: Any, run: RunDir, console: Any, sandboxes: list[Any]) -> _Inputs:
+def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: list[Any]) -> _Inputs:
     """Start-up checks, environments with their sandboxes, model, datasets, the checkpoint to resume.
 
     Everything here fails with a ``TrainError`` before any process starts; ``sandboxes`` receives
@@ -217,7 +239,7 @@ def _prepare_inputs(cfg: Any, run: RunDir, console: Any, sandboxes: list[Any]) -
     return _Inputs(built, model_path, tokenizer, resume)
 
 
-def _choose_checkpoint(cfg: Any, root: Path) -> tuple[Path, dict[str, Any]]:
+def _choose_checkpoint(cfg: TelescopeConfig, root: Path) -> tuple[Path, dict[str, Any]]:
     """The checkpoint to resume and its meta, checked against the config before anything starts."""
     from telescope_cli import _checkpoints as ck
 
@@ -260,8 +282,9 @@ def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, co
     import dataclasses
 
     import ray
+    from ray.exceptions import RayTaskError
 
-    from telescope_rollout import ServerSettings, ServerStartError
+    from telescope_cli._vllm import ServerSettings, ServerStartError
 
     cfg = resolved.config
     count = cfg.inference_num_workers // cfg.inference_tensor_parallel_size
@@ -285,13 +308,11 @@ def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, co
         try:
             actors = cluster.place_servers(launches)
             urls = ray.get([a.start.remote() for a in actors])
-            trainers = cluster.place_trainers(
-                resolved.to_dict(), model_path, str(run.path / "logs" / "trainer")
-            )
+            trainers = cluster.place_trainers(model_path, str(run.path / "logs" / "trainer"))
             setup_refs = [a.setup.remote() for a in trainers]  # loads the model while vLLM boots
             ray.get([a.wait_healthy.remote(float(cfg.ray_placement_timeout_s)) for a in actors])
             infos = ray.get(setup_refs)
-        except ray.exceptions.RayTaskError as err:
+        except RayTaskError as err:
             cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
             if isinstance(cause, ServerStartError):
                 raise TrainError(str(cause)) from None
@@ -311,6 +332,7 @@ def _resume(chosen: tuple[Path, dict[str, Any]], trainers: list[Any], engine: An
     of later steps (a run resumed from an earlier one) are set aside, never resumed or kept by retention.
     """
     import ray
+    from ray.exceptions import RayTaskError
 
     from telescope_cli import _checkpoints as ck
 
@@ -318,7 +340,7 @@ def _resume(chosen: tuple[Path, dict[str, Any]], trainers: list[Any], engine: An
     step = int(meta["step"])
     try:
         ray.get([a.load_checkpoint.remote(str(path)) for a in trainers])
-    except ray.exceptions.RayTaskError as err:
+    except RayTaskError as err:
         cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
         raise TrainError(f"could not load {path}: {cause}") from None
     for moved in ck.set_aside_later(path.parent, step):
@@ -341,20 +363,25 @@ def resumed_engine_state(state: dict[str, Any], step: int) -> dict[str, Any]:
     return {**state, "step": step, "version": step}
 
 
-def _wandb_mode() -> str:
-    """WANDB_MODE when set; else online with credentials (WANDB_API_KEY or ~/.netrc), offline without.
+def _wandb_mode() -> Literal["online", "offline", "disabled", "shared"]:
+    """WANDB_MODE when set (one of wandb's modes); else online with credentials (WANDB_API_KEY or
+    ~/.netrc), offline without.
 
     Offline runs write to ``<run dir>/wandb`` and upload later with ``wandb sync``; a run never
     stops to ask for a login.
     """
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
+    given = os.environ.get("WANDB_MODE", "")
+    mode = {"dryrun": "offline", "run": "online"}.get(given, given)  # wandb's older names
+    if mode in ("online", "offline", "disabled", "shared"):
+        return mode
+    if mode:
+        raise TrainError(f"WANDB_MODE={mode!r} is not a wandb mode: use online, offline, disabled or shared")
     netrc = Path.home() / ".netrc"
     logged_in = netrc.is_file() and "api.wandb.ai" in netrc.read_text(encoding="utf-8", errors="ignore")
     return "online" if os.environ.get("WANDB_API_KEY") or logged_in else "offline"
 
 
-def _start_wandb(cfg: Any, resolved: Any, run: RunDir) -> Any:
+def _start_wandb(cfg: TelescopeConfig, resolved: ResolvedConfig, run: RunDir) -> Any:
     """A W&B run with the config, tags and the step metrics of ``metrics.jsonl``."""
     try:
         import wandb
@@ -385,7 +412,7 @@ def _start_wandb(cfg: Any, resolved: Any, run: RunDir) -> Any:
     return wb
 
 
-def _finish_wandb(wb: Any, cfg: Any, run: RunDir) -> None:
+def _finish_wandb(wb: Any, cfg: TelescopeConfig, run: RunDir) -> None:
     """Hand the logs to W&B (``wandb_upload_logs*``) and close the run; never raises."""
     from telescope_cli._wandb_files import save_logs
 

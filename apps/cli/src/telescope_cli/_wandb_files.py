@@ -16,9 +16,12 @@ import os
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
+
+if TYPE_CHECKING:
+    from telescope_config import TelescopeConfig
 
 __all__ = ["MAX_CODE_FILES", "code_files", "log_files", "save_logs", "upload_code"]
 
@@ -61,7 +64,7 @@ def code_files(
     return sorted(out)
 
 
-def upload_code(wb: Any, cfg: Any, *, root: Path, run_dir: Path) -> int:
+def upload_code(wb: Any, cfg: TelescopeConfig, *, root: Path, run_dir: Path) -> int:
     """Log the source tree under ``root`` as the run's code (W&B's ``log_code``); returns how many
     files the code artifact holds.
 
@@ -82,7 +85,7 @@ def upload_code(wb: Any, cfg: Any, *, root: Path, run_dir: Path) -> int:
     return uploaded
 
 
-def log_files(run_dir: Path, cfg: Any) -> list[Path]:
+def log_files(run_dir: Path, cfg: TelescopeConfig) -> list[Path]:
     """The run's log files that the W&B run uploads at its end (those that exist)."""
     logs = run_dir / "logs"
     files: list[Path] = []
@@ -93,7 +96,7 @@ def log_files(run_dir: Path, cfg: Any) -> list[Path]:
     return [f for f in files if f.is_file()]
 
 
-def save_logs(wb: Any, cfg: Any, run_dir: Path) -> None:
+def save_logs(wb: Any, cfg: TelescopeConfig, run_dir: Path) -> None:
     """Hand the run's log files to ``wb`` (uploaded now online; with ``wandb sync`` offline)."""
     for path in log_files(run_dir, cfg):
         wb.save(str(path), base_path=str(run_dir), policy="now")

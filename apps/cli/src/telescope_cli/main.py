@@ -38,6 +38,22 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_config_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``telescope config show|validate|schema``."""
+    cfg = sub.add_parser("config", help="show, validate or export the run configuration", allow_abbrev=False)
+    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="ACTION")
+    show = cfg_sub.add_parser(
+        "show", help="print the resolved config as YAML, user-set keys marked", allow_abbrev=False
+    )
+    _add_config_args(show)
+    show.add_argument("--no-marks", action="store_true", help="do not mark the keys you set")
+    validate = cfg_sub.add_parser(
+        "validate", help="check a config; exit 0 when valid, 1 otherwise", allow_abbrev=False
+    )
+    _add_config_args(validate)
+    cfg_sub.add_parser("schema", help="print the JSON Schema of run YAML files (for editors)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full command tree (cheap: no heavy imports)."""
     parser = argparse.ArgumentParser(
@@ -51,18 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    cfg = sub.add_parser("config", help="show, validate or export the run configuration", allow_abbrev=False)
-    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="ACTION")
-    show = cfg_sub.add_parser(
-        "show", help="print the resolved config as YAML, user-set keys marked", allow_abbrev=False
-    )
-    _add_config_args(show)
-    show.add_argument("--no-marks", action="store_true", help="do not mark the keys you set")
-    validate = cfg_sub.add_parser(
-        "validate", help="check a config; exit 0 when valid, 1 otherwise", allow_abbrev=False
-    )
-    _add_config_args(validate)
-    cfg_sub.add_parser("schema", help="print the JSON Schema of run YAML files (for editors)")
+    _add_config_command(sub)
 
     train = sub.add_parser(
         "train",

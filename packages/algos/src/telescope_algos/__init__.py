@@ -1,10 +1,11 @@
 """telescope-algos: Telescope's RL math as small pure torch functions.
 
 Advantages (``compute_advantages`` and one function per estimator), the policy loss of every
-algorithm with its modifiers (``compute_loss`` and one function per policy term and modifier),
-chunked token log-probabilities and entropy, sequence packing into micro-batches, the
-context-parallel split and attention both trainers share, and output filters. Depends on torch and
-numpy only; imports no other telescope package.
+algorithm with its modifiers (``compute_loss(LossInputs, LossOptions)`` and one function per policy
+term and modifier), chunked token log-probabilities and entropy, sequence packing into
+micro-batches, the context-parallel split and attention both trainers share, the backend-neutral
+pieces of a train step, and output filters. Depends on torch and numpy only; imports no other
+telescope package. The formulas, in words and with their papers: docs/algorithms.md.
 
 Every per-token tensor is ``[rows, seq]`` and aligned with ``input_ids``: the value at position t
 describes token t, predicted from positions < t (see ``token_logprobs_and_entropy``).
@@ -16,6 +17,7 @@ from telescope_algos._advantages import (
     center_advantages,
     compute_advantages,
     dr_grpo_advantages,
+    group_advantages,
     grpo_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
@@ -32,26 +34,39 @@ from telescope_algos._context_parallel import (
     zigzag_indices,
 )
 from telescope_algos._filters import is_gibberish, is_overlong, is_repetitive, overlong_penalty
-from telescope_algos._loss import compute_loss
-from telescope_algos._losses import (
+from telescope_algos._modifiers import dual_clip, kl_penalty, seq_is_mask, tis_weights
+from telescope_algos._objective import POLICY_TERMS, LossInputs, LossOptions, compute_loss
+from telescope_algos._packing import (
+    MicroBatch,
+    TrainingSample,
+    first_fit_decreasing,
+    pack_samples,
+    pad_micro_batch,
+)
+from telescope_algos._policy_terms import (
+    PolicyInputs,
     cispo_policy_loss,
     gspo_policy_loss,
     ppo_clip_policy_loss,
     reinforce_policy_loss,
     sapo_policy_loss,
 )
-from telescope_algos._modifiers import dual_clip, kl_penalty, seq_is_mask, tis_weights
-from telescope_algos._packing import MicroBatch, Sample, first_fit_decreasing, pack_samples
+from telescope_algos._protocol import TrainerBackend
 from telescope_algos._schedule import LR_SCHEDULES, lr_multiplier
 from telescope_algos._segments import Segments, find_segments, segment_ids_from_position_ids
 from telescope_algos._step import (
     StepCounts,
+    StepLog,
+    check_micro_batches,
     loss_options,
+    lr_schedule,
+    micro_batch_loss,
     minibatch_groups,
     needs_old_logprobs,
     pad_multiple,
     rng_state,
     row_multiple,
+    seed_everything,
     set_rng_state,
     step_counts,
 )
@@ -59,67 +74,96 @@ from telescope_algos._tokens import (
     align_to_inputs,
     label_logprobs_and_entropy,
     next_token_labels,
-    token_entropy,
     token_logprobs,
     token_logprobs_and_entropy,
 )
-from telescope_algos._trainer import TrainerBackend
 
-__all__ = [
+# The package's one list of public names (the private modules keep none of their own), by topic.
+__all__ = ["__version__"]
+# advantages
+__all__ += [
     "ALGORITHMS",
-    "LR_SCHEDULES",
-    "MicroBatch",
-    "Sample",
-    "Segments",
-    "StepCounts",
-    "TrainerBackend",
-    "__version__",
-    "align_to_inputs",
     "center_advantages",
-    "chunk_bounds",
-    "cispo_policy_loss",
     "compute_advantages",
-    "compute_loss",
-    "cu_seqlens",
     "dr_grpo_advantages",
-    "dual_clip",
-    "find_segments",
-    "first_fit_decreasing",
-    "gather_order",
-    "gather_partial",
-    "gather_replicated",
+    "group_advantages",
     "grpo_advantages",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
+    "whiten_advantages",
+]
+# loss: the objective and the policy term of every algorithm
+__all__ += [
+    "POLICY_TERMS",
+    "LossInputs",
+    "LossOptions",
+    "PolicyInputs",
+    "cispo_policy_loss",
+    "compute_loss",
     "gspo_policy_loss",
+    "ppo_clip_policy_loss",
+    "reinforce_policy_loss",
+    "sapo_policy_loss",
+]
+# modifiers & filters
+__all__ += [
+    "dual_clip",
     "is_gibberish",
     "is_overlong",
     "is_repetitive",
     "kl_penalty",
-    "label_logprobs_and_entropy",
-    "loss_options",
-    "lr_multiplier",
-    "minibatch_groups",
-    "needs_old_logprobs",
-    "next_token_labels",
     "overlong_penalty",
-    "pack_samples",
-    "packed_attention",
-    "pad_multiple",
-    "ppo_clip_policy_loss",
-    "reinforce_policy_loss",
-    "reinforce_pp_advantages",
-    "rloo_advantages",
-    "rng_state",
-    "row_multiple",
-    "sapo_policy_loss",
-    "segment_ids_from_position_ids",
     "seq_is_mask",
-    "set_rng_state",
-    "split_length",
-    "step_counts",
     "tis_weights",
-    "token_entropy",
+]
+# tokens
+__all__ += [
+    "align_to_inputs",
+    "label_logprobs_and_entropy",
+    "next_token_labels",
     "token_logprobs",
     "token_logprobs_and_entropy",
-    "whiten_advantages",
+]
+# packing and the sample layout
+__all__ += [
+    "MicroBatch",
+    "Segments",
+    "TrainingSample",
+    "find_segments",
+    "first_fit_decreasing",
+    "pack_samples",
+    "pad_micro_batch",
+    "segment_ids_from_position_ids",
+]
+# context parallel
+__all__ += [
+    "chunk_bounds",
+    "cu_seqlens",
+    "gather_order",
+    "gather_partial",
+    "gather_replicated",
+    "packed_attention",
+    "split_length",
     "zigzag_indices",
 ]
+# train-step helpers
+__all__ += [
+    "LR_SCHEDULES",
+    "StepCounts",
+    "StepLog",
+    "check_micro_batches",
+    "loss_options",
+    "lr_multiplier",
+    "lr_schedule",
+    "micro_batch_loss",
+    "minibatch_groups",
+    "needs_old_logprobs",
+    "pad_multiple",
+    "rng_state",
+    "row_multiple",
+    "seed_everything",
+    "set_rng_state",
+    "step_counts",
+]
+# protocol
+__all__ += ["TrainerBackend"]

@@ -1,5 +1,7 @@
 """Advantage estimators: rewards of groups of completions in, one advantage per completion out.
 
+The estimators and when each applies: docs/algorithms.md#advantages.
+
 All functions take rewards shaped ``[num_groups, group_size]`` (one row per prompt, one column per
 completion; anything ``torch.as_tensor`` accepts) and return advantages of the same shape, as a
 float tensor (the rewards' float dtype, float32 for integer input). They compute in float64.
@@ -21,20 +23,10 @@ reinforce_pp    whiten(center(r))                           see center and white
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
-
-__all__ = [
-    "ALGORITHMS",
-    "center_advantages",
-    "compute_advantages",
-    "dr_grpo_advantages",
-    "grpo_advantages",
-    "reinforce_pp_advantages",
-    "rloo_advantages",
-    "whiten_advantages",
-]
 
 Algorithm = Literal["grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo"]
 ALGORITHMS: tuple[str, ...] = ("grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo")
@@ -58,7 +50,7 @@ def _mean_std(x: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Ten
 
 
 def grpo_advantages(rewards: object, *, eps: float = _EPS) -> torch.Tensor:
-    """GRPO, DeepSeekMath (arXiv:2402.03300) §4.1.2: ``A_i = (r_i − μ) / (σ + eps)``, per group."""
+    """GRPO, DeepSeekMath (arXiv:2402.03300) section 4.1.2: ``A_i = (r_i − μ) / (σ + eps)``, per group."""
     r, dtype = _as_groups(rewards)
     mean, std = _mean_std(r, dim=-1)
     return ((r - mean) / (std + eps)).to(dtype)
@@ -74,7 +66,7 @@ def rloo_advantages(rewards: object) -> torch.Tensor:
 
 
 def dr_grpo_advantages(rewards: object) -> torch.Tensor:
-    """Dr. GRPO (arXiv:2503.20783) §3.2: ``A_i = r_i − μ`` (no division by the group std)."""
+    """Dr. GRPO (arXiv:2503.20783) section 3.2: ``A_i = r_i − μ`` (no division by the group std)."""
     r, dtype = _as_groups(rewards)
     return (r - r.mean(dim=-1, keepdim=True)).to(dtype)
 
@@ -136,3 +128,23 @@ def compute_advantages(
     if algorithm == "reinforce_pp" or advantage_norm == "batch":
         return reinforce_pp_advantages(rewards)
     return grpo_advantages(rewards)
+
+
+def group_advantages(
+    rewards: Sequence[float],
+    *,
+    algorithm: Algorithm | str = "grpo",
+    advantage_norm: Literal["group", "batch"] | str = "group",
+) -> list[float]:
+    """The per-group stage of :func:`compute_advantages` for one group, as a list (the rollout engine's
+    ``advantage_fn``: it decides which groups to keep before a step is assembled).
+
+    Batch normalisation (``advantage_norm="batch"`` or ``reinforce_pp``) is two stages: this returns
+    the group stage (:func:`center_advantages`); the caller whitens the step's kept samples with
+    :func:`whiten_advantages`. Every other algorithm is complete here.
+    """
+    row = torch.tensor([[float(r) for r in rewards]], dtype=torch.float64)
+    if algorithm == "reinforce_pp" or advantage_norm == "batch":
+        compute_advantages(row, algorithm=algorithm, advantage_norm=advantage_norm)  # validates the pair
+        return [float(a) for a in center_advantages(row)[0]]
+    return [float(a) for a in compute_advantages(row, algorithm=algorithm, advantage_norm=advantage_norm)[0]]

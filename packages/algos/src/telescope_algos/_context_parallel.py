@@ -26,24 +26,14 @@ Everything here is exact: no approximation against the CP = 1 computation beyond
 from __future__ import annotations
 
 import itertools
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
+from torch.nn.attention.bias import causal_lower_right  # pyright: ignore[reportUnknownVariableType]
 
 from telescope_algos._segments import find_segments
-
-__all__ = [
-    "chunk_bounds",
-    "cu_seqlens",
-    "gather_order",
-    "gather_partial",
-    "gather_replicated",
-    "packed_attention",
-    "split_length",
-    "zigzag_indices",
-]
 
 
 def _check(length: int, cp: int, rank: int | None = None) -> None:
@@ -69,7 +59,7 @@ def cu_seqlens(position_ids: torch.Tensor) -> list[int]:
     """Sample boundaries ``[0, s_1, …, L]`` of one packed row ``[1, L]`` whose positions restart at 0
     per sample (the first token always opens one)."""
     starts = find_segments(position_ids.shape, position_ids=position_ids).starts[0]
-    return [*torch.nonzero(starts).squeeze(1).tolist(), position_ids.shape[1]]
+    return [*(int(i) for i in torch.nonzero(starts).squeeze(1)), position_ids.shape[1]]
 
 
 def chunk_bounds(length: int, cp: int, rank: int) -> list[tuple[int, int]]:
@@ -97,24 +87,23 @@ def gather_order(length: int, cp: int, device: torch.device | None = None) -> to
     return torch.cat([zigzag_indices(length, cp, r, device) for r in range(cp)])
 
 
-def _all_gather_seq(x: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
+def _all_gather_seq(x: torch.Tensor, dim: int, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Rank-ordered concatenation of every rank's ``x`` along ``dim`` (contiguous copies)."""
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, x.contiguous(), group=group)
+    dist.all_gather(parts, x.contiguous(), group=group)  # pyright: ignore[reportUnknownMemberType]
     return torch.cat(parts, dim=dim)
 
 
 def _to_global(gathered: torch.Tensor, order: torch.Tensor, dim: int) -> torch.Tensor:
-    out = torch.empty_like(gathered)
-    index = [slice(None)] * gathered.dim()
-    index[dim] = order
-    out[tuple(index)] = gathered
-    return out
+    """``gathered`` (rank order) with element j moved to global position ``order[j]`` along ``dim``."""
+    return torch.empty_like(gathered).index_copy_(dim, order, gathered)
 
 
 class _GatherSequence(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dim, group, replicated):
+    def forward(
+        ctx: Any, x: torch.Tensor, dim: int, group: dist.ProcessGroup | None, replicated: bool
+    ) -> torch.Tensor:
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         length = x.shape[dim] * cp
         order = gather_order(length, cp, x.device)
@@ -123,7 +112,9 @@ class _GatherSequence(torch.autograd.Function):
         return _to_global(_all_gather_seq(x, dim, group), order, dim)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(  # pyright: ignore[reportIncompatibleMethodOverride] (one named gradient)
+        ctx: Any, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, None, None, None]:
         (order,) = ctx.saved_tensors
         dim = ctx.dim
         in_rank_order = grad.index_select(dim, order)  # the gradient of the gathered concatenation
@@ -132,28 +123,34 @@ class _GatherSequence(torch.autograd.Function):
             return mine.contiguous(), None, None, None
         moved = in_rank_order.movedim(dim, 0).contiguous()
         out = moved.new_empty((ctx.local, *moved.shape[1:]))
-        dist.reduce_scatter_single(out, moved, group=ctx.group)  # torch 2.13 name of reduce_scatter_tensor
+        # torch 2.13's name of reduce_scatter_tensor; its tensor arguments are untyped
+        dist.reduce_scatter_single(out, moved, group=ctx.group)  # pyright: ignore[reportUnknownMemberType]
         return out.movedim(0, dim).contiguous(), None, None, None
 
 
-def gather_partial(x: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
+def _gather(x: torch.Tensor, dim: int, group: dist.ProcessGroup | None, *, replicated: bool) -> torch.Tensor:
+    gathered = _GatherSequence.apply(x, dim, group, replicated)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    return cast(torch.Tensor, gathered)
+
+
+def gather_partial(x: torch.Tensor, dim: int, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Full sequence (global order) from every rank's zig-zag piece; backward: reduce-scatter (sum).
 
     Use it when each rank goes on with its own part of the computation (attention of its queries).
     """
     if dist.get_world_size(group) == 1:
         return x
-    return _GatherSequence.apply(x, dim, group, False)
+    return _gather(x, dim, group, replicated=False)
 
 
-def gather_replicated(x: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
+def gather_replicated(x: torch.Tensor, dim: int, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Full sequence (global order) from every rank's zig-zag piece; backward: keep this rank's slice.
 
     Use it when every rank computes the same function of the full tensor (the loss).
     """
     if dist.get_world_size(group) == 1:
         return x
-    return _GatherSequence.apply(x, dim, group, True)
+    return _gather(x, dim, group, replicated=True)
 
 
 def packed_attention(
@@ -185,7 +182,8 @@ def packed_attention(
         raise ValueError(f"{q.shape[0]} query heads are not a multiple of {k.shape[0]} key/value heads")
     groups = q.shape[0] // k.shape[0]
     fused = q.is_cuda  # see _block_attention
-    outs, offset = [], 0
+    outs: list[torch.Tensor] = []
+    offset = 0
     for g0, g1 in chunk_bounds(length, cp, cp_rank):
         for s, e in itertools.pairwise(cu_seqlens):
             qs, qe = max(s, g0), min(e, g1)

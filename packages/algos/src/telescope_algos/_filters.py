@@ -1,4 +1,6 @@
-"""Reward shaping and output-quality filters (spec §3.8), as pure functions of one sample.
+"""Reward shaping and output-quality filters, as pure functions of one sample.
+
+The rules: docs/algorithms.md#filters-and-the-overlong-penalty.
 
 A flagged sample stays in the batch (it takes packing space and keeps its group's advantages) but
 its completion mask is zeroed, so it adds no loss; the caller counts flags for the
@@ -11,8 +13,6 @@ import zlib
 from collections.abc import Sequence
 
 import numpy as np
-
-__all__ = ["is_gibberish", "is_overlong", "is_repetitive", "overlong_penalty"]
 
 _LN_100K = 11.5  # ≈ ln(100_000): the log-probability of a uniform pick from a ~100k vocabulary
 _OVERLONG_REASONS = frozenset({"length", "context_exhausted"})

@@ -1,9 +1,9 @@
 """Loss modifiers that wrap any policy term: sequence IS masking, dual clip, TIS and the KL penalty.
 
-:func:`telescope_algos.compute_loss` applies them in this order (spec §3.3):
+:func:`telescope_algos.compute_loss` applies them in this order (docs/algorithms.md#modifiers):
 
-1. :func:`seq_is_mask` on the loss mask; 2. the policy term (``_losses``); 3. PPO clip (``_losses``);
-4. :func:`dual_clip`; 5. multiply by :func:`tis_weights`; 6. add ``τ ·`` :func:`kl_penalty`; 7. mask.
+1. :func:`seq_is_mask` on the loss mask; 2. the policy term (``_policy_terms``, PPO clip included);
+3. :func:`dual_clip`; 4. multiply by :func:`tis_weights`; 5. add ``τ ·`` :func:`kl_penalty`; 6. mask.
 
 All of them measure the distance to the **rollout** policy with δ^roll = ℓ − ℓ^roll (there is no frozen
 reference model). Shapes: ``[rows, seq]`` aligned with ``input_ids``.
@@ -16,8 +16,6 @@ from typing import Literal
 import torch
 
 from telescope_algos._segments import Segments, segment_mean
-
-__all__ = ["dual_clip", "kl_penalty", "seq_is_mask", "tis_weights"]
 
 
 def seq_is_mask(
@@ -83,7 +81,7 @@ def kl_penalty(
 ) -> torch.Tensor:
     """Per-token KL penalty to the rollout policy (Schulman, "Approximating KL divergence", 2020).
 
-    δ = ℓ − ℓ^roll. ``k2``: δ² (as upstream, without the usual ½). ``k3``: ``e^{−δ} − 1 + δ`` with δ clamped
+    δ = ℓ − ℓ^roll. ``k2``: δ² (without the usual ½). ``k3``: ``e^{−δ} − 1 + δ`` with δ clamped
     to ±20 and the result capped at 10. Differentiable through ``logprobs``.
     """
     delta = logprobs - rollout_logprobs

@@ -1,8 +1,8 @@
 """Sequence packing: samples → padded micro-batches of at most ``seq_len`` tokens → balanced ranks.
 
-Spec §1.7, steps 3-7:
+The steps (docs/algorithms.md#packing):
 
-1. Each :class:`Sample` becomes one token sequence ``prompt_ids + completion_ids`` with
+1. Each :class:`TrainingSample` becomes one token sequence ``prompt_ids + completion_ids`` with
    ``loss_mask = 0 … 0 (prompt) + completion_mask`` and rollout logprobs ``0.0 … 0.0 (prompt) +
    rollout_logprobs`` (padded with 0.0 or cut to the completion length; None → 0.0), cut to
    ``seq_len``. Its first token is never a loss token (nothing predicts it).
@@ -23,18 +23,16 @@ Tensors are ``[1, L]`` in the layout :func:`telescope_algos.compute_loss` and th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-__all__ = ["MicroBatch", "Sample", "first_fit_decreasing", "pack_samples"]
-
 
 @dataclass(frozen=True)
-class Sample:
-    """One completion ready for training.
+class TrainingSample:
+    """One completion ready for training (not ``telescope_rollout.Sample``, a task to roll out).
 
     Attributes:
         prompt_ids: prompt tokens (never trained on).
@@ -60,7 +58,7 @@ class MicroBatch:
         input_ids: long. position_ids: long, restarting at 0 per sample and for the padding.
         loss_mask: bool. advantages: float32. rollout_logprobs: float32.
         num_samples: real samples packed in (0 for a dummy micro-batch).
-        num_tokens: loss tokens (``loss_mask.sum()``); the step total is ``compute_loss(num_tokens=…)``.
+        num_tokens: loss tokens (``loss_mask.sum()``); the step total is ``LossInputs.num_tokens``.
     """
 
     input_ids: torch.Tensor
@@ -74,6 +72,29 @@ class MicroBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[-1]
 
+    def to(self, device: torch.device | str) -> MicroBatch:
+        """The same micro-batch with its tensors on ``device``."""
+        return self.map_tensors(lambda t: t.to(device))
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MicroBatch:
+        """A copy with ``fn`` applied to every tensor (the counts stay)."""
+        return replace(self, **{name: fn(getattr(self, name)) for name in _TENSOR_FIELDS})
+
+
+_TENSOR_FIELDS = ("input_ids", "position_ids", "loss_mask", "advantages", "rollout_logprobs")
+
+
+def pad_micro_batch(mb: MicroBatch, multiple: int) -> MicroBatch:
+    """``mb`` with its row padded to a multiple of ``multiple``: a padding segment (positions restart
+    at 0) without loss tokens. ``mb`` itself when it already is one."""
+    length = len(mb)
+    pad = -length % multiple
+    if pad == 0:
+        return mb
+    out = mb.map_tensors(lambda t: torch.cat([t, t.new_zeros(1, pad)], dim=1))
+    out.position_ids[0, length:] = torch.arange(pad)
+    return out
+
 
 @dataclass
 class _Prepared:
@@ -83,7 +104,7 @@ class _Prepared:
     advantage: float
 
 
-def _prepare(sample: Sample, seq_len: int) -> _Prepared:
+def _prepare(sample: TrainingSample, seq_len: int) -> _Prepared:
     n_prompt, n_comp = len(sample.prompt_ids), len(sample.completion_ids)
     if n_prompt + n_comp == 0:
         raise ValueError("a sample needs at least one token")
@@ -133,11 +154,11 @@ def _build(parts: list[_Prepared], multiple: int, pad_token_id: int) -> MicroBat
     )
     lps = np.concatenate([*(p.logprobs for p in parts), np.zeros(pad, dtype=np.float32)])
     return MicroBatch(
-        input_ids=torch.from_numpy(ids)[None],
-        position_ids=torch.from_numpy(pos.astype(np.int64))[None],
-        loss_mask=torch.from_numpy(mask)[None],
-        advantages=torch.from_numpy(adv)[None],
-        rollout_logprobs=torch.from_numpy(lps)[None],
+        input_ids=torch.as_tensor(ids)[None],
+        position_ids=torch.as_tensor(pos.astype(np.int64))[None],
+        loss_mask=torch.as_tensor(mask)[None],
+        advantages=torch.as_tensor(adv)[None],
+        rollout_logprobs=torch.as_tensor(lps)[None],
         num_samples=len(parts),
         num_tokens=int(mask.sum()),
     )
@@ -153,7 +174,7 @@ def _zigzag(micro_batches: list[MicroBatch], num_ranks: int) -> list[list[MicroB
 
 
 def pack_samples(
-    samples: Sequence[Sample],
+    samples: Sequence[TrainingSample],
     *,
     seq_len: int,
     pad_to_multiple_of: int = 1,

@@ -1,4 +1,6 @@
-"""Learning-rate schedules (spec §1.8): a pure multiplier of ``learning_rate`` per train step.
+"""Learning-rate schedules: a pure multiplier of ``learning_rate`` per train step.
+
+In words: docs/algorithms.md#learning-rate-schedules.
 
 Shared by every training backend (FSDP wraps it in a ``LambdaLR``; Megatron sets the learning
 rate of its optimizer groups from it). ``s`` is the 0-based index of the train step, ``W`` the
@@ -9,14 +11,12 @@ warmup steps, ``T`` the run's total steps (``number_of_steps``) and ρ the ``min
 * ``linear``: warmup, then ``1 − (1−ρ)·p`` with ``p = min((s−W)/max(T−W, 1), 1)``.
 * ``cosine``: warmup, then ``ρ + (1−ρ)·½(1 + cos πp)``.
 
-As in the original, the first step of a warmup trains with multiplier 0.
+The first step of a warmup trains with multiplier 0 (``s = 0``).
 """
 
 from __future__ import annotations
 
 import math
-
-__all__ = ["LR_SCHEDULES", "lr_multiplier"]
 
 LR_SCHEDULES = ("none", "constant", "linear", "cosine")
 

@@ -16,14 +16,13 @@ its own "ghost" segment; it has no loss tokens and drops out of every masked red
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Segments", "find_segments", "segment_ids_from_position_ids", "segment_mean", "segment_sum"]
 
-
-class Segments(NamedTuple):
+@dataclass(frozen=True)
+class Segments:
     """Sample boundaries of a ``[rows, seq]`` batch.
 
     Attributes:
@@ -79,8 +78,8 @@ def find_segments(
         raise ValueError(f"{name} has shape {tuple(given.shape)}, expected {tuple(shape)}")
     if position_ids is not None:
         return _from_starts(position_ids == 0)
-    starts = torch.ones_like(segment_ids, dtype=torch.bool)
-    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    starts = torch.ones_like(given, dtype=torch.bool)
+    starts[:, 1:] = given[:, 1:] != given[:, :-1]
     return _from_starts(starts)
 
 

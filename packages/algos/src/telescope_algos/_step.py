@@ -1,15 +1,18 @@
 """The backend-neutral pieces of one train step, shared by the FSDP and Megatron trainers.
 
-- :func:`loss_options`: the config's values of every ``compute_loss`` keyword that is not data
-  (one mapping, not a hand-kept list per backend; a keyword the config lacks is an error);
+- :func:`loss_options`: the config's :class:`LossOptions` (a field the config lacks is an error),
+  and :func:`lr_schedule`, the config's learning-rate multiplier per step;
 - :func:`needs_old_logprobs`: whether the step starts with a no-grad pass for π_old;
+- :func:`check_micro_batches`: a step needs at least one micro-batch;
 - :func:`minibatch_groups`: micro-batches dealt round-robin into ``number_of_minibatches``
   optimizer updates, and :func:`step_counts`, each group's loss tokens and samples over the ranks
-  (the ``num_tokens`` / ``num_samples`` of ``compute_loss``);
+  (the ``num_tokens`` / ``num_samples`` of :class:`LossInputs`);
+- :func:`micro_batch_loss`: ``compute_loss`` of one packed micro-batch of such a group;
+- :class:`StepLog`: the grad norms, skipped updates and timings of a step, as its metrics;
 - :func:`row_multiple`: the length every packed row must be a multiple of for a parallel layout,
   and :func:`pad_multiple`, what the loop pads rows to;
-- :func:`rng_state` / :func:`set_rng_state`: Python, NumPy, torch (and CUDA) RNG capture and
-  restore for checkpoints.
+- :func:`seed_everything`, and :func:`rng_state` / :func:`set_rng_state`: Python, NumPy, torch
+  (and CUDA) RNG seeding, capture and restore for checkpoints.
 
 Config objects are read by attribute (a ``telescope_config.TelescopeConfig`` or anything with the
 same field names); this package does not import telescope-config.
@@ -17,71 +20,88 @@ same field names); this package does not import telescope-config.
 
 from __future__ import annotations
 
-import inspect
+import contextlib
+import functools
 import math
 import random
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from telescope_algos._loss import compute_loss
+from telescope_algos._objective import LossInputs, LossOptions, compute_loss
 from telescope_algos._packing import MicroBatch
-
-__all__ = [
-    "DATA_KEYWORDS",
-    "StepCounts",
-    "loss_options",
-    "minibatch_groups",
-    "needs_old_logprobs",
-    "pad_multiple",
-    "rng_state",
-    "row_multiple",
-    "set_rng_state",
-    "step_counts",
-]
-
-DATA_KEYWORDS = frozenset(
-    {
-        "advantages",
-        "loss_mask",
-        "rollout_logprobs",
-        "old_logprobs",
-        "entropy",
-        "position_ids",
-        "segment_ids",
-        "num_tokens",
-        "num_samples",
-        "max_len",
-    }
-)
-"""``compute_loss`` keywords that are data of the step, not config fields."""
+from telescope_algos._schedule import lr_multiplier
 
 _RATIO_ALGORITHMS = ("cispo", "gspo", "sapo")
 
 
-def loss_options(config: object) -> dict[str, Any]:
-    """Every keyword-only parameter of ``compute_loss`` outside :data:`DATA_KEYWORDS`, from ``config``."""
-    names = [
-        p.name
-        for p in inspect.signature(compute_loss).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in DATA_KEYWORDS
-    ]
+def loss_options(config: object) -> LossOptions:
+    """Every :class:`LossOptions` field, read from the ``config`` attribute of the same name."""
+    names = [f.name for f in fields(LossOptions)]
     missing = [n for n in names if not hasattr(config, n)]
     if missing:
         raise ValueError(
             f"the config lacks loss fields {missing}: telescope-config and telescope-algos disagree"
         )
-    return {n: getattr(config, n) for n in names}
+    return LossOptions(**{n: getattr(config, n) for n in names})
 
 
-def needs_old_logprobs(config: Any) -> bool:
+class ScheduleConfig(Protocol):
+    """The config fields of the learning-rate schedule (``TelescopeConfig`` has them)."""
+
+    @property
+    def lr_scheduler(self) -> str: ...
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def number_of_steps(self) -> int: ...
+    @property
+    def min_lr_ratio(self) -> float: ...
+
+
+class RatioConfig(Protocol):
+    """The config fields that decide whether a step needs π_old (``TelescopeConfig`` has them)."""
+
+    @property
+    def use_ppo_clip(self) -> bool: ...
+    @property
+    def algorithm(self) -> str: ...
+    @property
+    def ppo_clip_ref_logprobs(self) -> str: ...
+
+
+def lr_schedule(config: ScheduleConfig) -> Callable[[int], float]:
+    """``step → lr_multiplier(step)`` for the config's ``lr_scheduler``, ``warmup_steps``,
+    ``number_of_steps`` and ``min_lr_ratio``; a bad combination fails here, with its message."""
+    multiplier = functools.partial(
+        lr_multiplier,
+        schedule=config.lr_scheduler,
+        warmup_steps=config.warmup_steps,
+        total_steps=config.number_of_steps,
+        min_lr_ratio=config.min_lr_ratio,
+    )
+    multiplier(0)
+    return multiplier
+
+
+def needs_old_logprobs(config: RatioConfig) -> bool:
     """True when the step starts with a no-grad pass for π_old (``ppo_clip_ref_logprobs: batch``)."""
     wants_ratio = bool(config.use_ppo_clip) or config.algorithm in _RATIO_ALGORITHMS
     return config.ppo_clip_ref_logprobs == "batch" and wants_ratio
+
+
+def check_micro_batches(micro_batches: Sequence[MicroBatch]) -> None:
+    """A train step needs at least one micro-batch (a ValueError that says where they come from)."""
+    if not micro_batches:
+        raise ValueError(
+            "train_step got no micro-batches; pack at least one sample (pack_samples returns empty "
+            "lists only for an empty step)"
+        )
 
 
 def minibatch_groups(count: int, number_of_minibatches: int) -> list[list[int]]:
@@ -106,6 +126,11 @@ def row_multiple(*, context_parallel: int = 1, tensor_parallel: int = 1) -> int:
     return context_parallel * math.lcm(2, tensor_parallel)
 
 
+def pad_multiple(pad_to_multiple_of: int, trainer_multiple: int) -> int:
+    """The multiple the loop pads rows to: of the config's ``pad_to_multiple_of`` and the trainer's."""
+    return math.lcm(int(pad_to_multiple_of), int(trainer_multiple))
+
+
 @dataclass(frozen=True)
 class StepCounts:
     """Step-wide totals over all ranks, per minibatch group."""
@@ -128,7 +153,8 @@ def step_counts(
     the whole world; Megatron passes its data-parallel group) must hold as many micro-batches (else a
     ValueError on every rank). ``copies``: consecutive ranks that hold the same micro-batches (the
     context-parallel ranks of an FSDP replica); they must agree, and count once. These totals are
-    ``compute_loss``'s ``num_tokens`` and ``num_samples``, so each update is the group's exact mean.
+    the ``num_tokens`` and ``num_samples`` of :class:`LossInputs`, so each update is the group's
+    exact mean (docs/algorithms.md#normalisation).
     """
     local = [len(micro_batches)]
     local += [sum(micro_batches[i].num_tokens for i in g) for g in groups]
@@ -136,9 +162,16 @@ def step_counts(
     t = torch.tensor(local, dtype=torch.int64, device=device)
     world = dist.get_world_size(group)
     parts = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(parts, t, group=group)
+    dist.all_gather(parts, t, group=group)  # pyright: ignore[reportUnknownMemberType]
     table = torch.stack(parts).cpu()
-    counts = table[:, 0].tolist()
+    _check_same_micro_batches(table, world, copies)
+    n = len(groups)
+    totals = [int(v) for v in table.sum(dim=0) // copies]
+    return StepCounts(tokens=totals[1 : 1 + n], samples=totals[1 + n : 1 + 2 * n])
+
+
+def _check_same_micro_batches(table: torch.Tensor, world: int, copies: int) -> None:
+    counts = [int(v) for v in table[:, 0]]
     if len(set(counts)) != 1:
         raise ValueError(
             f"ranks hold different numbers of micro-batches {counts}; every rank must get "
@@ -151,9 +184,86 @@ def step_counts(
                 f"the context-parallel ranks {first}..{first + copies - 1} hold different micro-batches; "
                 "every rank of a replica must get pack_samples(..., num_ranks=dp_world_size)[dp_rank]"
             )
-    n = len(groups)
-    totals = (table.sum(dim=0) // copies).tolist()
-    return StepCounts(tokens=totals[1 : 1 + n], samples=totals[1 + n : 1 + 2 * n])
+
+
+def micro_batch_loss(
+    mb: MicroBatch,
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor,
+    *,
+    old_logprobs: torch.Tensor | None,
+    counts: StepCounts,
+    group: int,
+    max_len: int,
+    options: LossOptions,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``compute_loss`` of one packed micro-batch of minibatch group ``group`` (its tensors are moved to
+    the device of ``logprobs``): the denominators are the group's totals over the ranks (``counts``)
+    and ``max_len`` (the generation budget). The entropy keeps its gradient only for a bonus."""
+    dev = logprobs.device
+    inputs = LossInputs(
+        logprobs,
+        advantages=mb.advantages.to(dev),
+        loss_mask=mb.loss_mask.to(dev),
+        rollout_logprobs=mb.rollout_logprobs.to(dev),
+        old_logprobs=old_logprobs,
+        entropy=entropy if options.entropy_coef > 0 else entropy.detach(),
+        position_ids=mb.position_ids.to(dev),
+        num_tokens=counts.tokens[group],
+        num_samples=counts.samples[group],
+        max_len=max_len,
+    )
+    return compute_loss(inputs, options)
+
+
+@dataclass
+class StepLog:
+    """What a train step records besides the loss metrics: one grad norm per optimizer update, the
+    updates skipped for a non-finite norm, and timings (seconds, summed per name)."""
+
+    norms: list[float] = field(default_factory=list[float])
+    skipped: int = 0
+    timings: dict[str, float] = field(default_factory=dict[str, float])
+    started: float = field(default_factory=time.perf_counter)
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Generator[None]:
+        """Add the time spent in the block to ``timing/<name>``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            key = f"timing/{name}"
+            self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - t0
+
+    def update(self, norm: float, *, applied: bool) -> None:
+        """Record one optimizer update's gradient norm, and whether it was applied."""
+        self.norms.append(float(norm))
+        self.skipped += not applied
+
+    def metrics(self, *, learning_rate: float, skipped_total: int, device: torch.device) -> dict[str, float]:
+        """``grad_norm`` (the mean over updates), ``learning_rate``, ``skipped_steps(_total)``, and
+        ``memory/peak_allocated_gb`` on CUDA."""
+        out = {
+            "grad_norm": sum(self.norms) / len(self.norms) if self.norms else 0.0,
+            "learning_rate": float(learning_rate),
+            "skipped_steps": float(self.skipped),
+            "skipped_steps_total": float(skipped_total),
+        }
+        if device.type == "cuda":
+            out["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 1024**3
+        return out
+
+    def timing_metrics(self) -> dict[str, float]:
+        """The ``timing/*`` entries, with ``timing/step``: the time since this log was made."""
+        return {**self.timings, "timing/step": time.perf_counter() - self.started}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators (every rank, before the model is built)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # pyright: ignore[reportUnknownMemberType] (its parameter is unannotated)
 
 
 def rng_state() -> dict[str, Any]:
@@ -175,8 +285,3 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-
-
-def pad_multiple(pad_to_multiple_of: int, trainer_multiple: int) -> int:
-    """The multiple the loop pads rows to: of the config's ``pad_to_multiple_of`` and the trainer's."""
-    return math.lcm(int(pad_to_multiple_of), int(trainer_multiple))

@@ -5,7 +5,7 @@ Shift convention (used by every tensor in this package): all per-token tensors a
 ``logits[b, t-1] / temperature``; ``entropy[b, t]`` is the entropy of that same distribution. Column 0
 has no prediction and holds 0. In a packed row the value at the first token of a sample is computed
 from the previous sample's last logit: it is meaningless, and :func:`telescope_algos.compute_loss`
-masks the first token of every sample for that reason. This is the upstream "after shift" layout
+masks the first token of every sample for that reason. This is the common "after shift" layout
 (``logits[:, :-1]`` against ``input_ids[:, 1:]``) shifted back by one, so that ``loss_mask``,
 ``advantages`` and ``rollout_logprobs`` share the index of the token they describe.
 
@@ -17,17 +17,10 @@ several ``tokens × vocab`` tensors (log_softmax output, its exp, their product,
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch.autograd.function import once_differentiable
-
-__all__ = [
-    "align_to_inputs",
-    "label_logprobs_and_entropy",
-    "next_token_labels",
-    "token_entropy",
-    "token_logprobs",
-    "token_logprobs_and_entropy",
-]
 
 
 def _check_temperature(temperature: float) -> None:
@@ -46,7 +39,9 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits, labels, temperature, chunk):
+    def forward(
+        ctx: Any, logits: torch.Tensor, labels: torch.Tensor, temperature: float, chunk: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n = logits.shape[0]
         dtype = torch.promote_types(logits.dtype, torch.float32)
         logprobs = torch.empty(n, dtype=dtype, device=logits.device)
@@ -67,7 +62,9 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_logprobs, grad_entropy):
+    def backward(  # pyright: ignore[reportIncompatibleMethodOverride] (once_differentiable's typing)
+        ctx: Any, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, None, None, None]:
         if grad_logprobs is None and grad_entropy is None:
             return None, None, None, None
         logits, labels, lse, entropy = ctx.saved_tensors
@@ -78,19 +75,29 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
             e = min(s + chunk, n)
             logp = logits[s:e].to(lse.dtype) / temperature
             logp.sub_(lse[s:e, None])
-            p = logp.exp()
-            if grad_entropy is not None:
-                # dH/dz = -p (log p + H), plus -p * g_lp from the log-probability: one buffer, reused.
-                g = logp.add_(entropy[s:e, None]).mul_(-grad_entropy[s:e, None])
-                if grad_logprobs is not None:
-                    g.sub_(grad_logprobs[s:e, None])
-                g.mul_(p)
-            else:
-                g = p.mul_(-grad_logprobs[s:e, None])
-            if grad_logprobs is not None:
-                g.scatter_add_(1, labels[s:e, None], grad_logprobs[s:e, None])
+            g_lp = None if grad_logprobs is None else grad_logprobs[s:e, None]
+            g_ent = None if grad_entropy is None else grad_entropy[s:e, None]
+            g = _chunk_grad(logp, entropy[s:e, None], g_lp, g_ent)
+            if g_lp is not None:
+                g.scatter_add_(1, labels[s:e, None], g_lp)
             grad_logits[s:e] = g.div_(temperature)
         return grad_logits, None, None, None
+
+
+def _chunk_grad(
+    logp: torch.Tensor, entropy: torch.Tensor, g_lp: torch.Tensor | None, g_ent: torch.Tensor | None
+) -> torch.Tensor:
+    """``−p·(g_lp + g_ent·(log p + H))`` for one chunk (the one-hot part of d log p_y is the caller's),
+    computed in ``logp``'s buffer when the entropy has a gradient."""
+    p = logp.exp()
+    if g_ent is None:
+        assert g_lp is not None  # backward returns early without either gradient
+        return p.mul_(-g_lp)
+    # dH/dz = -p (log p + H), plus -p * g_lp from the log-probability: one buffer, reused.
+    g = logp.add_(entropy).mul_(-g_ent)
+    if g_lp is not None:
+        g.sub_(g_lp)
+    return g.mul_(p)
 
 
 def _check_shapes(logits: torch.Tensor, ids: torch.Tensor, name: str) -> None:
@@ -115,11 +122,7 @@ def align_to_inputs(values: torch.Tensor) -> torch.Tensor:
 
 
 def label_logprobs_and_entropy(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
+    logits: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = 1024
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``log softmax(logits[b, t] / T)[labels[b, t]]`` and that distribution's entropy, **unshifted**.
 
@@ -139,16 +142,17 @@ def label_logprobs_and_entropy(
     b, t, v = logits.shape
     chunk = chunk_size if chunk_size > 0 else max(b * t, 1)
     flat = logits.reshape(b * t, v)  # a view for contiguous logits: no copy
-    lp, ent = _ChunkedLogprobEntropy.apply(flat, labels.reshape(-1), float(temperature), chunk)
+    lp, ent = cast(
+        tuple[torch.Tensor, torch.Tensor],
+        _ChunkedLogprobEntropy.apply(  # pyright: ignore[reportUnknownMemberType] (apply is untyped)
+            flat, labels.reshape(-1), float(temperature), chunk
+        ),
+    )
     return lp.view(b, t), ent.view(b, t)
 
 
 def token_logprobs_and_entropy(
-    logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
+    logits: torch.Tensor, input_ids: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = 1024
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities of the taken tokens and the full-vocabulary entropy, both differentiable.
 
@@ -175,9 +179,3 @@ def token_logprobs(
 ) -> torch.Tensor:
     """``[batch, seq]`` log-probabilities of the taken tokens; see :func:`token_logprobs_and_entropy`."""
     return token_logprobs_and_entropy(logits, input_ids, temperature=temperature, chunk_size=chunk_size)[0]
-
-
-def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = 1024) -> torch.Tensor:
-    """``[batch, seq]`` entropy of the distribution predicting each token (aligned; column 0 is 0)."""
-    ids = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)
-    return token_logprobs_and_entropy(logits, ids, temperature=temperature, chunk_size=chunk_size)[1]

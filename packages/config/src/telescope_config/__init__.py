@@ -3,6 +3,7 @@
 A run resolves three layers, later winning: the packaged ``defaults.yaml``, the run YAML
 (``--config FILE``) and command-line overrides (``--learning_rate 5e-7``). ``load_config``
 returns a ``ResolvedConfig`` or raises one ``ConfigError`` that lists every problem found.
+docs/config.md describes the loading, the overrides and the cross-field rules.
 """
 
 from telescope_config.__about__ import __version__
@@ -15,16 +16,21 @@ from telescope_config._schema import TelescopeConfig, num_inference_servers
 from telescope_config._yaml import defaults
 
 __all__ = [
-    "ConfigError",
+    # Loading a run's config
+    "ResolvedConfig",
+    "load_config",
+    "parse_overrides",
+    # The schema
     "EnvironmentEntry",
     "EvalEntry",
-    "Problem",
-    "ResolvedConfig",
     "TelescopeConfig",
-    "__version__",
+    "num_inference_servers",
+    # What went wrong, for the user
+    "ConfigError",
+    "Problem",
+    # The packaged defaults and the JSON Schema for editors
     "defaults",
     "json_schema",
-    "load_config",
-    "num_inference_servers",
-    "parse_overrides",
+    # Package
+    "__version__",
 ]

@@ -6,7 +6,7 @@ Unlike the top-level fields, entry fields have Python defaults: an entry only na
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -26,28 +26,37 @@ def _is_k(k: object) -> bool:
 
 def _pass_k(value: object) -> object:
     if isinstance(value, list):
-        if all(_is_k(k) for k in value):
-            return value
+        ks = cast(list[object], value)
+        if all(_is_k(k) for k in ks):
+            return ks
         raise rule_error("every k must be an integer >= 1", _PASS_K_FIX)
     if isinstance(value, dict):
-        for kind, spec in value.items():
-            if kind not in ("at_k", "pow_k"):
-                raise rule_error(f"unknown pass_k kind {kind!r}; the kinds are at_k and pow_k", _PASS_K_FIX)
-            if not isinstance(spec, dict) or not set(spec) <= {"metrics", "k"}:
-                raise rule_error(f"pass_k.{kind} must be a mapping with keys metrics and k", _PASS_K_FIX)
-            ks = spec.get("k", [1])
-            if not (_is_k(ks) or (isinstance(ks, list) and ks and all(_is_k(k) for k in ks))):
-                problem = f"pass_k.{kind}.k must be an integer >= 1 or a list of them, got {ks!r}"
-                raise rule_error(problem, _PASS_K_FIX)
-            metrics = spec.get("metrics")
-            names = [metrics] if isinstance(metrics, str) else metrics
-            if metrics is not None and not (
-                isinstance(names, list) and names and all(isinstance(m, str) and m for m in names)
-            ):
-                problem = f"pass_k.{kind}.metrics must be a metric name or a list of them, got {metrics!r}"
-                raise rule_error(problem, _PASS_K_FIX)
-        return value
+        kinds = cast(dict[object, object], value)
+        for kind, spec in kinds.items():
+            _check_pass_k_kind(kind, spec)
+        return kinds
     raise rule_error("must be a list of k values or a mapping", _PASS_K_FIX)
+
+
+def _check_pass_k_kind(kind: object, spec: object) -> None:
+    """One ``kind: {metrics, k}`` entry of a ``pass_k`` mapping."""
+    if kind not in ("at_k", "pow_k"):
+        raise rule_error(f"unknown pass_k kind {kind!r}; the kinds are at_k and pow_k", _PASS_K_FIX)
+    entry = cast(dict[object, object], spec) if isinstance(spec, dict) else None
+    if entry is None or not set(entry) <= {"metrics", "k"}:
+        raise rule_error(f"pass_k.{kind} must be a mapping with keys metrics and k", _PASS_K_FIX)
+    ks = entry.get("k", [1])
+    if not (_is_k(ks) or (isinstance(ks, list) and ks and all(_is_k(k) for k in cast(list[object], ks)))):
+        raise rule_error(
+            f"pass_k.{kind}.k must be an integer >= 1 or a list of them, got {ks!r}", _PASS_K_FIX
+        )
+    metrics = entry.get("metrics")
+    names = [metrics] if isinstance(metrics, str) else metrics
+    if metrics is not None and not (
+        isinstance(names, list) and names and all(isinstance(m, str) and m for m in cast(list[object], names))
+    ):
+        problem = f"pass_k.{kind}.metrics must be a metric name or a list of them, got {metrics!r}"
+        raise rule_error(problem, _PASS_K_FIX)
 
 
 def _num_samples(value: object) -> object:
@@ -56,10 +65,8 @@ def _num_samples(value: object) -> object:
     return value
 
 
-PassK = Annotated[
-    list[Annotated[int, Field(ge=1)]] | dict[Literal["at_k", "pow_k"], dict[str, Any]],
-    BeforeValidator(_pass_k),
-]
+PassKKinds = dict[Literal["at_k", "pow_k"], dict[str, Any]]
+PassK = Annotated[list[Annotated[int, Field(ge=1)]] | PassKKinds, BeforeValidator(_pass_k)]
 
 
 class EnvironmentEntry(BaseModel):
@@ -92,7 +99,7 @@ class EvalEntry(BaseModel):
     name: str = Field(min_length=1, description="Registered eval (e.g. math500) or environment name.")
     eval_every: int = Field(default=10, ge=1, description="Run this eval every N training steps, >= 1.")
     pass_k: PassK = Field(
-        default_factory=dict,
+        default_factory=PassKKinds,
         description="pass@k settings: a list of k values, or {at_k: {metrics, k}, pow_k: {metrics, k}}; "
         "each prompt is sampled max(k) times.",
     )

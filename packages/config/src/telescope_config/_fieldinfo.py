@@ -38,7 +38,7 @@ def leaf_types(annotation: Any) -> set[Any]:
     if origin is typing.Annotated:
         return leaf_types(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
-        return set().union(*(leaf_types(a) for a in typing.get_args(annotation)))
+        return set[Any]().union(*(leaf_types(a) for a in typing.get_args(annotation)))
     if origin is Literal:
         return {type(v) for v in typing.get_args(annotation)}
     return {origin or annotation}

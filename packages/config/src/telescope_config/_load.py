@@ -14,9 +14,10 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from telescope_config import _render, _rules
 from telescope_config._errors import MISSING, ConfigError, Problem, did_you_mean
@@ -32,11 +33,15 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     """``over`` layered on ``base``: nested dicts merge key by key; anything else (lists too) replaces."""
     out = dict(base)
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
+        below, above = _mapping(out.get(key)), _mapping(value)
+        out[key] = (
+            deep_merge(below, above) if below is not None and above is not None else copy.deepcopy(value)
+        )
     return out
+
+
+def _mapping(value: object) -> dict[str, Any] | None:
+    return cast(dict[str, Any], value) if isinstance(value, dict) else None
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ def load_config(
         merged = deep_merge(merged, data)
         for key in data:
             origin[key] = flag_of.get(key, label) if label == CLI else label
-    user_keys = frozenset(k for label, data in layers[1:] if data for k in data)
+    user_keys = frozenset(k for _, data in layers[1:] if data for k in data)
 
     cfg, failed, field_problems = _validate(merged, origin, base or {})
     problems += field_problems
@@ -152,12 +157,13 @@ def _loc_text(loc: Sequence[str | int]) -> str:
     return text
 
 
-def _problem(e: Any, origin: Mapping[str, str], base: Mapping[str, Any]) -> Problem:
+def _problem(e: ErrorDetails, origin: Mapping[str, str], base: Mapping[str, Any]) -> Problem:
     """One pydantic error as a ``Problem`` with a rule and a fix a user can act on."""
     loc = tuple(e["loc"])
     field = _loc_text(loc) or "(config)"
     source = origin.get(str(loc[0]), DEFAULTS_SOURCE) if loc else DEFAULTS_SOURCE
-    kind, ctx, value = e["type"], e.get("ctx") or {}, e.get("input")
+    ctx: dict[str, Any] = e.get("ctx") or {}
+    kind, value = e["type"], e.get("input")
     if kind == "extra_forbidden":
         hint = did_you_mean(str(loc[-1]), submodel_fields(loc[:-1]))
         where = "config field" if len(loc) == 1 else f"key in an {loc[0]} entry"
@@ -175,8 +181,8 @@ def _problem(e: Any, origin: Mapping[str, str], base: Mapping[str, Any]) -> Prob
     about = f" ({info.description.split('. ')[0].rstrip('.')})" if info and info.description else ""
     if len(loc) == 1:
         default = base.get(str(loc[0]), MISSING)
-    elif found and found[0] is not TelescopeConfig and not info.is_required():  # an entry's own field
-        default = info.get_default(call_default_factory=True)
+    elif found is not None and found[0] is not TelescopeConfig and not found[1].is_required():
+        default = found[1].get_default(call_default_factory=True)  # an entry's own field
     else:
         default = MISSING
     shown = json.dumps(default) if default is not MISSING else ""

@@ -48,14 +48,13 @@ def coerce(raw: str) -> Any:
 
 def parse_collecting(args: Sequence[str]) -> tuple[dict[str, Any], list[Problem], dict[str, str]]:
     """Like ``parse_overrides`` but returns ``(values, problems, flag_of_field)`` instead of raising."""
-    fields = list(TelescopeConfig.model_fields)
     values: dict[str, Any] = {}
     problems: list[Problem] = []
     flag_of: dict[str, str] = {}
-    args = list(args)
+    tokens = list(args)
     i = 0
-    while i < len(args):
-        token = args[i]
+    while i < len(tokens):
+        token = tokens[i]
         i += 1
         if not token.startswith("--") or len(token) == 2:
             problems.append(
@@ -64,54 +63,57 @@ def parse_collecting(args: Sequence[str]) -> tuple[dict[str, Any], list[Problem]
             continue
         name, sep, raw = token[2:].partition("=")
         raw_value: str | None = raw if sep else None
-        if raw_value is None and i < len(args) and not args[i].startswith("--"):
-            raw_value = args[i]
+        if raw_value is None and i < len(tokens) and not tokens[i].startswith("--"):
+            raw_value = tokens[i]
             i += 1
-        flag = "--" + name
-        path = name.split(".")
-        top = path[0].lower().replace("-", "_")
-        if top not in TelescopeConfig.model_fields:
-            hint = did_you_mean(top, fields)
-            problems.append(
-                Problem(
-                    top,
-                    raw_value,
-                    f"unknown flag {flag}: no config field is called {top!r}",
-                    (hint + " " if hint else "") + "`telescope config show` lists every field",
-                    source=flag,
-                )
-            )
+        parsed = _override(name, raw_value)
+        if isinstance(parsed, Problem):
+            problems.append(parsed)
             continue
-        if len(path) > 1 and (not takes_dict(top) or not all(path[1:])):
-            problems.append(
-                Problem(
-                    name,
-                    raw_value,
-                    f"a dotted path needs a dict field with non-empty keys, and {top} "
-                    + ("is one" if takes_dict(top) else "is not a dict"),
-                    f"set the whole value instead, e.g. --{top} '<JSON>'; dotted paths work for "
-                    "ray_runtime_env, e.g. --ray_runtime_env.env_vars.NAME value",
-                    source=flag,
-                )
-            )
-            continue
-        if raw_value is None:
-            if len(path) == 1 and takes_bool(top):
-                value: Any = True
-            else:
-                problems.append(
-                    Problem(top, None, f"{flag} needs a value", f"write {flag} VALUE or {flag}=VALUE", flag)
-                )
-                continue
-        elif len(path) == 1 and takes_only_text(top):
-            value = None if raw_value == "null" and takes_nullable(top) else raw_value
-        else:
-            value = coerce(raw_value)
-        node = values
-        for seg in [top, *path[1:]][:-1]:
-            if not isinstance(node.get(seg), dict):
-                node[seg] = {}
-            node = node[seg]
-        node[[top, *path[1:]][-1]] = value
-        flag_of[top] = flag
+        path, value = parsed
+        _put(values, path, value)
+        flag_of[path[0]] = "--" + name
     return values, problems, flag_of
+
+
+def _override(name: str, raw_value: str | None) -> tuple[list[str], Any] | Problem:
+    """One ``--name [value]`` flag: the path it sets (field first) and its value, or its problem."""
+    flag = "--" + name
+    path = name.split(".")
+    top = path[0].lower().replace("-", "_")
+    if top not in TelescopeConfig.model_fields:
+        hint = did_you_mean(top, list(TelescopeConfig.model_fields))
+        return Problem(
+            top,
+            raw_value,
+            f"unknown flag {flag}: no config field is called {top!r}",
+            (hint + " " if hint else "") + "`telescope config show` lists every field",
+            source=flag,
+        )
+    if len(path) > 1 and (not takes_dict(top) or not all(path[1:])):
+        return Problem(
+            name,
+            raw_value,
+            f"a dotted path needs a dict field with non-empty keys, and {top} "
+            + ("is one" if takes_dict(top) else "is not a dict"),
+            f"set the whole value instead, e.g. --{top} '<JSON>'; dotted paths work for "
+            "ray_runtime_env, e.g. --ray_runtime_env.env_vars.NAME value",
+            source=flag,
+        )
+    if raw_value is None:
+        if len(path) == 1 and takes_bool(top):
+            return [top], True
+        return Problem(top, None, f"{flag} needs a value", f"write {flag} VALUE or {flag}=VALUE", flag)
+    if len(path) == 1 and takes_only_text(top):
+        return [top], None if raw_value == "null" and takes_nullable(top) else raw_value
+    return [top, *path[1:]], coerce(raw_value)
+
+
+def _put(values: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    """Set ``value`` at ``path`` in the nested dict ``values``, creating the dicts on the way."""
+    node = values
+    for seg in path[:-1]:
+        if not isinstance(node.get(seg), dict):
+            node[seg] = {}
+        node = node[seg]
+    node[path[-1]] = value

@@ -46,10 +46,9 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("Evals and tracing", "eval_before_training"),
 )
 
-# Deliberate differences from the original Telescope's defaults, stated next to the key.
+# Deliberate differences from upstream Telescope's defaults, stated next to the key.
 DIFFERENCES: dict[str, str] = {
-    "use_wandb": "Differs from the original Telescope, whose default is true: a first run needs no "
-    "W&B account.",
+    "use_wandb": "Differs from upstream Telescope, whose default is true: a first run needs no W&B account.",
     "environments": "Empty here on purpose: each run YAML (or --environments) names its own.",
     "evals": "Empty here: a run evaluates nothing unless its run YAML lists evals.",
 }
@@ -65,7 +64,7 @@ _HEADER = """\
 # values here, descriptions there, then run `rewrite_defaults()` in telescope_config._render."""
 
 
-class _Entry(dict):  # type: ignore[type-arg]
+class _Entry(dict[str, Any]):
     """One top-level ``key: value``: always block style, while small nested values stay inline."""
 
 
@@ -73,16 +72,16 @@ class _Dumper(yaml.SafeDumper):
     pass
 
 
-_Dumper.add_representer(
-    _Entry,
-    lambda dumper, data: dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=False),
-)
+def _block(dumper: yaml.SafeDumper, data: _Entry) -> yaml.MappingNode:
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=False)
 
 
 def _text(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
     style = "|" if "\n" in data else None  # templates read best as literal blocks
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)  # pyright: ignore[reportUnknownMemberType]
 
+
+_Dumper.add_representer(_Entry, _block)
 
 _Dumper.add_representer(str, _text)
 

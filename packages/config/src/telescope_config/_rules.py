@@ -3,20 +3,16 @@
 Each rule names the fields it reads, so ``load_config`` can still run the rules whose fields
 all validated when other fields failed, and report everything in one pass. A rule yields
 ``Violation``s; ``adjustments`` holds the one rule that repairs instead of failing (REINFORCE++
-needs batch normalisation, and is switched to it with a warning).
-
-Rules 1 to 8 are those of the original Telescope (spec §2.3), with rule 6 turned into an
-adjustment; the next four close gaps the original left open (spec §12 item 14). The Megatron
-rules at the end apply only with ``train_backend: megatron`` and need nothing but the config;
-the checks that need the model's ``config.json`` (heads, layers, experts) or the machine (CUDA,
-Transformer Engine) run when the Megatron trainer is created. The last rule refuses the original's
-non-interleaved multi-turn mode; ``NO_EFFECT`` lists the original's timeline-UI fields, accepted
-with a note when set.
+needs batch normalisation, and is switched to it with a warning). The Megatron rules apply only
+with ``train_backend: megatron`` and need nothing but the config; the checks that need the
+model's ``config.json`` (heads, layers, experts) or the machine (CUDA, Transformer Engine) run
+when the Megatron trainer is created. ``NO_EFFECT`` lists fields that are accepted, so that
+upstream Telescope's configs load, but do nothing here. docs/config.md gives each rule's reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,7 +49,7 @@ _Rule = Callable[["TelescopeConfig"], Iterator[Violation]]
 _RULES: list[tuple[frozenset[str], _Rule]] = []
 
 
-_TIMELINE = "the original's timeline UI is not part of it"
+_TIMELINE = "upstream Telescope's live timeline UI is not part of it"
 NO_EFFECT: dict[str, str] = {
     **dict.fromkeys(
         (
@@ -74,17 +70,19 @@ NO_EFFECT: dict[str, str] = {
     "wandb_upload_logs_detailed": "the driver keeps one log, with debug lines when debug is true, "
     "and wandb_upload_logs uploads it",
 }
-"""Fields accepted so that the original's configs load, and why they do nothing here. Most feed
-the original's live timeline (its Telescope UI, through W&B); Telescope records metrics.jsonl,
+"""Fields accepted so that upstream Telescope's configs load, and why they do nothing here. Most
+feed upstream's live timeline (its Telescope UI, through W&B); Telescope records metrics.jsonl,
 Parquet rollouts and W&B metrics instead."""
 
 
-def no_effect_notes(cfg: TelescopeConfig, user_keys: frozenset[str], defaults: dict) -> list[str]:
+def no_effect_notes(
+    cfg: TelescopeConfig, user_keys: frozenset[str], defaults: Mapping[str, object]
+) -> list[str]:
     """A note (also logged as a warning) for each :data:`NO_EFFECT` field the user set to something
     other than its default."""
     notes = [
-        f"{name} has no effect in Telescope ({NO_EFFECT[name]}); it is accepted so that the "
-        "original's configs load"
+        f"{name} has no effect in Telescope ({NO_EFFECT[name]}); it is accepted so that "
+        "upstream Telescope's configs load"
         for name in sorted(NO_EFFECT.keys() & user_keys)
         if getattr(cfg, name) != defaults.get(name)
     ]
@@ -108,7 +106,7 @@ def check(cfg: TelescopeConfig, skip: frozenset[str] = frozenset()) -> list[Viol
 
 def adjustments(cfg: TelescopeConfig) -> list[Adjustment]:
     """The values to change before checking; each change is logged as a warning."""
-    found = []
+    found: list[Adjustment] = []
     if cfg.algorithm == "reinforce_pp" and cfg.advantage_norm == "group":
         found.append(
             Adjustment(
@@ -124,7 +122,7 @@ def adjustments(cfg: TelescopeConfig) -> list[Adjustment]:
 
 
 @_rule("environments")
-def _needs_an_environment(c: TelescopeConfig) -> Iterator[Violation]:  # rule 1
+def _needs_an_environment(c: TelescopeConfig) -> Iterator[Violation]:
     if not c.environments:
         yield Violation(
             "environments",
@@ -136,7 +134,7 @@ def _needs_an_environment(c: TelescopeConfig) -> Iterator[Violation]:  # rule 1
 
 
 @_rule("use_tis", "use_ppo_clip", "ppo_clip_ref_logprobs")
-def _no_double_importance_correction(c: TelescopeConfig) -> Iterator[Violation]:  # rule 2
+def _no_double_importance_correction(c: TelescopeConfig) -> Iterator[Violation]:
     if c.use_tis and c.use_ppo_clip and c.ppo_clip_ref_logprobs == "rollout":
         yield Violation(
             "ppo_clip_ref_logprobs",
@@ -148,7 +146,7 @@ def _no_double_importance_correction(c: TelescopeConfig) -> Iterator[Violation]:
 
 
 @_rule("use_ppo_clip", "algorithm")
-def _ppo_clip_only_for_plain_objectives(c: TelescopeConfig) -> Iterator[Violation]:  # rule 3
+def _ppo_clip_only_for_plain_objectives(c: TelescopeConfig) -> Iterator[Violation]:
     if c.use_ppo_clip and c.algorithm in ("cispo", "gspo", "sapo"):
         yield Violation(
             "use_ppo_clip",
@@ -159,7 +157,7 @@ def _ppo_clip_only_for_plain_objectives(c: TelescopeConfig) -> Iterator[Violatio
 
 
 @_rule("clip_ratio_c", "use_ppo_clip", "algorithm")
-def _dual_clip_needs_a_clipped_objective(c: TelescopeConfig) -> Iterator[Violation]:  # rule 4
+def _dual_clip_needs_a_clipped_objective(c: TelescopeConfig) -> Iterator[Violation]:
     if c.clip_ratio_c is not None and not (c.use_ppo_clip or c.algorithm in ("cispo", "gspo")):
         yield Violation(
             "clip_ratio_c",
@@ -171,7 +169,7 @@ def _dual_clip_needs_a_clipped_objective(c: TelescopeConfig) -> Iterator[Violati
 
 
 @_rule("advantage_norm", "algorithm")
-def _group_norm_for_group_baselines(c: TelescopeConfig) -> Iterator[Violation]:  # rule 5
+def _group_norm_for_group_baselines(c: TelescopeConfig) -> Iterator[Violation]:
     if c.advantage_norm == "batch" and c.algorithm in ("rloo", "dr_grpo"):
         yield Violation(
             "advantage_norm",
@@ -182,7 +180,7 @@ def _group_norm_for_group_baselines(c: TelescopeConfig) -> Iterator[Violation]: 
 
 
 @_rule("inference_num_workers", "inference_tensor_parallel_size")
-def _whole_inference_servers(c: TelescopeConfig) -> Iterator[Violation]:  # rule 7
+def _whole_inference_servers(c: TelescopeConfig) -> Iterator[Violation]:
     if c.inference_num_workers % c.inference_tensor_parallel_size:
         yield Violation(
             "inference_num_workers",
@@ -195,7 +193,7 @@ def _whole_inference_servers(c: TelescopeConfig) -> Iterator[Violation]:  # rule
 
 
 @_rule("fsdp_context_parallel_size", "train_backend", "seq_len", "trainer_num_workers")
-def _fsdp_context_parallel(c: TelescopeConfig) -> Iterator[Violation]:  # rule 8
+def _fsdp_context_parallel(c: TelescopeConfig) -> Iterator[Violation]:
     cp = c.fsdp_context_parallel_size
     if cp <= 1:
         return
@@ -225,7 +223,7 @@ def _fsdp_context_parallel(c: TelescopeConfig) -> Iterator[Violation]:  # rule 8
 
 
 @_rule("max_tokens", "max_model_len")
-def _room_for_a_prompt(c: TelescopeConfig) -> Iterator[Violation]:  # new
+def _room_for_a_prompt(c: TelescopeConfig) -> Iterator[Violation]:
     if c.max_tokens >= c.max_model_len:
         yield Violation(
             "max_tokens",
@@ -236,7 +234,7 @@ def _room_for_a_prompt(c: TelescopeConfig) -> Iterator[Violation]:  # new
 
 
 @_rule("evals", "max_model_len")
-def _eval_room_for_a_prompt(c: TelescopeConfig) -> Iterator[Violation]:  # new
+def _eval_room_for_a_prompt(c: TelescopeConfig) -> Iterator[Violation]:
     for i, ev in enumerate(c.evals):
         if ev.max_tokens is not None and ev.max_tokens >= c.max_model_len:
             yield Violation(
@@ -249,7 +247,7 @@ def _eval_room_for_a_prompt(c: TelescopeConfig) -> Iterator[Violation]:  # new
 
 
 @_rule("seq_len", "max_model_len")
-def _micro_batch_holds_a_sample(c: TelescopeConfig) -> Iterator[Violation]:  # new
+def _micro_batch_holds_a_sample(c: TelescopeConfig) -> Iterator[Violation]:
     if c.seq_len < c.max_model_len:
         yield Violation(
             "seq_len",
@@ -261,7 +259,7 @@ def _micro_batch_holds_a_sample(c: TelescopeConfig) -> Iterator[Violation]:  # n
 
 
 @_rule("evals", "eval_num_servers", "inference_num_workers", "inference_tensor_parallel_size")
-def _training_keeps_a_server(c: TelescopeConfig) -> Iterator[Violation]:  # new
+def _training_keeps_a_server(c: TelescopeConfig) -> Iterator[Violation]:
     servers = c.inference_num_workers // c.inference_tensor_parallel_size
     if c.evals and c.eval_num_servers >= servers:
         yield Violation(
@@ -286,7 +284,7 @@ _OPTIMIZER_DTYPES = (
 
 
 @_rule("train_backend", "trainer_num_workers", *_MEGATRON_SIZES)
-def _megatron_whole_model_replicas(c: TelescopeConfig) -> Iterator[Violation]:  # rule 9
+def _megatron_whole_model_replicas(c: TelescopeConfig) -> Iterator[Violation]:
     tp, pp, cp = (
         c.megatron_tensor_parallel_size,
         c.megatron_pipeline_parallel_size,
@@ -307,7 +305,7 @@ def _megatron_whole_model_replicas(c: TelescopeConfig) -> Iterator[Violation]:  
 @_rule(
     "train_backend", "trainer_num_workers", "megatron_pipeline_parallel_size", "megatron_expert_parallel_size"
 )
-def _megatron_expert_groups(c: TelescopeConfig) -> Iterator[Violation]:  # rule 9, expert part
+def _megatron_expert_groups(c: TelescopeConfig) -> Iterator[Violation]:
     ep, pp = c.megatron_expert_parallel_size, c.megatron_pipeline_parallel_size
     if c.train_backend != "megatron" or ep <= 1 or c.trainer_num_workers % pp:
         return
@@ -323,7 +321,7 @@ def _megatron_expert_groups(c: TelescopeConfig) -> Iterator[Violation]:  # rule 
 
 
 @_rule("train_backend", "megatron_context_parallel_size", "megatron_use_transformer_engine")
-def _megatron_context_parallel_without_te(c: TelescopeConfig) -> Iterator[Violation]:  # new
+def _megatron_context_parallel_without_te(c: TelescopeConfig) -> Iterator[Violation]:
     # The backend does CP in its own packed attention on the local layers (it pads every row to a
     # multiple of 2 x CP itself, so seq_len needs no rule); TE's CP attention is not wired.
     cp = c.megatron_context_parallel_size
@@ -340,7 +338,7 @@ def _megatron_context_parallel_without_te(c: TelescopeConfig) -> Iterator[Violat
 
 
 @_rule("train_backend", "model_dtype", "mixed_precision_dtype")
-def _megatron_no_float16(c: TelescopeConfig) -> Iterator[Violation]:  # new
+def _megatron_no_float16(c: TelescopeConfig) -> Iterator[Violation]:
     if c.train_backend != "megatron":
         return
     field = "mixed_precision_dtype" if c.mixed_precision_dtype is not None else "model_dtype"
@@ -355,7 +353,7 @@ def _megatron_no_float16(c: TelescopeConfig) -> Iterator[Violation]:  # new
 
 
 @_rule("train_backend", "megatron_fp8", "megatron_use_transformer_engine")
-def _megatron_fp8_needs_te(c: TelescopeConfig) -> Iterator[Violation]:  # new
+def _megatron_fp8_needs_te(c: TelescopeConfig) -> Iterator[Violation]:
     if c.train_backend == "megatron" and c.megatron_fp8 and not c.megatron_use_transformer_engine:
         yield Violation(
             "megatron_fp8",
@@ -373,7 +371,7 @@ def _megatron_fp8_needs_te(c: TelescopeConfig) -> Iterator[Violation]:  # new
     "megatron_use_precision_aware_optimizer",
     "megatron_optimizer_cpu_offload",
 )
-def _megatron_needs_distributed_optimizer(c: TelescopeConfig) -> Iterator[Violation]:  # new
+def _megatron_needs_distributed_optimizer(c: TelescopeConfig) -> Iterator[Violation]:
     if c.train_backend != "megatron" or c.megatron_use_distributed_optimizer:
         return
     for field in ("megatron_use_precision_aware_optimizer", "megatron_optimizer_cpu_offload"):
@@ -388,7 +386,7 @@ def _megatron_needs_distributed_optimizer(c: TelescopeConfig) -> Iterator[Violat
 
 
 @_rule("train_backend", "megatron_use_precision_aware_optimizer", *_OPTIMIZER_DTYPES)
-def _megatron_dtypes_need_precision_aware(c: TelescopeConfig) -> Iterator[Violation]:  # new
+def _megatron_dtypes_need_precision_aware(c: TelescopeConfig) -> Iterator[Violation]:
     if c.train_backend != "megatron" or c.megatron_use_precision_aware_optimizer:
         return
     for field in _OPTIMIZER_DTYPES:
@@ -404,16 +402,16 @@ def _megatron_dtypes_need_precision_aware(c: TelescopeConfig) -> Iterator[Violat
 
 
 @_rule("interleaved_rollouts")
-def _interleaved_only(c: TelescopeConfig) -> Iterator[Violation]:  # new
+def _interleaved_only(c: TelescopeConfig) -> Iterator[Violation]:
     if not c.interleaved_rollouts:
         yield Violation(
             "interleaved_rollouts",
             False,
             "Telescope always reuses the exact token ids of earlier turns; re-rendering the "
-            "conversation each turn (the original's non-interleaved mode) can train on tokens the model "
-            "never generated",
+            "conversation each turn (a non-interleaved mode) can train on tokens the model never "
+            "generated",
             "remove interleaved_rollouts or set it to true",
         )
 
 
-RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))
+RULE_FIELDS: frozenset[str] = frozenset[str]().union(*(fields for fields, _ in _RULES))

@@ -63,7 +63,7 @@ def num_inference_servers(cfg: TelescopeConfig) -> int:
     return cfg.inference_num_workers // cfg.inference_tensor_parallel_size
 
 
-_NO_EFFECT = "No effect in Telescope (the original's timeline UI). "
+_NO_EFFECT = "No effect in Telescope (a setting of upstream Telescope's live timeline UI). "
 
 
 class TelescopeConfig(BaseModel):
@@ -215,7 +215,7 @@ class TelescopeConfig(BaseModel):
         ge=0,
         description="Seeds the prompt sampler, the vLLM servers (--seed) and the trainer ranks (Python, "
         "NumPy, torch RNGs before the model loads); the same seed gives the same first update. An "
-        "integer >= 0. New here: the original has no seed (its sampler draws from an unseeded generator).",
+        "integer >= 0. New in Telescope: upstream Telescope has no seed (its sampler is unseeded).",
     )
     max_async_rollout: int = Field(
         ge=0,
@@ -239,7 +239,7 @@ class TelescopeConfig(BaseModel):
         ">= max_model_len) after which the run stops with the environment's name and the longest prompt; "
         ">= 1. Such prompts are dropped (reason prompt_too_long) and one that fits resets the count. "
         "Before any server starts, the first this-many prompts of each dataset are checked the same way. "
-        "New in Telescope (the original drew unfit prompts forever).",
+        "New in Telescope (upstream Telescope drew unfit prompts forever).",
     )
     enable_individual_sample_lanes: bool = Field(
         description="Give each completion its own lane slot instead of one slot per group, so a finished "
@@ -323,9 +323,9 @@ class TelescopeConfig(BaseModel):
         "times group_size. null or an integer >= 1.",
     )
     megatron_disable_unified_memory_jit: bool = Field(
-        description="No effect in Telescope (kept so the original's configs load): megatron-core 0.16 "
-        "builds its unified-memory extension only when its inference engine asks for a memory pool, "
-        "which training never does, so there is no build to skip."
+        description="No effect in Telescope (kept so that upstream Telescope's configs load): "
+        "megatron-core 0.16 builds its unified-memory extension only when its inference engine asks for "
+        "a memory pool, which training never does, so there is no build to skip."
     )
     megatron_optimizer_cpu_offload: bool = Field(
         description="Keep the optimizer state in CPU memory and step it there: frees GPU memory, costs speed."
@@ -662,8 +662,8 @@ class TelescopeConfig(BaseModel):
     )
     wandb_tags: list[str] = Field(
         description="Tags of the W&B run (with use_wandb: true); a non-empty WANDB_TAGS environment "
-        "variable (comma-separated) replaces them. The default tag, telescope, is the one the "
-        "original Telescope's UI finds runs by."
+        "variable (comma-separated) replaces them. The default tag, telescope, is the one "
+        "upstream Telescope's UI finds runs by."
     )
     wandb_upload_code: bool = Field(
         description="Upload the source tree under the working directory as a W&B code artifact, "

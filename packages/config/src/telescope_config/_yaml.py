@@ -13,7 +13,7 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -29,7 +29,8 @@ class _Loader(yaml.SafeLoader):
     """Safe YAML loading, plus: ``1e-6`` is a float (as in YAML 1.2) and a repeated key is an error."""
 
 
-_Loader.add_implicit_resolver(
+# PyYAML's stubs leave this method's (and construct_object's) parameters untyped.
+_Loader.add_implicit_resolver(  # pyright: ignore[reportUnknownMemberType]
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
@@ -39,7 +40,7 @@ _Loader.add_implicit_resolver(
 def _mapping_without_duplicates(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+        key = cast(object, loader.construct_object(key_node, deep=True))  # pyright: ignore[reportUnknownMemberType]
         try:
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -89,14 +90,13 @@ def read_yaml(text: str, source: str) -> tuple[dict[str, Any] | None, list[Probl
                 source,
             )
         ]
-    bad = [k for k in data if not isinstance(k, str)]
+    mapping = cast(dict[object, Any], data)
     problems = [
-        Problem(
-            str(k), data[k], "config keys must be field names", "use the field's name, e.g. seq_len", source
-        )
-        for k in bad
+        Problem(str(k), v, "config keys must be field names", "use the field's name, e.g. seq_len", source)
+        for k, v in mapping.items()
+        if not isinstance(k, str)
     ]
-    return {k: v for k, v in data.items() if isinstance(k, str)}, problems
+    return {k: v for k, v in mapping.items() if isinstance(k, str)}, problems
 
 
 def read_file(path: str | os.PathLike[str], source: str) -> tuple[dict[str, Any] | None, list[Problem]]:

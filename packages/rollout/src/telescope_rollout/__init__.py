@@ -1,144 +1,75 @@
-"""telescope-rollout: environments, rewards, chat templates, tool calls, multi-env sampling,
-the inference client, vLLM server management and the async rollout engine.
+"""telescope-rollout: environments, rewards, chat templates, the inference client, the async
+rollout engine and evals.
 
 It never imports torch, vllm or transformers, so other stacks can embed it; jinja2 and
-tokenizers are imported only when a template is compiled or a tokenizer loaded.
+tokenizers are imported only when a template is compiled or a tokenizer loaded. The names below
+are the ones most programs need; every room has the rest: ``telescope_rollout.envs`` (the
+environment API and the built-ins), ``.chat``, ``.inference``, ``.engine``, ``.evals``, plus the
+namespaces ``.parsers`` (answer parsing) and ``.testing`` (fakes and torch-free advantages).
 """
 
 from telescope_rollout.__about__ import __version__
-from telescope_rollout._advantage import advantage_fn_for, is_zero_advantage
-from telescope_rollout._client import (
-    Completion,
-    InferenceClient,
-    InferenceError,
-    PromptTooLongError,
-    ServerTimeoutError,
-    ServerUnavailableError,
+from telescope_rollout._types import Message, RewardResult, RolloutState, Sample
+from telescope_rollout.chat import ChatTemplate, TemplateError, Tokenizer
+from telescope_rollout.engine import (
+    DroppedGroup,
+    EngineSettings,
+    MultiEnvSampler,
+    RolloutBatch,
+    RolloutEngine,
+    RolloutError,
+    SamplerEntry,
+    ScoredGroup,
+    ScoredSample,
 )
-from telescope_rollout._engine import RolloutEngine, RolloutError
-from telescope_rollout._env import Environment, MultiTurnEnvironment, SingleTurnEnvironment
-from telescope_rollout._evals import EvalResult, EvalRunner, EvalSpec
-from telescope_rollout._math import verify_math_answer
-from telescope_rollout._multiturn import MultiTurnTokens, TokenTrajectory, TurnTokenizer
-from telescope_rollout._passk import PassKSpec, pass_at_k, pass_pow_k
-from telescope_rollout._registry import (
-    BuiltEnvironment,
+from telescope_rollout.envs import (
+    Environment,
+    MultiTurnEnvironment,
+    Rubric,
+    SandboxLike,
+    SingleTurnEnvironment,
+    ToolEnvironment,
     UnknownEnvironmentError,
     build_environments,
     get_environment,
     list_environments,
 )
-from telescope_rollout._results import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
-from telescope_rollout._rubric import Rubric
-from telescope_rollout._sampler import MultiEnvSampler, SamplerEntry
-from telescope_rollout._sandbox import RunResult, RunResultLike, SandboxLike
-from telescope_rollout._servers import (
-    ServerDiedError,
-    ServerGroup,
-    ServerHandle,
-    ServerSettings,
-    ServerStartError,
-    classify_failure,
-    launch_server,
-    port_in_use,
-    server_command,
-    start_servers,
-)
-from telescope_rollout._settings import EngineSettings
-from telescope_rollout._template import ChatTemplate, TemplateError
-from telescope_rollout._tokens import Tokenizer
-from telescope_rollout._toolcalls import ToolCall, parse_tool_calls
-from telescope_rollout._tools import ToolEnvironment
-from telescope_rollout._toolschema import func_to_tool_schema
-from telescope_rollout._types import (
-    EvalMetricsResult,
-    Message,
-    RewardResult,
-    RolloutState,
-    Sample,
-    TrajectoryStep,
-)
-from telescope_rollout._watch import unfit_environment
-from telescope_rollout.parsers import (
-    extract_answer_tags,
-    extract_boxed_answer,
-    extract_code_block,
-    extract_last_number,
-    extract_xml_tag,
-    strip_think_tags,
-    verify_exact_match,
-)
+from telescope_rollout.evals import EvalResult, EvalRunner, EvalSpec
+from telescope_rollout.inference import InferenceClient, InferenceError
 
-__all__ = [
-    "BuiltEnvironment",
-    "ChatTemplate",
-    "Completion",
-    "DroppedGroup",
-    "EngineSettings",
+__all__ = ["__version__"]
+# the environment API
+__all__ += [
     "Environment",
-    "EvalMetricsResult",
-    "EvalResult",
-    "EvalRunner",
-    "EvalSpec",
-    "InferenceClient",
-    "InferenceError",
     "Message",
-    "MultiEnvSampler",
     "MultiTurnEnvironment",
-    "MultiTurnTokens",
-    "PassKSpec",
-    "PromptTooLongError",
     "RewardResult",
-    "RolloutBatch",
-    "RolloutEngine",
-    "RolloutError",
     "RolloutState",
     "Rubric",
-    "RunResult",
-    "RunResultLike",
     "Sample",
-    "SamplerEntry",
     "SandboxLike",
+    "SingleTurnEnvironment",
+    "ToolEnvironment",
+    "build_environments",
+    "get_environment",
+    "list_environments",
+]
+# chat
+__all__ += ["ChatTemplate", "Tokenizer"]
+# inference
+__all__ += ["InferenceClient"]
+# engine
+__all__ += [
+    "DroppedGroup",
+    "EngineSettings",
+    "MultiEnvSampler",
+    "RolloutBatch",
+    "RolloutEngine",
+    "SamplerEntry",
     "ScoredGroup",
     "ScoredSample",
-    "ServerDiedError",
-    "ServerGroup",
-    "ServerHandle",
-    "ServerSettings",
-    "ServerStartError",
-    "ServerTimeoutError",
-    "ServerUnavailableError",
-    "SingleTurnEnvironment",
-    "TemplateError",
-    "TokenTrajectory",
-    "Tokenizer",
-    "ToolCall",
-    "ToolEnvironment",
-    "TrajectoryStep",
-    "TurnTokenizer",
-    "UnknownEnvironmentError",
-    "__version__",
-    "advantage_fn_for",
-    "build_environments",
-    "classify_failure",
-    "extract_answer_tags",
-    "extract_boxed_answer",
-    "extract_code_block",
-    "extract_last_number",
-    "extract_xml_tag",
-    "func_to_tool_schema",
-    "get_environment",
-    "is_zero_advantage",
-    "launch_server",
-    "list_environments",
-    "parse_tool_calls",
-    "pass_at_k",
-    "pass_pow_k",
-    "port_in_use",
-    "server_command",
-    "start_servers",
-    "strip_think_tags",
-    "unfit_environment",
-    "verify_exact_match",
-    "verify_math_answer",
 ]
+# evals
+__all__ += ["EvalResult", "EvalRunner", "EvalSpec"]
+# errors
+__all__ += ["InferenceError", "RolloutError", "TemplateError", "UnknownEnvironmentError"]

@@ -1,4 +1,4 @@
-"""Data types shared by environments, rewards and the rollout loop (spec §4.1).
+"""Data types shared by environments, rewards and the rollout loop.
 
 Plain dataclasses and dicts only: these cross process boundaries and land in parquet tables, so
 they carry no behaviour beyond small conveniences.
@@ -43,14 +43,22 @@ class RewardResult:
     sample_tags: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class EvalMetricsResult:
-    """Metrics of one completion under evaluation (no total reward needed)."""
+class EvalMetricsResult(RewardResult):
+    """Metrics of one completion under evaluation: a :class:`RewardResult` without a total reward
+    (it stays 0; an eval reports only metrics). ``metrics`` is ``sample_metrics``."""
 
-    metrics: dict[str, float] = field(default_factory=dict)
-    golden_answers: dict[str, str | None] = field(default_factory=dict)
-    info_turns: list[dict[str, Any]] = field(default_factory=list)
-    sample_tags: dict[str, str] = field(default_factory=dict)
+    def __init__(
+        self,
+        metrics: dict[str, float] | None = None,
+        golden_answers: dict[str, str | None] | None = None,
+        info_turns: list[dict[str, Any]] | None = None,
+        sample_tags: dict[str, str] | None = None,
+    ):
+        super().__init__(0.0, metrics or {}, golden_answers or {}, info_turns or [], sample_tags or {})
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return self.sample_metrics
 
 
 @dataclass

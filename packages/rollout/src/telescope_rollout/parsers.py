@@ -1,4 +1,4 @@
-"""Answer parsers for reward functions (spec §4.6): pure string functions, safe on any input.
+"""Answer parsers for reward functions: pure string functions, safe on any input.
 
 Every parser runs in linear time on adversarial input (no backtracking regex over the whole
 text) and returns None instead of raising when nothing is found.

@@ -1,19 +1,31 @@
-"""Test doubles for the rollout engine: an in-process fake inference server and a fake clock.
+"""Stand-ins for running the engine without servers or torch: a fake inference server, a fake
+clock, and group advantages in plain Python.
 
-``FakeInferenceServer`` implements the client interface the engine uses (``server_urls``,
-``complete``) without HTTP. By default every request is answered at once (the benchmark measures
-the engine's own overhead with it); ``hold`` makes requests wait until the test releases them,
-so scheduling can be driven step by step.
+``FakeInferenceServer`` is a :class:`~telescope_rollout.inference.CompletionClient` without HTTP.
+By default every request is answered at once (the benchmark measures the engine's own overhead
+with it); ``hold`` makes requests wait until the test releases them, so scheduling can be driven
+step by step.
+
+:func:`group_advantages` is ``telescope_algos.group_advantages`` without torch, for the engine's
+``advantage_fn`` in rollout's own tests and in programs that embed the engine without
+telescope-algos; tests/test_advantage_parity.py (at the repository root) holds the two equal.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from telescope_rollout._client import Completion, ServerTimeoutError, ServerUnavailableError
+from telescope_rollout.inference._client import (
+    Completion,
+    CompletionClient,
+    CompletionRequest,
+    ServerTimeoutError,
+    ServerUnavailableError,
+)
 
 
 @dataclass
@@ -36,7 +48,7 @@ def default_reply(request: FakeRequest) -> tuple[str, list[int]]:
 
 
 @dataclass
-class FakeInferenceServer:
+class FakeInferenceServer(CompletionClient):
     """In-process stand-in for one or more vLLM servers.
 
     ``reply(request) -> (text, token_ids)`` decides the completion; logprobs are ``-0.5`` per
@@ -70,17 +82,16 @@ class FakeInferenceServer:
                 done += 1
         return done
 
-    async def complete(
-        self,
-        url: str,
-        prompt: list[int] | str,
-        *,
-        max_tokens: int,
-        sampling: dict[str, Any] | None = None,
-        priority: int = 0,
-        request_id: str | None = None,
-    ) -> Completion:
-        req = FakeRequest(url, prompt, max_tokens, dict(sampling or {}), priority, request_id or "")
+    async def generate(self, request: CompletionRequest) -> Completion:
+        url = request.url
+        req = FakeRequest(
+            url,
+            request.prompt,
+            request.max_tokens,
+            dict(request.sampling),
+            request.priority,
+            request.request_id,
+        )
         self.requests.append(req)
         if url in self.dead:
             raise ServerUnavailableError(f"{url}: connection refused (fake)", url)
@@ -118,3 +129,48 @@ async def settle(rounds: int = 50) -> None:
 def sample_ids(requests: Sequence[FakeRequest]) -> list[int]:
     """Sample ids from request ids ``sample-<id>[-turn-<k>]``."""
     return [int(r.request_id.split("-")[1]) for r in requests]
+
+
+# ------------------------------------------------------------------ group advantages without torch
+ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo")
+EPS = 1e-4
+"""Added to the group's standard deviation (GRPO), as telescope-algos does."""
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _std(xs: Sequence[float]) -> float:
+    """Sample standard deviation (ddof=1); 0 for a single value."""
+    if len(xs) < 2:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def group_advantages(
+    rewards: Sequence[float], *, algorithm: str = "grpo", advantage_norm: str = "group"
+) -> list[float]:
+    """One group's advantages under ``algorithm`` and ``advantage_norm`` (what telescope-algos computes).
+
+    grpo, cispo, gspo, sapo: ``(r - mean) / (std + 1e-4)``; rloo: ``(r - mean) * n / (n - 1)`` (0
+    for a group of one); dr_grpo: ``r - mean``. Batch normalisation (``advantage_norm="batch"``,
+    and reinforce_pp always) returns its group stage, ``r - mean`` (the raw reward for a group of
+    one); the training loop whitens over the step. rloo and dr_grpo with ``"batch"`` are errors.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
+    if advantage_norm not in ("group", "batch"):
+        raise ValueError(f"unknown advantage_norm {advantage_norm!r}; known: group, batch")
+    r = [float(x) for x in rewards]
+    m, n = _mean(r), len(r)
+    if algorithm in ("rloo", "dr_grpo"):
+        if advantage_norm == "batch":
+            raise ValueError(f"advantage_norm='batch' is not defined for {algorithm}; use 'group'")
+        scale = (n / (n - 1) if n > 1 else 0.0) if algorithm == "rloo" else 1.0
+        return [(x - m) * scale for x in r]
+    if algorithm == "reinforce_pp" or advantage_norm == "batch":
+        return [x - m for x in r] if n > 1 else r
+    s = _std(r)
+    return [(x - m) / (s + EPS) for x in r]

@@ -28,27 +28,32 @@ from telescope_sandbox._remote import DaytonaSandbox, E2BSandbox, ModalSandbox, 
 from telescope_sandbox._result import ExecResult
 
 __all__ = [
+    # Providers
     "DaytonaSandbox",
     "E2BSandbox",
-    "ExecRequest",
-    "ExecResult",
-    "Limits",
     "LocalSandbox",
     "ModalSandbox",
     "RemoteSandbox",
     "Sandbox",
-    "SandboxCPULimitError",
-    "SandboxDiskLimitError",
-    "SandboxError",
-    "SandboxInfraError",
-    "SandboxLimitError",
-    "SandboxMemoryError",
-    "SandboxOutputLimitError",
-    "SandboxPool",
-    "SandboxRequestError",
-    "SandboxTimeoutError",
-    "SandboxUnavailableError",
-    "__version__",
     "available_sandboxes",
     "get_sandbox",
+    # Running programs
+    "ExecRequest",
+    "ExecResult",
+    "Limits",
+    "SandboxPool",
+    # Errors the sandbox raises: the base class, a bad request, a failed sandbox
+    "SandboxError",
+    "SandboxInfraError",
+    "SandboxRequestError",
+    "SandboxUnavailableError",
+    # Errors for a program stopped by a limit (ExecResult.raise_for_limit)
+    "SandboxLimitError",
+    "SandboxCPULimitError",
+    "SandboxDiskLimitError",
+    "SandboxMemoryError",
+    "SandboxOutputLimitError",
+    "SandboxTimeoutError",
+    # Package
+    "__version__",
 ]

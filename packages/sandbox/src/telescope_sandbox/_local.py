@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 
@@ -183,40 +183,12 @@ class LocalSandbox(Sandbox):
         argv_head: list[str],
         nproc: bool,
     ) -> ExecResult:
-        limits = request.limits
-        rlimits = limits.rlimits()
-        if nproc:
-            # The helper (and, in a user namespace, bubblewrap's PID 1) run as the same user.
-            extra = 1 if self._privileged else 2
-            rlimits = [(n, s + extra, h + extra) if n == "RLIMIT_NPROC" else (n, s, h) for n, s, h in rlimits]
-        else:
-            rlimits = [r for r in rlimits if r[0] != "RLIMIT_NPROC"]
-        blob = bytearray()
-        files = []
-        for path, content in request.files.items():
-            files.append([path, len(blob), len(content)])
-            blob += content
-        spec = {
-            "workdir": workdir,
-            "uid": uid,
-            "gid": uid,
-            "rlimits": rlimits,
-            "argv": list(request.argv),
-            "env": self._program_env(request, workdir),
-            "files": files,
-            "files_out": list(request.files_out),
-            "max_file_out": limits.max_file_mb << 20,
-        }
-        spec_fd = os.memfd_create("telescope-sandbox-spec")
+        spec, blob = self._spec(request, workdir=workdir, uid=uid, nproc=nproc)
+        spec_fd = _memfd(marshal.dumps(spec, 4), blob)
         status_r, status_w = os.pipe()
         info_r, info_w = os.pipe() if argv_head else (-1, -1)
         keep = (spec_fd, status_w) if info_w < 0 else (spec_fd, status_w, info_w)
         try:
-            dumped = marshal.dumps(spec, 4)
-            view = memoryview(b"%d\n" % len(dumped) + dumped + blob)
-            while view:
-                view = view[os.write(spec_fd, view) :]
-            os.lseek(spec_fd, 0, os.SEEK_SET)
             info = ["--info-fd", str(info_w)] if argv_head else []
             shim = [self.python, "-S", "-I", "-c", _SHIM_SOURCE, str(spec_fd), str(status_w)]
             argv = [*argv_head, *info, *shim]
@@ -242,8 +214,52 @@ class LocalSandbox(Sandbox):
             for fd in keep:
                 os.close(fd)
         return await _Run(
-            proc, request=request, limits=limits, status_fd=status_r, info_fd=info_r, start=start
+            proc, request=request, limits=request.limits, status_fd=status_r, info_fd=info_r, start=start
         ).finish()
+
+    def _spec(
+        self, request: ExecRequest, *, workdir: str, uid: int | None, nproc: bool
+    ) -> tuple[dict[str, Any], bytearray]:
+        """What the helper (``_shim``) needs to run ``request``, and the input files' bytes."""
+        limits = request.limits
+        rlimits = limits.rlimits()
+        if nproc:
+            # The helper (and, in a user namespace, bubblewrap's PID 1) run as the same user.
+            extra = 1 if self._privileged else 2
+            rlimits = [(n, s + extra, h + extra) if n == "RLIMIT_NPROC" else (n, s, h) for n, s, h in rlimits]
+        else:
+            rlimits = [r for r in rlimits if r[0] != "RLIMIT_NPROC"]
+        blob = bytearray()
+        files: list[list[Any]] = []
+        for path, content in request.files.items():
+            files.append([path, len(blob), len(content)])
+            blob += content
+        spec = {
+            "workdir": workdir,
+            "uid": uid,
+            "gid": uid,
+            "rlimits": rlimits,
+            "argv": list(request.argv),
+            "env": self._program_env(request, workdir),
+            "files": files,
+            "files_out": list(request.files_out),
+            "max_file_out": limits.max_file_mb << 20,
+        }
+        return spec, blob
+
+
+def _memfd(spec: bytes, blob: bytearray) -> int:
+    """A memory file holding the helper's input: the spec's length, the spec, the files' bytes."""
+    fd = os.memfd_create("telescope-sandbox-spec")
+    try:
+        view = memoryview(b"%d\n" % len(spec) + spec + blob)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class _Run:

@@ -18,7 +18,7 @@ import dataclasses
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import ClassVar, Self
 
 from telescope_sandbox._errors import SandboxRequestError
@@ -200,10 +200,5 @@ class Sandbox(abc.ABC):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import importlib
 import math
 import posixpath
 import shlex
@@ -42,8 +43,14 @@ _API_GRACE_S = 10.0
 _STDIN_FILE = ".telescope_stdin"
 
 
-def _missing_extra(provider: str, module: str, extra: str) -> ImportError:
-    return ImportError(f"{provider} needs the {module!r} package: pip install 'telescope-sandbox[{extra}]'")
+def _import_sdk(provider: str, module: str) -> Any:
+    """The SDK module of an extra (named like it), or an ImportError that says how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{provider} needs the {module!r} package: pip install 'telescope-sandbox[{module}]'"
+        ) from exc
 
 
 def _text(data: Any, limit: int) -> tuple[str, bool]:
@@ -66,6 +73,44 @@ def shell_script(request: ExecRequest, workdir: str) -> str:
     return f"cd {shlex.quote(workdir)} && bash -c {shlex.quote(program)}"
 
 
+def _result(
+    limits: Limits,
+    out: Any,
+    err: Any,
+    code: int,
+    *,
+    timed_out: bool,
+    duration: float,
+    files: dict[str, bytes],
+) -> ExecResult:
+    """The result of a remote run. bash reports death by signal n as status 128 + n."""
+    exit_code = -(code - 128) if 128 < code < 160 else code
+    if exit_code == -9 and duration >= limits.timeout_s:
+        timed_out = True  # timeout -s KILL fired (it reports 137, or dies by SIGKILL itself)
+    if timed_out:
+        exit_code = -9
+    stdout, out_cut = _text(out, limits.max_output_bytes)
+    stderr, err_cut = _text(err, limits.max_output_bytes)
+    killed_by = classify_end(
+        exit_code=exit_code,
+        stderr_tail=stderr[-2048:],
+        timed_out=timed_out,
+        output_killed=False,
+        cpu_time_s=None,
+        cpu_limit_s=limits.cpu_seconds,
+    )
+    return ExecResult(
+        stdout,
+        stderr,
+        exit_code,
+        timed_out=timed_out,
+        duration_s=duration,
+        killed_by=killed_by,
+        output_truncated=out_cut or err_cut,
+        files=MappingProxyType(files),
+    )
+
+
 class RemoteSandbox(Sandbox):
     """Shared logic of the remote adapters; subclasses implement the five SDK calls."""
 
@@ -76,6 +121,7 @@ class RemoteSandbox(Sandbox):
         self.workdir = workdir
         self._started = False
         self._lock = asyncio.Lock()
+        self._box: Any = None  # the SDK's handle on the machine, once started
 
     @abc.abstractmethod
     async def _start(self) -> None:
@@ -110,57 +156,45 @@ class RemoteSandbox(Sandbox):
 
     async def _execute(self, request: ExecRequest) -> ExecResult:
         await self.start()
-        limits = request.limits
         started = time.monotonic()
         try:
-            folders = sorted({posixpath.dirname(p) for p in request.files} - {""})
-            if folders:
-                targets = " ".join(shlex.quote(posixpath.join(self.workdir, f)) for f in folders)
-                await self._exec(f"mkdir -p {targets}", _API_GRACE_S)
-            for path, content in {**request.files, _STDIN_FILE: request.stdin}.items():
-                await self._write(posixpath.join(self.workdir, path), content)
-            timed_out = False
-            try:
-                out, err, code = await self._exec(
-                    shell_script(request, self.workdir), limits.timeout_s + _API_GRACE_S
-                )
-            except TimeoutError:
-                out, err, code, timed_out = b"", b"", -9, True
+            await self._upload(request)
+            out, err, code, timed_out = await self._run_script(request)
             duration = time.monotonic() - started
-            files = {}
-            for path in request.files_out:
-                data = await self._read(posixpath.join(self.workdir, path))
-                if data is not None:
-                    files[path] = bytes(data[: limits.max_file_mb << 20])
+            files = await self._download(request)
         except SandboxInfraError:
             raise
         except Exception as exc:
             raise SandboxInfraError(f"{self.name}: {exc!r}") from exc
-        exit_code = -(code - 128) if 128 < code < 160 else code
-        if exit_code == -9 and duration >= limits.timeout_s:
-            timed_out = True  # timeout -s KILL fired (it reports 137, or dies by SIGKILL itself)
-        if timed_out:
-            exit_code = -9
-        stdout, out_cut = _text(out, limits.max_output_bytes)
-        stderr, err_cut = _text(err, limits.max_output_bytes)
-        killed_by = classify_end(
-            exit_code=exit_code,
-            stderr_tail=stderr[-2048:],
-            timed_out=timed_out,
-            output_killed=False,
-            cpu_time_s=None,
-            cpu_limit_s=limits.cpu_seconds,
-        )
-        return ExecResult(
-            stdout=stdout,
-            stderr=stderr,
-            exit_code=exit_code,
-            timed_out=timed_out,
-            duration_s=duration,
-            killed_by=killed_by,
-            output_truncated=out_cut or err_cut,
-            files=MappingProxyType(files),
-        )
+        return _result(request.limits, out, err, code, timed_out=timed_out, duration=duration, files=files)
+
+    async def _upload(self, request: ExecRequest) -> None:
+        """Write the request's files and its stdin into the work directory."""
+        folders = sorted({posixpath.dirname(p) for p in request.files} - {""})
+        if folders:
+            targets = " ".join(shlex.quote(posixpath.join(self.workdir, f)) for f in folders)
+            await self._exec(f"mkdir -p {targets}", _API_GRACE_S)
+        for path, content in {**request.files, _STDIN_FILE: request.stdin}.items():
+            await self._write(posixpath.join(self.workdir, path), content)
+
+    async def _run_script(self, request: ExecRequest) -> tuple[Any, Any, int, bool]:
+        """``(stdout, stderr, exit status, timed out)`` of the program's ``bash -c`` script."""
+        try:
+            out, err, code = await self._exec(
+                shell_script(request, self.workdir), request.limits.timeout_s + _API_GRACE_S
+            )
+        except TimeoutError:
+            return b"", b"", -9, True
+        return out, err, code, False
+
+    async def _download(self, request: ExecRequest) -> dict[str, bytes]:
+        """The ``files_out`` that exist, each cut to ``max_file_mb``."""
+        files: dict[str, bytes] = {}
+        for path in request.files_out:
+            data = await self._read(posixpath.join(self.workdir, path))
+            if data is not None:
+                files[path] = bytes(data[: request.limits.max_file_mb << 20])
+        return files
 
     async def close(self) -> None:
         if self._started and not self.closed:
@@ -190,14 +224,9 @@ class E2BSandbox(RemoteSandbox):
         limits: Limits | None = None,
         sdk: Any = None,
     ) -> None:
-        if sdk is None:
-            try:
-                from e2b import AsyncSandbox as sdk
-            except ImportError as exc:
-                raise _missing_extra("E2BSandbox", "e2b", "e2b") from exc
+        self._sdk = sdk if sdk is not None else _import_sdk("E2BSandbox", "e2b").AsyncSandbox
         super().__init__(workdir=workdir, limits=limits)
-        self._sdk, self._template, self._api_key, self._lifetime_s = sdk, template, api_key, lifetime_s
-        self._box: Any = None
+        self._template, self._api_key, self._lifetime_s = template, api_key, lifetime_s
 
     async def _start(self) -> None:
         kwargs: dict[str, Any] = {"timeout": self._lifetime_s}
@@ -208,6 +237,7 @@ class E2BSandbox(RemoteSandbox):
         self._box = await self._sdk.create(**kwargs)
 
     async def _exec(self, command: str, timeout_s: float) -> tuple[Any, Any, int]:
+        result: Any
         try:
             result = await self._box.commands.run(command, timeout=timeout_s)
         except Exception as exc:
@@ -254,15 +284,10 @@ class ModalSandbox(RemoteSandbox):
         limits: Limits | None = None,
         sdk: Any = None,
     ) -> None:
-        if sdk is None:
-            try:
-                import modal as sdk
-            except ImportError as exc:
-                raise _missing_extra("ModalSandbox", "modal", "modal") from exc
+        self._sdk = sdk if sdk is not None else _import_sdk("ModalSandbox", "modal")
         super().__init__(workdir=workdir, limits=limits)
-        self._sdk, self._app_name, self._image = sdk, app_name, image
+        self._app_name, self._image = app_name, image
         self._cpu, self._memory_mb, self._lifetime_s = cpu, memory_mb, lifetime_s
-        self._box: Any = None
 
     async def _start(self) -> None:
         app = await self._sdk.App.lookup.aio(self._app_name, create_if_missing=True)
@@ -322,14 +347,10 @@ class DaytonaSandbox(RemoteSandbox):
         sdk: Any = None,
     ) -> None:
         if sdk is None:
-            try:
-                from daytona import AsyncDaytona, DaytonaConfig
-            except ImportError as exc:
-                raise _missing_extra("DaytonaSandbox", "daytona", "daytona") from exc
-            sdk = AsyncDaytona(DaytonaConfig(api_key=api_key) if api_key else None)
+            daytona = _import_sdk("DaytonaSandbox", "daytona")
+            sdk = daytona.AsyncDaytona(daytona.DaytonaConfig(api_key=api_key) if api_key else None)
         super().__init__(workdir=workdir, limits=limits)
         self._client = sdk
-        self._box: Any = None
 
     async def _start(self) -> None:
         self._box = await self._client.create()
@@ -339,7 +360,8 @@ class DaytonaSandbox(RemoteSandbox):
         stderr_path = shlex.quote(posixpath.join(self.workdir, self._STDERR))
         wrapped = f"bash -c {shlex.quote(f'mkdir -p {workdir}; {{ {command}; }} 2> {stderr_path}')}"
         response = await self._client_exec(wrapped, timeout_s)
-        stderr = await self._read(posixpath.join(self.workdir, self._STDERR)) or b""
+        # The redirection always creates the stderr file, so it is read without looking first.
+        stderr = bytes(await self._box.fs.download_file(posixpath.join(self.workdir, self._STDERR)))
         return response.result, stderr, int(response.exit_code)
 
     async def _client_exec(self, command: str, timeout_s: float) -> Any:
@@ -349,12 +371,11 @@ class DaytonaSandbox(RemoteSandbox):
         await self._box.fs.upload_file(data, path)
 
     async def _read(self, path: str) -> bytes | None:
-        try:
-            return bytes(await self._box.fs.download_file(path))
-        except Exception as exc:
-            if "not found" in str(exc).lower() or isinstance(exc, FileNotFoundError):
-                return None
-            raise
+        # Daytona reports a missing file only in its error message, so ask the shell first.
+        found = await self._client_exec(f"test -f {shlex.quote(path)}", _API_GRACE_S)
+        if int(found.exit_code) != 0:
+            return None
+        return bytes(await self._box.fs.download_file(path))
 
     async def _stop(self) -> None:
         await self._box.delete()

@@ -74,14 +74,15 @@ class ExecResult:
         return self
 
 
-_MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
-_DISK_MARKERS = (
-    "No space left on device",
-    "File too large",
-    "File size limit exceeded",
-    "Disk quota exceeded",
+_STDERR_MARKERS: tuple[tuple[KilledBy, tuple[str, ...]], ...] = (
+    ("cpu", ("CPU time limit exceeded",)),
+    ("memory", ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")),
+    (
+        "disk",
+        ("No space left on device", "File too large", "File size limit exceeded", "Disk quota exceeded"),
+    ),
 )
-_CPU_MARKERS = ("CPU time limit exceeded",)
+"""What a program's last words say about the limit that ended it, checked in this order."""
 
 
 def classify_end(
@@ -103,7 +104,8 @@ def classify_end(
        ``RLIMIT_CPU`` (``CPU time limit exceeded``) -> ``"cpu"``; an allocation failure
        (Python's ``MemoryError``, ``Cannot allocate memory``, ``std::bad_alloc``,
        ``out of memory``) -> ``"memory"``; a full disk or a too-large file (``No space left on
-       device``, ``File too large``, ``File size limit exceeded``) -> ``"disk"``.
+       device``, ``File too large``, ``File size limit exceeded``) -> ``"disk"``
+       (``_STDERR_MARKERS``).
     5. Any other signal -> ``"signal"``; otherwise ``None``.
 
     The program writes its own stderr, so it can fake 4; treat ``killed_by`` as a diagnosis,
@@ -113,22 +115,21 @@ def classify_end(
         return "output"
     if timed_out:
         return "timeout"
-    if exit_code < 0:
-        sig = -exit_code
-        if sig == signal.SIGXCPU:
-            return "cpu"
-        if sig == signal.SIGKILL and cpu_time_s is not None and cpu_time_s >= cpu_limit_s:
-            return "cpu"
-        if sig == signal.SIGXFSZ:
-            return "disk"
-    if exit_code != 0:
+    found: KilledBy | None = _by_signal(-exit_code, cpu_time_s, cpu_limit_s) if exit_code < 0 else None
+    if found is None and exit_code != 0:
         tail = stderr_tail[-2048:]
-        if any(marker in tail for marker in _CPU_MARKERS):
-            return "cpu"
-        if any(marker in tail for marker in _MEMORY_MARKERS):
-            return "memory"
-        if any(marker in tail for marker in _DISK_MARKERS):
-            return "disk"
-    if exit_code < 0:
-        return "signal"
+        found = next((kind for kind, markers in _STDERR_MARKERS if any(m in tail for m in markers)), None)
+    if found is None and exit_code < 0:
+        found = "signal"
+    return found
+
+
+def _by_signal(sig: int, cpu_time_s: float | None, cpu_limit_s: float) -> KilledBy | None:
+    """The limit a terminating signal stands for (steps 2 and 3 of ``classify_end``), if any."""
+    if sig == signal.SIGXCPU or (
+        sig == signal.SIGKILL and cpu_time_s is not None and cpu_time_s >= cpu_limit_s
+    ):
+        return "cpu"
+    if sig == signal.SIGXFSZ:
+        return "disk"
     return None

@@ -22,7 +22,7 @@ and peak memory), reads the output files (regular files only, at most ``max_file
 each) and exits with the program's status.
 """
 
-import _signal
+import _signal  # pyright: ignore[reportMissingImports]  (built into CPython; no stub)
 import marshal
 import os
 import resource

@@ -1,12 +1,13 @@
 """Context parallelism (``fsdp_context_parallel_size`` = cp > 1): every packed row split over cp ranks.
 
-Layout: rank ``r`` is context-parallel rank ``r mod cp`` of data-parallel replica ``r // cp`` (the
-original's ``(dp, cp)`` mesh); the cp ranks of a replica get the same micro-batches, and FSDP still
+Layout: rank ``r`` is context-parallel rank ``r mod cp`` of data-parallel replica ``r // cp`` (a
+``(dp, cp)`` mesh); the cp ranks of a replica get the same micro-batches, and FSDP still
 shards the parameters over the whole world.
 
 Per micro-batch (exact; the same computation as cp = 1 up to summation order):
 
-1. The row is padded to a multiple of ``2·cp`` (a padding segment without loss tokens) and each rank
+1. The row is padded to a multiple of ``2·cp`` (``telescope_algos.pad_micro_batch`` with the
+   trainer's ``row_multiple``: a padding segment without loss tokens) and each rank
    keeps its zig-zag chunks (``telescope_algos.zigzag_indices``) with their *global* position ids,
    so the model's rotary embeddings are those of the whole row.
 2. Attention is the ``telescope_cp`` implementation registered with transformers: keys and values
@@ -14,17 +15,20 @@ Per micro-batch (exact; the same computation as cp = 1 up to summation order):
    local query attends causally within its own sample (``packed_attention``); no ``L × L`` mask.
 3. Logits exist only for local positions; their log-probabilities and entropies are all-gathered
    to the whole row (``gather_replicated``), so every cp rank runs the unchanged
-   ``telescope_algos.compute_loss``: GSPO's sequence ratio and every metric equal cp = 1. (The
-   original split rows contiguously, so the last rank did most of the causal attention.)
+   ``telescope_algos.compute_loss``: GSPO's sequence ratio and every metric equal cp = 1. The
+   zig-zag split gives every rank the same share of the causal attention (a contiguous split
+   would leave most of it to the last rank).
 4. Each rank's parameter gradient is the part that flows through its own tokens; the exact gradient
    is their sum, so the trainer scales the loss by the world size (FSDP averages over all ranks).
 
-The original needed flash-attn and ring-flash-attn (GPU only); this runs wherever the trainer runs.
+Plain torch (SDPA): it needs no flash-attn or ring attention kernels and runs wherever the trainer
+runs, CPU included. The split and the gathers: docs/algorithms.md#context-parallelism.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -38,11 +42,10 @@ from telescope_algos import (
     label_logprobs_and_entropy,
     next_token_labels,
     packed_attention,
-    split_length,
     zigzag_indices,
 )
 
-__all__ = ["ATTENTION", "CPLayout", "cp_logprobs", "make_layout", "pad_for_cp", "register_attention"]
+__all__ = ["ATTENTION", "CPLayout", "cp_logprobs", "make_layout", "register_attention"]
 
 ATTENTION = "telescope_cp"
 """The name of the context-parallel attention in transformers' ``AttentionInterface``."""
@@ -67,36 +70,15 @@ def make_layout(cp: int) -> CPLayout:
             f"fsdp_context_parallel_size {cp} must divide the {world} trainer ranks; set "
             f"trainer_num_workers to a multiple of {cp}"
         )
-    group = None
+    group: dist.ProcessGroup | None = None
     if cp > 1:
         for replica in range(world // cp):
             ranks = list(range(replica * cp, (replica + 1) * cp))
-            made = dist.new_group(ranks)  # every rank creates every group, in the same order
+            # every rank creates every group, in the same order (new_group's annotation admits an int)
+            made = cast(dist.ProcessGroup, dist.new_group(ranks))
             if rank in ranks:
                 group = made
     return CPLayout(cp=cp, cp_rank=rank % cp, dp_rank=rank // cp, dp_world_size=world // cp, group=group)
-
-
-def pad_for_cp(mb: MicroBatch, cp: int) -> MicroBatch:
-    """``mb`` with its row padded to a multiple of ``2·cp`` (no loss tokens; positions restart at 0)."""
-    length = mb.input_ids.shape[1]
-    pad = split_length(length, cp) - length
-    if pad == 0:
-        return mb
-
-    def grow(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t, t.new_zeros(1, pad)], dim=1)
-
-    positions = grow(mb.position_ids)
-    positions[0, length:] = torch.arange(pad)
-    return replace(
-        mb,
-        input_ids=grow(mb.input_ids),
-        position_ids=positions,
-        loss_mask=grow(mb.loss_mask),
-        advantages=grow(mb.advantages),
-        rollout_logprobs=grow(mb.rollout_logprobs),
-    )
 
 
 @dataclass(frozen=True)
@@ -166,7 +148,7 @@ def cp_logprobs(
     temperature: float,
     chunk_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole-row ``(logprobs, entropy)`` (algos layout) of a row padded by :func:`pad_for_cp`."""
+    """Whole-row ``(logprobs, entropy)`` (algos layout) of a row padded by ``pad_micro_batch``."""
     ids = mb.input_ids.to(device, non_blocking=True)
     positions = mb.position_ids.to(device, non_blocking=True)
     length = ids.shape[1]

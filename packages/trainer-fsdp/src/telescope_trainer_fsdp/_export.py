@@ -1,8 +1,8 @@
 """Weights out of the trainer: streamed Hugging Face tensors for weight sync, and checkpoint → safetensors.
 
 * :func:`iter_hf_weights` gathers one parameter at a time (``DTensor.full_tensor()``, a collective),
-  so no rank ever holds the full model at once (the original gathered the full state dict on
-  every rank each step: spec §1.9 FRAGILE). Names are the Hugging Face names; tied weights appear
+  so no rank ever holds the full model at once (not even for a moment: there is no full state
+  dict gathered on every rank). Names are the Hugging Face names; tied weights appear
   once (``lm_head.weight`` is left out when tied, as ``save_pretrained`` does).
 * :func:`convert_checkpoint` reads the ``model.*`` tensors of a DCP checkpoint without a process
   group, a few hundred MB at a time, and writes ``model.safetensors`` (or shards plus
@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.tensor import DTensor
 
 from telescope_trainer_fsdp import _checkpoint as ck
@@ -81,21 +82,11 @@ def convert_checkpoint(
     Returns:
         ``out_dir`` as a Path.
     """
-    from safetensors.torch import save_file
-
     ckpt = ck.check_folder(checkpoint_dir)
     hf_meta = ckpt / ck.HF_META_DIR
-    config_path = hf_meta / "config.json"
-    tied = bool(json.loads(config_path.read_text(encoding="utf-8")).get("tie_word_embeddings", False))
-    reader = dcp.FileSystemReader(str(ckpt))
-    metadata = reader.read_metadata().state_dict_metadata
-    entries: dict[str, TensorStorageMetadata] = {
-        key: md
-        for key, md in metadata.items()
-        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
-    }
-    if tied:
-        entries.pop("model.lm_head.weight", None)
+    config = json.loads((hf_meta / "config.json").read_text(encoding="utf-8"))
+    reader = FileSystemReader(str(ckpt))
+    entries = _model_entries(reader, tied=bool(config.get("tie_word_embeddings", False)))
     if not entries:
         raise ValueError(f"{ckpt} holds no model tensors")
     out = Path(out_dir)
@@ -109,6 +100,35 @@ def convert_checkpoint(
         return md.size.numel() * torch.empty((), dtype=want).element_size()
 
     shards = _plan_shards({k: nbytes(md) for k, md in entries.items()}, max_shard_bytes)
+    _write_shards(reader, entries, shards, out, dtype=dtype)
+    return out
+
+
+def _model_entries(reader: FileSystemReader, *, tied: bool) -> dict[str, TensorStorageMetadata]:
+    """The ``model.*`` tensors of a DCP checkpoint (without the output layer when it is tied)."""
+    metadata = reader.read_metadata().state_dict_metadata
+    entries = {
+        key: md
+        for key, md in metadata.items()
+        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
+    }
+    if tied:
+        entries.pop("model.lm_head.weight", None)
+    return entries
+
+
+def _write_shards(
+    reader: FileSystemReader,
+    entries: dict[str, TensorStorageMetadata],
+    shards: list[list[str]],
+    out: Path,
+    *,
+    dtype: torch.dtype | None,
+) -> None:
+    """Read each shard's tensors from the checkpoint and write them as safetensors (plus the index
+    when there is more than one file)."""
+    from safetensors.torch import save_file
+
     names = (
         ["model.safetensors"]
         if len(shards) == 1
@@ -120,7 +140,7 @@ def convert_checkpoint(
         state = {k: torch.empty(entries[k].size, dtype=entries[k].properties.dtype) for k in keys}
         with warnings.catch_warnings():  # "torch.distributed is disabled ...": reading alone is the point
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(state, storage_reader=reader, no_dist=True)
+            dcp_load(state, storage_reader=reader, no_dist=True)
         tensors = {}
         for k in keys:
             t = state.pop(k)
@@ -133,4 +153,3 @@ def convert_checkpoint(
     if len(shards) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
-    return out

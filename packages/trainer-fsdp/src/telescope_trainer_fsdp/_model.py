@@ -1,4 +1,4 @@
-"""Load a Hugging Face causal LM and shard it with FSDP2 (spec §1.8, FSDP backend).
+"""Load a Hugging Face causal LM and shard it with FSDP2.
 
 * ``AutoModelForCausalLM`` in ``model_dtype``, ``use_cache`` off, gradient checkpointing
   (non-reentrant) on by default.
@@ -6,7 +6,7 @@
   exact with both: the forward passes ``position_ids`` (restarting at 0 per sample) and no
   ``attention_mask``, so flash-attn runs its varlen kernel and transformers' mask builder (for SDPA
   and eager) detects the packed layout and adds a segment mask; samples sharing a row never attend
-  to each other. (The original fell back to SDPA without isolation: spec §1.8 FRAGILE.)
+  to each other, whichever kernel runs.
 * ``fully_shard`` on every module whose class is in ``_no_split_modules`` (the decoder layers), on
   untied input embeddings, then on the root; ``MixedPrecisionPolicy(param_dtype=mixed_precision_dtype,
   reduce_dtype=float32)``.
@@ -67,7 +67,7 @@ def load_sharded_model(
     model.config.use_cache = False
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(device)
+    model.to(device)  # pyright: ignore[reportArgumentType] (transformers' annotation of `to`)
     if mixed_precision_dtype is None:
         mp = MixedPrecisionPolicy()
     else:

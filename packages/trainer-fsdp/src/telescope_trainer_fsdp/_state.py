@@ -2,8 +2,8 @@
 
 Model and optimizer are saved sharded (each rank writes its shards, no gather), so a checkpoint can
 be loaded at another world size. The LR scheduler and counters go to ``trainer_state.pt`` (rank 0)
-and each rank's RNG to ``rng_state_rank_<r>.pt``; all of it is restored on load (the original lost
-the scheduler: spec §7 BUG).
+and each rank's RNG to ``rng_state_rank_<r>.pt``; all of it, the scheduler's position included, is
+restored on load.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -22,6 +21,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from telescope_algos import rng_state, set_rng_state
 from telescope_trainer_fsdp import _checkpoint as ck
@@ -48,7 +49,7 @@ def save_state(
         state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
     else:
         state = {"model": get_model_state_dict(model)}
-    dcp.save(state, checkpoint_id=str(directory))
+    dcp_save(state, checkpoint_id=str(directory))
     if training_state:
         torch.save(rng_state(), directory / ck.rng_file(rank))
     if rank == 0:
@@ -79,13 +80,13 @@ def load_state(
     if has_training and not weights_only:
         model_sd, optim_sd = get_state_dict(model, [optimizer])
         state = {"model": model_sd, "optimizer": optim_sd}
-        dcp.load(state, checkpoint_id=str(checkpoint))
+        dcp_load(state, checkpoint_id=str(checkpoint))
         set_state_dict(
             model, [optimizer], model_state_dict=state["model"], optim_state_dict=state["optimizer"]
         )
     else:
         state = {"model": get_model_state_dict(model)}
-        dcp.load(state, checkpoint_id=str(checkpoint))
+        dcp_load(state, checkpoint_id=str(checkpoint))
         set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
     trainer_state = None
     if has_training and not weights_only:

@@ -9,7 +9,8 @@ one collective before the micro-batch loop). Summing the micro-batch losses over
 gives the group's token mean, whatever the packing, the split into micro-batches or the number of
 ranks; dummy micro-batches (no loss tokens) change nothing. FSDP averages gradients over ranks, so
 each rank backpropagates ``loss · world_size`` (with context parallelism too: see
-``_context_parallel``). (The original averaged per-micro-batch means.)
+``_context_parallel``). Averaging per-micro-batch means instead would weigh a token by how the
+step happened to be packed (docs/algorithms.md#normalisation).
 """
 
 from __future__ import annotations

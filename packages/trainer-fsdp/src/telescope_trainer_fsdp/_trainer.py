@@ -1,9 +1,11 @@
-"""``FSDPTrainer``: the FSDP2 implementation of ``telescope_algos.TrainerBackend`` (spec §1.8, §7).
+"""``FSDPTrainer``: the FSDP2 implementation of ``telescope_algos.TrainerBackend``.
 
-One train step (every rank, collectively):
+One train step (every rank, collectively; the shared pieces are ``telescope_algos``' train-step
+helpers, the ones the Megatron backend uses too):
 
 1. One all-gather of the micro-batch count and of the loss tokens / samples per minibatch group
-   (``_step``), so each update is the exact token mean of its group over all ranks.
+   (``step_counts``), so each update is the exact token mean of its group over all ranks
+   (docs/algorithms.md#normalisation).
 2. With ``ppo_clip_ref_logprobs: batch`` and a ratio-based loss, a no-grad pass stores π_old.
 3. Micro-batches are dealt round-robin into ``number_of_minibatches`` groups; per group:
    ``zero_grad`` → forward/backward each micro-batch (gradient reduce-scatter only on the last) →
@@ -19,26 +21,29 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
-import time
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import structlog
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from telescope_algos import (
     MicroBatch,
-    compute_loss,
+    StepCounts,
+    StepLog,
+    check_micro_batches,
     loss_options,
+    micro_batch_loss,
     minibatch_groups,
     needs_old_logprobs,
+    pad_micro_batch,
     row_multiple,
+    seed_everything,
     step_counts,
 )
 from telescope_trainer_fsdp import _export, _state, _step
@@ -47,13 +52,15 @@ from telescope_trainer_fsdp._context_parallel import (
     CPLayout,
     cp_logprobs,
     make_layout,
-    pad_for_cp,
     register_attention,
 )
 from telescope_trainer_fsdp._distributed import DistInfo, init_distributed
 from telescope_trainer_fsdp._metrics import StepMetrics
 from telescope_trainer_fsdp._model import load_sharded_model
 from telescope_trainer_fsdp._schedule import build_lr_scheduler
+
+if TYPE_CHECKING:
+    from telescope_config import TelescopeConfig
 
 __all__ = ["FSDPTrainer", "create_trainer"]
 
@@ -74,7 +81,7 @@ class FSDPTrainer:
 
     def __init__(
         self,
-        config: Any,
+        config: TelescopeConfig,
         *,
         model_path: str,
         dist_info: DistInfo,
@@ -96,13 +103,7 @@ class FSDPTrainer:
         self.optimizer = torch.optim.AdamW(
             self._params, lr=config.learning_rate, weight_decay=config.weight_decay
         )
-        self.scheduler = build_lr_scheduler(
-            self.optimizer,
-            schedule=config.lr_scheduler,
-            warmup_steps=config.warmup_steps,
-            total_steps=config.number_of_steps,
-            min_lr_ratio=config.min_lr_ratio,
-        )
+        self.scheduler = build_lr_scheduler(self.optimizer, config)
         self._loss_options = loss_options(config)
         self._needs_old = needs_old_logprobs(config)
         self.row_multiple = row_multiple(context_parallel=self.cp_size)
@@ -118,98 +119,34 @@ class FSDPTrainer:
 
     def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
         """One optimizer step (per minibatch group) on this rank's micro-batches; see the module docstring."""
-        t_step = time.perf_counter()
-        cfg = self.config
-        mbs = list(micro_batches)
-        if not mbs:
-            raise ValueError(
-                "train_step got no micro-batches; pack at least one sample (pack_samples returns empty "
-                "lists only for an empty step)"
-            )
-        if self._cp:
-            mbs = [pad_for_cp(mb, self.cp_size) for mb in mbs]
-        groups = minibatch_groups(len(mbs), cfg.number_of_minibatches)
+        log = StepLog()
+        check_micro_batches(micro_batches)
+        mbs = [pad_micro_batch(mb, self.row_multiple).to(self.device) for mb in micro_batches]
+        groups = minibatch_groups(len(mbs), self.config.number_of_minibatches)
         counts = step_counts(mbs, groups, device=self.device, copies=self.cp_size)
         metrics = StepMetrics()
         self.model.train()
-
-        old: list[torch.Tensor | None] = [None] * len(mbs)
-        if self._needs_old:
-            t0 = time.perf_counter()
-            self.model.eval()  # π_old without dropout, like the original
-            with torch.no_grad():
-                for i, mb in enumerate(mbs):
-                    old[i] = self._logprobs(mb)[0].detach()
-            self.model.train()
-            metrics.set_rank_mean("timing/old_logprobs", time.perf_counter() - t0)
-
+        old = self._old_logprobs(mbs, log)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        t_fb = t_opt = 0.0
-        norms: list[float] = []
-        skipped = 0
-        for g, idx in enumerate(groups):
+        for g, indices in enumerate(groups):
             self.optimizer.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
-            for j, i in enumerate(idx):
-                mb = mbs[i]
-                self.model.set_requires_gradient_sync(j == len(idx) - 1)
-                logprobs, entropy = self._logprobs(mb)
-                loss, mb_metrics = compute_loss(
-                    logprobs,
-                    advantages=mb.advantages.to(self.device),
-                    loss_mask=mb.loss_mask.to(self.device),
-                    rollout_logprobs=mb.rollout_logprobs.to(self.device),
-                    old_logprobs=old[i],
-                    entropy=entropy,
-                    position_ids=mb.position_ids.to(self.device),
-                    num_tokens=counts.tokens[g],
-                    num_samples=counts.samples[g],
-                    max_len=cfg.max_tokens,
-                    **self._loss_options,
-                )
-                # FSDP averages gradients over ranks; the loss is already the replica's share of the
-                # sum, and context-parallel ranks each hold the part of the gradient through their tokens.
-                (loss * self.world_size).backward()
-                metrics.add_micro_batch(mb_metrics, input_tokens=mb.num_tokens)
-                metrics.add_sum(f"_group_loss/{g}", float(mb_metrics["loss"]))
-            t_fb += time.perf_counter() - t0
-
-            t0 = time.perf_counter()
-            norm = _grad_norm(self._params)
-            value = float(norm)
-            if math.isfinite(value):
-                if cfg.grad_clip > 0:
-                    torch.nn.utils.clip_grads_with_norm_(self._params, cfg.grad_clip, norm)
-                self.optimizer.step()
-            else:
-                skipped += 1
-                _log.warning("non-finite gradient norm: optimizer update skipped", step=step, norm=value)
-            self.optimizer.zero_grad(set_to_none=True)
-            norms.append(value)
-            t_opt += time.perf_counter() - t0
-        with warnings.catch_warnings():
-            # After a skipped update torch warns that the scheduler stepped before the optimizer.
-            warnings.filterwarnings(
-                "ignore", "Detected call of `lr_scheduler.step\\(\\)` before", UserWarning
-            )
-            self.scheduler.step()
-        self.skipped_steps_total += skipped
+            with log.timed("forward_backward"):
+                for j, i in enumerate(indices):
+                    last = j == len(indices) - 1
+                    self._forward_backward(mbs[i], old[i], counts, g, metrics, sync=last)
+            with log.timed("optimizer"):
+                self._optimizer_step(log, step)
+        self._step_scheduler()
+        self.skipped_steps_total += log.skipped
         self.steps_done += 1
-
-        metrics.set_rank_mean("timing/forward_backward", t_fb)
-        metrics.set_rank_mean("timing/optimizer", t_opt)
-        metrics.set_rank_mean("timing/step", time.perf_counter() - t_step)
+        for name, seconds in log.timing_metrics().items():
+            metrics.set_rank_mean(name, seconds)
         out = metrics.reduce(device=self.device, copies=self.cp_size)
         group_losses = [out.pop(f"_group_loss/{g}") for g in range(len(groups))]
         out["loss"] = sum(group_losses) / len(group_losses)
-        out["grad_norm"] = sum(norms) / len(norms)
-        out["learning_rate"] = lr
         out["num_tokens"] = float(sum(counts.tokens))
         out["num_samples"] = float(sum(counts.samples))
-        out["skipped_steps"] = float(skipped)
-        out["skipped_steps_total"] = float(self.skipped_steps_total)
-        if self.device.type == "cuda":
-            out["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 1024**3
+        out.update(log.metrics(learning_rate=lr, skipped_total=self.skipped_steps_total, device=self.device))
         return out
 
     def hf_weights(self, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
@@ -256,8 +193,7 @@ class FSDPTrainer:
         if self._closed:
             return
         self._closed = True
-        self.model = None  # type: ignore[assignment]
-        self.optimizer = None  # type: ignore[assignment]
+        del self.model, self.optimizer, self.scheduler
         self._params = []
         if self._dist.owns_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -265,6 +201,69 @@ class FSDPTrainer:
             dist.destroy_process_group(self._cp.group)  # the caller's world stays; our subgroup goes
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _old_logprobs(self, mbs: list[MicroBatch], log: StepLog) -> list[torch.Tensor | None]:
+        """π_old of every micro-batch when the loss needs it (without dropout), else Nones."""
+        if not self._needs_old:
+            return [None] * len(mbs)
+        with log.timed("old_logprobs"):
+            self.model.eval()
+            with torch.no_grad():
+                old: list[torch.Tensor | None] = [self._logprobs(mb)[0].detach() for mb in mbs]
+            self.model.train()
+        return old
+
+    def _forward_backward(
+        self,
+        mb: MicroBatch,
+        old: torch.Tensor | None,
+        counts: StepCounts,
+        group: int,
+        metrics: StepMetrics,
+        *,
+        sync: bool,
+    ) -> None:
+        """Forward and backward of one micro-batch of minibatch group ``group`` (gradients are
+        reduce-scattered with ``sync``, the group's last)."""
+        cast(FSDPModule, self.model).set_requires_gradient_sync(sync)
+        logprobs, entropy = self._logprobs(mb)
+        loss, mb_metrics = micro_batch_loss(
+            mb,
+            logprobs,
+            entropy,
+            old_logprobs=old,
+            counts=counts,
+            group=group,
+            max_len=self.config.max_tokens,
+            options=self._loss_options,
+        )
+        # FSDP averages gradients over ranks; the loss is already the replica's share of the
+        # sum, and context-parallel ranks each hold the part of the gradient through their tokens.
+        (loss * self.world_size).backward()
+        metrics.add_micro_batch(mb_metrics, input_tokens=mb.num_tokens)
+        metrics.add_sum(f"_group_loss/{group}", float(mb_metrics["loss"]))
+
+    def _optimizer_step(self, log: StepLog, step: int) -> None:
+        """Clip and apply this group's update, or skip it when the gradient norm is not finite."""
+        norm = _grad_norm(self._params)
+        value = float(norm)
+        finite = math.isfinite(value)
+        if finite:
+            if self.config.grad_clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(self._params, self.config.grad_clip, norm)
+            self.optimizer.step()
+        else:
+            _log.warning("non-finite gradient norm: optimizer update skipped", step=step, norm=value)
+        self.optimizer.zero_grad(set_to_none=True)
+        log.update(value, applied=finite)
+
+    def _step_scheduler(self) -> None:
+        with warnings.catch_warnings():
+            # After a skipped update torch warns that the scheduler stepped before the optimizer.
+            warnings.filterwarnings(
+                "ignore", "Detected call of `lr_scheduler.step\\(\\)` before", UserWarning
+            )
+            self.scheduler.step()
 
     def _logprobs(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         if self._cp:
@@ -298,7 +297,7 @@ class FSDPTrainer:
 
 
 def create_trainer(
-    config: Any,
+    config: TelescopeConfig,
     *,
     model_path: str | None = None,
     device: str | torch.device | None = None,
@@ -311,10 +310,10 @@ def create_trainer(
     """Build the FSDP2 trainer from a ``TelescopeConfig`` (collective: every rank calls it).
 
     Args:
-        config: the run's ``TelescopeConfig``.
+        config: the run's validated ``TelescopeConfig`` (read as is; never validated again here).
         model_path: overrides ``config.model`` (e.g. a local folder).
         device: ``"cpu"`` or ``"cuda"``; default CUDA when available.
-        gradient_checkpointing: recompute activations in backward (the original always does).
+        gradient_checkpointing: recompute activations in backward (on by default).
         attn_implementation: force a transformers attention implementation (default: flash-attn on GPU
             when installed, else SDPA; both isolate packed samples). With context parallelism the
             trainer's own ``telescope_cp`` attention is used and this must stay None.
@@ -331,20 +330,12 @@ def create_trainer(
         )
     info = init_distributed(device=device, timeout_s=dist_timeout_s)
     try:
-        if info.world_size != config.trainer_num_workers:
-            raise ValueError(
-                f"trainer_num_workers is {config.trainer_num_workers} but the torch.distributed world has "
-                f"{info.world_size} ranks; start that many trainer processes or set trainer_num_workers: "
-                f"{info.world_size}"
-            )
+        _check_world(config, info)
         layout = make_layout(cp)
         if cp > 1:
             register_attention()
             attn_implementation = ATTENTION
-        seed = int(config.seed if seed is None else seed)
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
+        seed_everything(int(config.seed if seed is None else seed))
         path = model_path or config.model
         model = load_sharded_model(
             path,
@@ -361,3 +352,12 @@ def create_trainer(
         raise
     _log.debug("fsdp trainer ready", model=path, rank=info.rank, world_size=info.world_size)
     return FSDPTrainer(config, model_path=path, dist_info=info, model=model, layout=layout)
+
+
+def _check_world(config: TelescopeConfig, info: DistInfo) -> None:
+    if info.world_size != config.trainer_num_workers:
+        raise ValueError(
+            f"trainer_num_workers is {config.trainer_num_workers} but the torch.distributed world has "
+            f"{info.world_size} ranks; start that many trainer processes or set trainer_num_workers: "
+            f"{info.world_size}"
+        )

@@ -7,7 +7,9 @@ folder its ``save_checkpoint`` wrote into a Hugging Face safetensors folder in a
 (no torch.distributed, no megatron-core). Also public: the Hugging Face ⇄ Megatron weight
 conversion (exact both ways), the model facts read from ``config.json``, the validation of the
 ``megatron_*`` settings, and the CPU shim that lets megatron-core run without CUDA.
-Heavy imports (megatron-core) happen when a trainer is created, not at import.
+Heavy imports (megatron-core, the ``[megatron]`` extra) happen when a trainer is created, not at
+import; without it, ``create_trainer`` raises an ImportError that names the extra
+(``_requirements``).
 """
 
 from telescope_algos import lr_multiplier

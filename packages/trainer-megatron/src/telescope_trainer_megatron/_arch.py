@@ -31,7 +31,7 @@ def padded_vocab_size(vocab_size: int, tensor_parallel_size: int, multiple: int 
     """Smallest size ≥ ``vocab_size`` divisible by ``lcm(multiple, tensor_parallel_size)``.
 
     Megatron splits the embedding rows evenly over the tensor-parallel ranks, so the vocabulary is
-    padded with rows that no token id uses (upstream pads to lcm(TP, 64) as well).
+    padded with rows that no token id uses, up to a multiple of lcm(64, TP).
     """
     step = math.lcm(multiple, tensor_parallel_size)
     return -(-vocab_size // step) * step

@@ -1,8 +1,9 @@
 """Core attention for packed rows on the local (non-Transformer-Engine) layer spec, without a mask.
 
 megatron-core's local ``DotProductAttention`` only accepts a dense ``[s × s]`` mask, refuses
-``PackedSeqParams`` and asserts that context parallelism is off. Upstream therefore built one
-segment-plus-causal mask per micro-batch (O(seq_len²) memory) and needed Transformer Engine for CP.
+``PackedSeqParams`` and asserts that context parallelism is off; working around it with one
+segment-plus-causal mask per micro-batch would cost O(seq_len²) memory, and CP would need
+Transformer Engine.
 :class:`PackedDotProductAttention` takes the sample boundaries instead (``PackedSeqParams`` with
 ``qkv_format="sbhd"``, ``cu_seqlens_q`` in *global* row positions, ``max_seqlen_q`` the global row
 length) and runs causal scaled-dot-product attention on each sample separately, so memory is
@@ -22,9 +23,16 @@ Transformer Engine the backend uses TE's attention instead of this class.
 
 from __future__ import annotations
 
-from megatron.core.transformer.dot_product_attention import DotProductAttention
+from typing import cast
+
+import torch.distributed as dist
 
 from telescope_algos import gather_partial, packed_attention
+from telescope_trainer_megatron._requirements import require_megatron
+
+require_megatron()
+
+from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
 
 __all__ = ["PackedDotProductAttention"]
 
@@ -42,7 +50,7 @@ class PackedDotProductAttention(DotProductAttention):
             config.context_parallel_size = cp
         self.cp = cp
 
-    def forward(  # noqa: PLR0917 (Megatron's positional signature)
+    def forward(  # Megatron's positional signature
         self,
         query,
         key,
@@ -62,7 +70,7 @@ class PackedDotProductAttention(DotProductAttention):
         if self.cp > 1:
             from megatron.core import parallel_state as ps
 
-            group = ps.get_context_parallel_group()
+            group = cast(dist.ProcessGroup, ps.get_context_parallel_group())
             cp_rank = ps.get_context_parallel_rank()
             key, value = gather_partial(key, 0, group), gather_partial(value, 0, group)
         # [s, 1, heads, d] -> [heads, s, d]

@@ -122,17 +122,23 @@ def set_optimizer_state(optimizer: Any, state: list[dict[str, Any]]) -> None:
 
 def rng_state() -> dict[str, Any]:
     """``telescope_algos.rng_state`` (Python, NumPy, torch, CUDA) plus megatron's RNG tracker."""
-    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-
-    return {**algos_rng_state(), "tracker": get_cuda_rng_tracker().get_states()}
+    return {**algos_rng_state(), "tracker": _rng_tracker().get_states()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     """Inverse of :func:`rng_state`."""
+    algos_set_rng_state(state)
+    _rng_tracker().set_states(state["tracker"])
+
+
+def _rng_tracker() -> Any:
+    """megatron's model-parallel RNG tracker (made by ``model_parallel_cuda_manual_seed``)."""
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    algos_set_rng_state(state)
-    get_cuda_rng_tracker().set_states(state["tracker"])
+    tracker = get_cuda_rng_tracker()
+    if tracker is None:
+        raise RuntimeError("megatron's RNG tracker is not initialised: build the trainer first")
+    return tracker
 
 
 def write_layout(directory: Path, facts: dict[str, Any]) -> None:

@@ -87,35 +87,48 @@ def megatron_names(arch: Architecture) -> list[str]:
     return names
 
 
+_TOP_LEVEL = {
+    "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+    "decoder.final_layernorm.weight": "model.norm.weight",
+}
+# Megatron per-layer suffix -> the Hugging Face tensors stacked into it, in order.
+_STACKED = {
+    "self_attention.linear_qkv.weight": tuple(f"self_attn.{x}_proj.weight" for x in "qkv"),
+    "self_attention.linear_qkv.bias": tuple(f"self_attn.{x}_proj.bias" for x in "qkv"),
+    "mlp.linear_fc1.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "mlp.shared_experts.linear_fc1.weight": (
+        "mlp.shared_expert.gate_proj.weight",
+        "mlp.shared_expert.up_proj.weight",
+    ),
+}
+
+
 def hf_sources(name: str, arch: Architecture) -> list[str]:
     """The Hugging Face tensors a global Megatron tensor is built from (1 to 3 names)."""
-    if name == "embedding.word_embeddings.weight":
-        return ["model.embed_tokens.weight"]
     if name == "output_layer.weight":
         return ["model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"]
-    if name == "decoder.final_layernorm.weight":
-        return ["model.norm.weight"]
+    if name in _TOP_LEVEL:
+        return [_TOP_LEVEL[name]]
     m = _LAYER.match(name)
-    if m is None:
+    sources = None if m is None else _layer_sources(m.group(2), arch)
+    if m is None or sources is None:
         raise KeyError(f"unknown Megatron parameter {name!r}")
-    hp = f"model.layers.{m.group(1)}."
-    rest = m.group(2)
+    return [f"model.layers.{m.group(1)}.{s}" for s in sources]
+
+
+def _layer_sources(rest: str, arch: Architecture) -> list[str] | None:
+    """The per-layer Hugging Face suffixes of the per-layer Megatron suffix ``rest`` (None: unknown)."""
     if rest in _LAYER_RENAMES:
-        return [hp + _LAYER_RENAMES[rest]]
-    if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
-        kind = rest.rsplit(".", 1)[1]
-        return [hp + f"self_attn.{x}_proj.{kind}" for x in "qkv"]
-    if rest == "mlp.linear_fc1.weight":
-        return [hp + "mlp.gate_proj.weight", hp + "mlp.up_proj.weight"]
-    if rest == "mlp.shared_experts.linear_fc1.weight":
-        return [hp + "mlp.shared_expert.gate_proj.weight", hp + "mlp.shared_expert.up_proj.weight"]
+        return [_LAYER_RENAMES[rest]]
+    if rest in _STACKED:
+        return list(_STACKED[rest])
     if rest == "mlp.router.weight":
-        return [hp + f"{arch.mlp_prefix}.gate.weight"]
+        return [f"{arch.mlp_prefix}.gate.weight"]
     em = _EXPERT.match(rest)
-    if em is not None:
-        gate, up, down = _expert_names(arch, int(em.group(1)))
-        return [hp + gate, hp + up] if em.group(2) == "linear_fc1" else [hp + down]
-    raise KeyError(f"unknown Megatron parameter {name!r}")
+    if em is None:
+        return None
+    gate, up, down = _expert_names(arch, int(em.group(1)))
+    return [gate, up] if em.group(2) == "linear_fc1" else [down]
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -149,7 +162,8 @@ def hf_to_megatron_tensor(
     if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
         return _pad_rows(sources[0], padded_vocab)
     if name.endswith("linear_qkv.weight") or name.endswith("linear_qkv.bias"):
-        return _qkv_to_megatron(*sources, arch)
+        q, k, v = sources
+        return _qkv_to_megatron(q, k, v, arch)
     if len(sources) == 2:  # gate and up of a SwiGLU fc1
         return torch.cat(sources, dim=0)
     return sources[0]

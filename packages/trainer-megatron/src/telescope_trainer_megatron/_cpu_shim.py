@@ -10,7 +10,7 @@ tensors with a literal ``device="cuda"`` (loss scale, overflow flag, grad-norm b
 ``torch`` whose ``tensor``/``zeros``/``ones``/``empty`` put ``"cuda"`` tensors on the CPU instead,
 and the rotary embeddings' context-parallel slice (``get_pos_emb_on_this_cp_rank``, which pins and
 moves an index to CUDA) is the same zig-zag slice computed on the CPU.
-The MoE ``alltoall`` token dispatcher (upstream's, the one that handles a different token count on
+The MoE ``alltoall`` token dispatcher (megatron-core's own, the one that handles a different token count on
 every expert-parallel rank) copies its split sizes to the host on a CUDA side stream
 (``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``, stream made in ``__init__``); on the
 CPU the tensors are already on the host, so the shim gives the class a placeholder stream and a
@@ -34,6 +34,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from telescope_trainer_megatron._requirements import require_megatron
 
 __all__ = ["CPU_UNFUSED", "cpu_shim_active", "cuda_type_names", "install_cpu_shim", "uninstall_cpu_shim"]
 
@@ -154,6 +156,7 @@ def install_cpu_shim() -> bool:
         return False
     if _saved:
         return True
+    require_megatron()
     from megatron.core.tensor_parallel import random as mrandom
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
@@ -203,8 +206,8 @@ def cuda_type_names() -> Iterator[None]:
             return name
         return original(self, dtype, non_blocking, **kwargs)
 
-    torch.Tensor.type = type_  # type: ignore[method-assign]
+    torch.Tensor.type = type_
     try:
         yield
     finally:
-        torch.Tensor.type = original  # type: ignore[method-assign]
+        torch.Tensor.type = original

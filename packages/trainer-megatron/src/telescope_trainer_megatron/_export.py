@@ -13,7 +13,7 @@ of the export (they are zero between steps) and restores it, zeroed, when the it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,10 +42,10 @@ def _merged_shape(name: str, shape: torch.Size, tp: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def export_plan(params: dict[str, torch.Tensor], arch: Architecture, tp: int) -> ExportPlan:
+def export_plan(params: Mapping[str, torch.Tensor], arch: Architecture, tp: int) -> ExportPlan:
     """Exchange which rank holds which global parameter (collective over the world)."""
     mine = {name: (_merged_shape(name, p.shape, tp), p.dtype) for name, p in params.items()}
-    everyone: list[dict[str, Any]] = [None] * dist.get_world_size()  # type: ignore[list-item]
+    everyone: list[Any] = [None] * dist.get_world_size()  # every rank's `mine`, once gathered
     dist.all_gather_object(everyone, mine)
     entries = []
     for name in megatron_names(arch):
@@ -63,7 +63,7 @@ def _grad_buffers(ddp_model: Any) -> list[Any]:
 
 
 def iter_hf_weights(
-    params: dict[str, torch.Tensor],
+    params: Mapping[str, torch.Tensor],
     plan: ExportPlan,
     arch: Architecture,
     *,

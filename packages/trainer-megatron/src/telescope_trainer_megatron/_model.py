@@ -22,6 +22,7 @@ from telescope_trainer_megatron._arch import Architecture
 from telescope_trainer_megatron._convert import hf_sources, hf_to_megatron_tensor
 from telescope_trainer_megatron._cpu_shim import CPU_UNFUSED
 from telescope_trainer_megatron._hf_io import HFCheckpoint
+from telescope_trainer_megatron._settings import ParallelLayout
 from telescope_trainer_megatron._shard import to_global_name, tp_shard
 
 __all__ = ["build_gpt_model", "load_hf_weights", "local_to_global", "transformer_config"]
@@ -31,11 +32,8 @@ log = structlog.get_logger()
 
 def transformer_config(
     arch: Architecture,
+    layout: ParallelLayout,
     *,
-    tp: int,
-    pp: int,
-    cp: int,
-    ep: int,
     params_dtype: torch.dtype,
     sequence_parallel: bool,
     recompute: bool,
@@ -45,7 +43,32 @@ def transformer_config(
     """The ``TransformerConfig`` of ``arch`` under this parallel layout and these options."""
     from megatron.core.transformer import TransformerConfig
 
-    kw: dict[str, Any] = {
+    kw = {
+        **_model_fields(arch, params_dtype),
+        **_parallel_fields(layout, sequence_parallel=sequence_parallel),
+        **_moe_fields(arch),
+    }
+    if recompute:
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    if fp8:
+        kw.update(
+            fp8="e4m3", fp8_margin=0, fp8_interval=1, fp8_amax_history_len=1024, fp8_amax_compute_algo="max"
+        )
+    if cpu:
+        kw.update(CPU_UNFUSED)
+    # Weights are overwritten from the checkpoint, but megatron-core only marks parameters as
+    # tensor-parallel inside its initialiser: without it, grad norms under TP > 1 are wrong.
+    kw.update(use_cpu_initialization=cpu, perform_initialization=True)
+    known = {f.name for f in dataclasses.fields(TransformerConfig)}
+    unknown = sorted(set(kw) - known)
+    if unknown:
+        raise RuntimeError(f"this megatron-core does not know TransformerConfig fields {unknown}; use 0.16.x")
+    return TransformerConfig(**kw)
+
+
+def _model_fields(arch: Architecture, params_dtype: torch.dtype) -> dict[str, Any]:
+    """The dense model: sizes, RMSNorm, SiLU-GLU, QKV bias, QK norm, no dropout, the dtype."""
+    return {
         "num_layers": arch.num_layers,
         "hidden_size": arch.hidden_size,
         "num_attention_heads": arch.num_heads,
@@ -65,55 +88,49 @@ def transformer_config(
         "pipeline_dtype": params_dtype,
         "bf16": params_dtype == torch.bfloat16,
         "fp16": params_dtype == torch.float16,
-        "tensor_model_parallel_size": tp,
-        "pipeline_model_parallel_size": pp,
-        "context_parallel_size": cp,
-        "expert_model_parallel_size": ep,
+        "masked_softmax_fusion": False,
+        "calculate_per_token_loss": True,  # the loss is already the step's token mean: no rescaling
+    }
+
+
+def _parallel_fields(layout: ParallelLayout, *, sequence_parallel: bool) -> dict[str, Any]:
+    """TP, PP, CP and EP sizes, and how tokens move between the ranks."""
+    return {
+        "tensor_model_parallel_size": layout.tp,
+        "pipeline_model_parallel_size": layout.pp,
+        "context_parallel_size": layout.cp,
+        "expert_model_parallel_size": layout.ep,
         "expert_tensor_parallel_size": 1,
-        "sequence_parallel": sequence_parallel and tp > 1,
+        "sequence_parallel": sequence_parallel and layout.tp > 1,
         # Micro-batches differ in length; only the pipeline's p2p shape exchange needs to know.
-        "variable_seq_lengths": pp > 1,
-        # Upstream's dispatcher: each expert-parallel rank may send a different number of tokens
-        # (packed micro-batches differ in length). On the CPU it runs through the shim's no-stream
-        # host copy (``_cpu_shim``); allgather would assume equal token counts on every EP rank.
+        "variable_seq_lengths": layout.pp > 1,
+        # Each expert-parallel rank may send a different number of tokens (packed micro-batches
+        # differ in length), which megatron-core's alltoall dispatcher handles; on the CPU it runs
+        # through the shim's no-stream host copy (``_cpu_shim``). allgather would assume equal
+        # token counts on every EP rank.
         "moe_token_dispatcher_type": "alltoall",
         "batch_p2p_comm": False,
-        "calculate_per_token_loss": True,  # the loss is already the step's token mean: no rescaling
-        "use_cpu_initialization": cpu,
-        # Weights are overwritten from the checkpoint, but megatron-core only marks parameters as
-        # tensor-parallel inside its CPU initialiser: without it, grad norms under TP > 1 are wrong.
-        "perform_initialization": True,
-        "masked_softmax_fusion": False,
     }
-    if arch.is_moe:
-        kw.update(
-            num_moe_experts=arch.num_experts,
-            moe_router_topk=arch.moe_topk,
-            moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
-            moe_router_pre_softmax=arch.moe_pre_softmax,
-            moe_router_load_balancing_type="none",
-            moe_aux_loss_coeff=0.0,
-            moe_grouped_gemm=False,
-            moe_layer_freq=[int(m) for m in arch.moe_layers],
-        )
-        if arch.shared_expert_size:
-            kw.update(
-                moe_shared_expert_intermediate_size=arch.shared_expert_size,
-                moe_shared_expert_gate=arch.shared_expert_gate,
-            )
-    if recompute:
-        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    if fp8:
-        kw.update(
-            fp8="e4m3", fp8_margin=0, fp8_interval=1, fp8_amax_history_len=1024, fp8_amax_compute_algo="max"
-        )
-    if cpu:
-        kw.update(CPU_UNFUSED)
-    known = {f.name for f in dataclasses.fields(TransformerConfig)}
-    unknown = sorted(set(kw) - known)
-    if unknown:
-        raise RuntimeError(f"this megatron-core does not know TransformerConfig fields {unknown}; use 0.16.x")
-    return TransformerConfig(**kw)
+
+
+def _moe_fields(arch: Architecture) -> dict[str, Any]:
+    """Routing of a mixture-of-experts model (none for a dense one); see ``_arch`` for the softmax."""
+    if not arch.is_moe:
+        return {}
+    kw: dict[str, Any] = {
+        "num_moe_experts": arch.num_experts,
+        "moe_router_topk": arch.moe_topk,
+        "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
+        "moe_router_pre_softmax": arch.moe_pre_softmax,
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_grouped_gemm": False,
+        "moe_layer_freq": [int(m) for m in arch.moe_layers],
+    }
+    if arch.shared_expert_size:
+        kw["moe_shared_expert_intermediate_size"] = arch.shared_expert_size
+        kw["moe_shared_expert_gate"] = arch.shared_expert_gate
+    return kw
 
 
 def _layer_spec(config: Any, use_te: bool) -> Any:
@@ -123,7 +140,8 @@ def _layer_spec(config: Any, use_te: bool) -> Any:
 
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_te, normalization="RMSNorm")
     if not use_te:
-        for layer in spec.layer_specs:
+        layers: list[Any] = list(spec.layer_specs or [])
+        for layer in layers:
             layer.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
     return spec
 

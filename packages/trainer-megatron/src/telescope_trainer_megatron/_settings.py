@@ -9,7 +9,7 @@ layers, experts) or this machine (the world size, CUDA, Transformer Engine insta
 ``telescope_config.ConfigError`` when the trainer is created.
 
 :func:`params_dtype_name` is the dtype Megatron holds its parameters in: ``mixed_precision_dtype``,
-or ``model_dtype`` when that is null (bfloat16 by default, as upstream; float32 for exact tests);
+or ``model_dtype`` when that is null (bfloat16 by default; float32 for exact tests);
 the optimizer keeps float32 main parameters for bfloat16 ones.
 
 Field notes (what each ``megatron_*`` field does in this backend):
@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from telescope_config import ConfigError, Problem
+from telescope_config import ConfigError, Problem, TelescopeConfig
 from telescope_trainer_megatron._arch import Architecture
 
 __all__ = [
@@ -72,7 +71,7 @@ class ParallelLayout:
         return self.world // (self.tp * self.pp * self.cp)
 
     @classmethod
-    def from_config(cls, config: Any, world: int) -> ParallelLayout:
+    def from_config(cls, config: TelescopeConfig, world: int) -> ParallelLayout:
         return cls(
             world=world,
             tp=config.megatron_tensor_parallel_size,
@@ -82,7 +81,7 @@ class ParallelLayout:
         )
 
 
-def params_dtype_name(config: Any) -> str:
+def params_dtype_name(config: TelescopeConfig) -> str:
     """The parameter (compute) dtype: ``mixed_precision_dtype``, else ``model_dtype``."""
     name = config.mixed_precision_dtype or config.model_dtype
     if name not in ("bfloat16", "float32"):
@@ -95,14 +94,19 @@ def params_dtype_name(config: Any) -> str:
 
 _MODEL = "the model's config.json"
 _MACHINE = "this machine"
+_NEEDS_CUDA = {
+    "megatron_fp8": "FP8 needs a CUDA GPU (Hopper or newer)",
+    "megatron_optimizer_cpu_offload": "offloading moves optimizer state from the GPU to the CPU; "
+    "without CUDA it is already there",
+    "megatron_overlap_grad_reduce": "overlapping the gradient reduce needs CUDA streams",
+}
 
 
 def megatron_problems(
-    config: Any, arch: Architecture, layout: ParallelLayout, *, has_te: bool, has_cuda: bool
+    config: TelescopeConfig, arch: Architecture, layout: ParallelLayout, *, has_te: bool, has_cuda: bool
 ) -> list[Problem]:
     """Every reason this config cannot train this model on this machine, each with a fix."""
     out: list[Problem] = []
-    tp, pp, ep = layout.tp, layout.pp, layout.ep
     if layout.world != config.trainer_num_workers:
         out.append(
             Problem(
@@ -114,6 +118,16 @@ def megatron_problems(
                 _MACHINE,
             )
         )
+    out += _layout_problems(arch, layout)
+    out += _expert_problems(config, arch, layout)
+    out += _machine_problems(config, has_te=has_te, has_cuda=has_cuda)
+    return out
+
+
+def _layout_problems(arch: Architecture, layout: ParallelLayout) -> list[Problem]:
+    """TP must divide the heads, PP the layers."""
+    out: list[Problem] = []
+    tp, pp = layout.tp, layout.pp
     if arch.num_heads % tp or arch.num_kv_heads % tp:
         out.append(
             Problem(
@@ -135,6 +149,13 @@ def megatron_problems(
                 _MODEL,
             )
         )
+    return out
+
+
+def _expert_problems(config: TelescopeConfig, arch: Architecture, layout: ParallelLayout) -> list[Problem]:
+    """EP needs experts and must divide them; MoE layers under TP need sequence parallel."""
+    out: list[Problem] = []
+    ep = layout.ep
     if ep > 1 and not arch.is_moe:
         out.append(
             Problem(
@@ -156,13 +177,13 @@ def megatron_problems(
             )
         )
     sequence_parallel = config.megatron_sequence_parallel and config.megatron_use_transformer_engine
-    if arch.is_moe and tp > 1 and not sequence_parallel:
+    if arch.is_moe and layout.tp > 1 and not sequence_parallel:
         # megatron-core's MoE layer refuses to train under TP without sequence parallel, and this
         # backend runs sequence parallel only on the Transformer Engine layers.
         out.append(
             Problem(
                 "megatron_tensor_parallel_size",
-                tp,
+                layout.tp,
                 f"{arch.model_type} has MoE layers, which megatron-core trains under tensor parallelism "
                 "only with sequence parallelism, and that needs the Transformer Engine layers here",
                 "set megatron_sequence_parallel: true and megatron_use_transformer_engine: true "
@@ -171,6 +192,12 @@ def megatron_problems(
                 _MODEL,
             )
         )
+    return out
+
+
+def _machine_problems(config: TelescopeConfig, *, has_te: bool, has_cuda: bool) -> list[Problem]:
+    """Transformer Engine asked for but not installed; CUDA-only options without CUDA."""
+    out: list[Problem] = []
     if config.megatron_use_transformer_engine and not has_te:
         out.append(
             Problem(
@@ -182,13 +209,7 @@ def megatron_problems(
             )
         )
     if not has_cuda:
-        needs_cuda = {
-            "megatron_fp8": "FP8 needs a CUDA GPU (Hopper or newer)",
-            "megatron_optimizer_cpu_offload": "offloading moves optimizer state from the GPU to the CPU; "
-            "without CUDA it is already there",
-            "megatron_overlap_grad_reduce": "overlapping the gradient reduce needs CUDA streams",
-        }
-        for field, why in needs_cuda.items():
+        for field, why in _NEEDS_CUDA.items():
             if getattr(config, field):
                 out.append(
                     Problem(field, True, f"{why}, and CUDA is not available", f"set {field}: false", _MACHINE)
@@ -197,7 +218,7 @@ def megatron_problems(
 
 
 def check_megatron_settings(
-    config: Any, arch: Architecture, layout: ParallelLayout, *, has_te: bool, has_cuda: bool
+    config: TelescopeConfig, arch: Architecture, layout: ParallelLayout, *, has_te: bool, has_cuda: bool
 ) -> None:
     """Raise a ``telescope_config.ConfigError`` listing every problem of :func:`megatron_problems`."""
     problems = megatron_problems(config, arch, layout, has_te=has_te, has_cuda=has_cuda)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
@@ -27,7 +28,7 @@ _ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight", "shared_ex
 _GATED = ("mlp.linear_fc1.weight", "shared_experts.linear_fc1.weight")
 _VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
 
-Split = str | int | None
+Split = Literal["gated"] | int | None
 
 
 def tp_split_dim(name: str) -> Split:
@@ -81,16 +82,18 @@ def to_local_name(
     name: str, *, layer_offset: int, num_layers: int, expert_offset: int = 0, num_experts: int = 0
 ) -> str | None:
     """The rank-local name of a global parameter, or None when this rank does not hold it."""
-    m = _LAYER.match(name)
-    if m is not None:
-        i = int(m.group(1)) - layer_offset
-        if not 0 <= i < num_layers:
-            return None
-        name = _shift(_LAYER, name, -layer_offset, "decoder.layers.{}.")
-    e = _EXPERT.search(name)
-    if e is not None:
-        j = int(e.group(1)) - expert_offset
-        if not 0 <= j < num_experts:
-            return None
-        name = _shift(_EXPERT, name, -expert_offset, ".local_experts.{}.")
-    return name
+    local = _to_local(_LAYER, name, layer_offset, num_layers, "decoder.layers.{}.")
+    if local is None:
+        return None
+    return _to_local(_EXPERT, local, expert_offset, num_experts, ".local_experts.{}.")
+
+
+def _to_local(pattern: re.Pattern[str], name: str, offset: int, count: int, template: str) -> str | None:
+    """``name`` with the index ``pattern`` captures shifted down by ``offset``; None when the shifted
+    index is outside ``0 … count-1`` (another rank's); ``name`` itself when it has no such index."""
+    m = pattern.search(name)
+    if m is None:
+        return name
+    if not 0 <= int(m.group(1)) - offset < count:
+        return None
+    return _shift(pattern, name, -offset, template)

@@ -1,6 +1,7 @@
 """``MegatronTrainer``: the ``telescope_algos.TrainerBackend`` protocol on megatron-core.
 
-Setup (:func:`create_trainer`): process group from the environment (gloo on CPU, NCCL on GPU),
+Setup (:func:`create_trainer`, the pieces in ``_setup``; megatron-core is the ``[megatron]`` extra,
+and without it an ImportError names it): process group from the environment (gloo on CPU, NCCL on GPU),
 the CPU shim where CUDA is absent, ``initialize_model_parallel`` (TP, PP, CP, EP; expert TP 1),
 Python, NumPy and torch seeded with ``seed`` (default ``config.seed``) and megatron's RNG tracker
 with ``seed + 100 · pipeline rank``, the GPTModel twin of the Hugging Face model filled with its
@@ -21,10 +22,10 @@ One ``train_step``: optionally a no-grad pass for the pre-update log-probabiliti
 (``ppo_clip_ref_logprobs: batch``); then the micro-batches are dealt round-robin into
 ``number_of_minibatches`` groups and each group is one optimizer step through Megatron's
 forward-backward schedule (pipelined when PP > 1). Each micro-batch loss is
-``telescope_algos.compute_loss`` with ``num_tokens`` and ``num_samples`` = the loss tokens and the
-samples of the whole group over every data-parallel rank (one all-reduce), and every other keyword
-from the config (``telescope_algos.loss_options``: each non-data keyword of ``compute_loss`` is the
-config field of that name, the rule the FSDP backend uses too), so gradients are *summed* over
+``telescope_algos.micro_batch_loss`` (``compute_loss`` with ``num_tokens`` and ``num_samples`` =
+the loss tokens and the samples of the whole group over every data-parallel rank, one all-gather),
+with the config's ``LossOptions`` (``telescope_algos.loss_options``: each field is the config field
+of that name, the rule the FSDP backend uses too), so gradients are *summed* over
 micro-batches and ranks (``calculate_per_token_loss``) and the result is the group's exact token
 mean (or Dr. GRPO's ``token_sum_norm`` over the group's samples). The step is skipped when the
 gradient norm is not finite; otherwise gradients are clipped to ``grad_clip`` (0: no clip).
@@ -34,14 +35,14 @@ folder the caller made: ``layout.json`` and ``hf/`` from rank 0, and with the tr
 shard per rank; it returns the layout facts for the caller's ``meta.json``. A full
 ``load_checkpoint`` needs the same parallel layout; ``weights_only`` reads ``hf/`` under any layout.
 
-Context parallelism (CP > 1, ``_context_parallel``): every CP rank of a data-parallel replica gets
-the same micro-batches; each row is padded to a multiple of 2·CP and the model runs on this rank's
-zig-zag chunks (RoPE on their global positions, keys and values all-gathered inside attention). The
-per-token log-probabilities and entropies are all-gathered back to the full row, and every CP rank
-runs ``compute_loss`` on the *whole* row: sequence-level terms (GSPO's ratio, sequence IS masking,
-Dr. GRPO's per-sample lengths) and every metric are exactly those of CP = 1, while the gather's
-backward keeps each rank's own tokens, and Megatron's DDP sums the gradients over data × context
-parallel ranks.
+Context parallelism (CP > 1; docs/algorithms.md#context-parallelism): every CP rank of a
+data-parallel replica gets the same micro-batches; each row is padded to a multiple of 2·CP and the
+model runs on this rank's zig-zag chunks (RoPE on their global positions, keys and values
+all-gathered inside attention). The per-token log-probabilities and entropies are all-gathered back
+to the full row, and every CP rank runs ``compute_loss`` on the *whole* row: sequence-level terms
+(GSPO's ratio, sequence IS masking, Dr. GRPO's per-sample lengths) and every metric are exactly
+those of CP = 1, while the gather's backward keeps each rank's own tokens, and Megatron's DDP sums
+the gradients over data × context parallel ranks.
 
 Expert parallelism (EP > 1): each MoE layer's routed experts are split over EP ranks (carved out
 of the data-parallel ranks) and megatron-core's ``alltoall`` token dispatcher sends every token to
@@ -53,35 +54,35 @@ the same number of micro-batches, which each step checks first.
 from __future__ import annotations
 
 import functools
-import os
-import random
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-import numpy as np
 import structlog
 import torch
 import torch.distributed as dist
 
 from telescope_algos import (
     MicroBatch,
+    StepCounts,
+    StepLog,
     align_to_inputs,
-    compute_loss,
+    check_micro_batches,
     cu_seqlens,
     gather_replicated,
     loss_options,
-    lr_multiplier,
+    lr_schedule,
+    micro_batch_loss,
     minibatch_groups,
     needs_old_logprobs,
     next_token_labels,
+    pad_micro_batch,
     row_multiple,
     step_counts,
     zigzag_indices,
 )
+from telescope_config import TelescopeConfig
 from telescope_trainer_megatron import _checkpoint as ckpt
 from telescope_trainer_megatron._arch import Architecture, padded_vocab_size
 from telescope_trainer_megatron._cpu_shim import cuda_type_names, install_cpu_shim
@@ -93,12 +94,21 @@ from telescope_trainer_megatron._model import (
     local_to_global,
     transformer_config,
 )
+from telescope_trainer_megatron._requirements import require_megatron
 from telescope_trainer_megatron._settings import (
     ParallelLayout,
     check_megatron_settings,
     params_dtype_name,
     te_available,
     torch_dtype,
+)
+from telescope_trainer_megatron._setup import (
+    build_optimizer,
+    init_distributed,
+    init_model_parallel,
+    seed_ranks,
+    sequence_parallel,
+    wrap_ddp,
 )
 from telescope_trainer_megatron._vocab_parallel import vocab_parallel_label_logprobs_and_entropy
 
@@ -109,16 +119,12 @@ log = structlog.get_logger()
 
 @dataclass
 class _Batch:
-    """One micro-batch ready for the model: tensors on the device plus the packed-sequence bounds."""
+    """One micro-batch ready for the model: the padded row on the device, this rank's share of it and
+    the packed-sequence bounds."""
 
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    advantages: torch.Tensor
-    rollout_logprobs: torch.Tensor
+    row: MicroBatch
+    """The whole row, padded to the trainer's ``row_multiple``, on the device."""
     packed: Any
-    num_tokens: int
-    num_samples: int
     model_ids: torch.Tensor
     """This CP rank's tokens (its zig-zag chunks; the whole row when CP = 1), ``[1, L / CP]``."""
     model_positions: torch.Tensor
@@ -128,22 +134,25 @@ class _Batch:
 
 
 def create_trainer(
-    config: Any, *, model_path: str | Path | None = None, seed: int | None = None, **options: Any
+    config: TelescopeConfig, *, model_path: str | Path | None = None, seed: int | None = None, **options: Any
 ) -> MegatronTrainer:
-    """Build the Megatron backend for ``config`` (a ``telescope_config.TelescopeConfig``).
+    """Build the Megatron backend for ``config``, the run's validated ``TelescopeConfig`` (read as
+    is, never validated again here).
 
     Args:
         model_path: local Hugging Face folder; defaults to ``config.model``.
         seed: seeds Python, NumPy and torch on every rank before the model is built, and megatron's
             RNG tracker with ``seed + 100 · pipeline rank``; defaults to ``config.seed``.
         options: ``params_dtype`` (overrides the config's: ``mixed_precision_dtype``, or
-            ``model_dtype`` when that is null; bfloat16 by default as upstream, float32 for exact
-            tests), ``adam_beta1`` (0.9), ``adam_beta2`` (0.999), ``adam_eps`` (1e-8): PyTorch
-            AdamW's defaults, as the FSDP backend; ``init_timeout_s`` (600, process-group timeout).
+            ``model_dtype`` when that is null; bfloat16 by default, float32 for exact tests),
+            ``adam_beta1`` (0.9), ``adam_beta2`` (0.999), ``adam_eps`` (1e-8): PyTorch AdamW's
+            defaults, as the FSDP backend; ``init_timeout_s`` (600, process-group timeout).
 
     Raises:
+        ImportError: megatron-core is missing (the message names the ``[megatron]`` extra).
         telescope_config.ConfigError: the settings cannot work with this model on this machine.
     """
+    require_megatron()
     return MegatronTrainer(config, model_path=model_path, seed=seed, **options)
 
 
@@ -152,7 +161,7 @@ class MegatronTrainer:
 
     def __init__(
         self,
-        config: Any,
+        config: TelescopeConfig,
         *,
         model_path: str | Path | None = None,
         params_dtype: str | None = None,
@@ -162,11 +171,12 @@ class MegatronTrainer:
         seed: int | None = None,
         init_timeout_s: float = 600.0,
     ) -> None:
+        require_megatron()
         self.config = config
         self.seed = int(config.seed if seed is None else seed)
         self.model_path = Path(model_path or config.model)
         self.arch = Architecture.from_pretrained(self.model_path)
-        self._owns_group = _init_distributed(init_timeout_s)
+        self._owns_group = init_distributed(init_timeout_s)
         self._cpu = install_cpu_shim()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         layout = ParallelLayout.from_config(config, self.world_size)
@@ -181,53 +191,21 @@ class MegatronTrainer:
         self._closed = False
         self._plan: ExportPlan | None = None
         self._loss_options = loss_options(config)
-        _learning_rate(config, 0)  # a bad schedule fails here, with lr_multiplier's message
-        self._build(self.seed, adam_beta1, adam_beta2, adam_eps)
+        self._lr_multiplier = lr_schedule(config)  # a bad schedule fails here, with its message
+        self._build(self.seed, (adam_beta1, adam_beta2), adam_eps)
 
     # ------------------------------------------------------------------ setup
-    def _build(self, seed: int, beta1: float, beta2: float, eps: float) -> None:
-        from megatron.core import parallel_state as ps
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
+    def _build(self, seed: int, betas: tuple[float, float], eps: float) -> None:
+        """Parallel groups, seeds, the model with its weights, DDP and Adam (``_setup``)."""
         cfg, lo = self.config, self.layout
-        if not ps.model_parallel_is_initialized():
-            ps.initialize_model_parallel(
-                tensor_model_parallel_size=lo.tp,
-                pipeline_model_parallel_size=lo.pp,
-                context_parallel_size=lo.cp,
-                expert_model_parallel_size=lo.ep,
-                expert_tensor_parallel_size=1,
-            )
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
-        # Then megatron's tracker (and CUDA). On the CPU the shim routes its torch.cuda.manual_seed to
-        # torch.manual_seed, so there the CPU generator ends at seed + 100 · pipeline rank.
-        model_parallel_cuda_manual_seed(seed + 100 * ps.get_pipeline_model_parallel_rank())
+        init_model_parallel(lo)
+        seed_ranks(seed)
         use_te = bool(cfg.megatron_use_transformer_engine)
-        sequence_parallel = bool(cfg.megatron_sequence_parallel) and lo.tp > 1
-        if sequence_parallel and not use_te:
-            # megatron-core's local (torch) RMSNorm cannot shard the sequence; upstream dropped it silently.
-            log.warning(
-                "megatron.sequence_parallel_off",
-                reason="sequence parallel needs the Transformer Engine layers; running TP without it",
-                fix="set megatron_use_transformer_engine: true (with transformer-engine installed)",
-            )
-            sequence_parallel = False
         self.tf_config = transformer_config(
             self.arch,
-            tp=lo.tp,
-            pp=lo.pp,
-            cp=lo.cp,
-            ep=lo.ep,
+            lo,
             params_dtype=self.params_dtype,
-            sequence_parallel=sequence_parallel,
+            sequence_parallel=sequence_parallel(cfg, lo),
             recompute=bool(cfg.megatron_gradient_checkpointing),
             fp8=bool(cfg.megatron_fp8),
             cpu=self._cpu,
@@ -237,40 +215,22 @@ class MegatronTrainer:
         if torch.cuda.is_available():
             module.cuda(torch.cuda.current_device())
         load_hf_weights(module, self.arch, str(self.model_path), padded_vocab=self.padded_vocab)
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=bool(cfg.megatron_grad_reduce_in_fp32),
-            overlap_grad_reduce=bool(cfg.megatron_overlap_grad_reduce),
-            use_distributed_optimizer=bool(cfg.megatron_use_distributed_optimizer),
+        self.model = wrap_ddp(cfg, self.tf_config, module)
+        self.optimizer = build_optimizer(
+            cfg, self.model, params_dtype=self.params_dtype, betas=betas, eps=eps
         )
-        self.model = DistributedDataParallel(self.tf_config, ddp_config, module)
-        self.tf_config.finalize_model_grads_func = _finalize_without_token_scaling(finalize_model_grads)
-        opt_config = OptimizerConfig(
-            optimizer="adam",
-            lr=cfg.learning_rate,
-            weight_decay=cfg.weight_decay,
-            adam_beta1=beta1,
-            adam_beta2=beta2,
-            adam_eps=eps,
-            clip_grad=cfg.grad_clip,
-            bf16=self.params_dtype == torch.bfloat16,
-            fp16=self.params_dtype == torch.float16,
-            params_dtype=self.params_dtype,
-            use_distributed_optimizer=bool(cfg.megatron_use_distributed_optimizer),
-            optimizer_cpu_offload=bool(cfg.megatron_optimizer_cpu_offload),
-            optimizer_offload_fraction=float(cfg.megatron_optimizer_offload_fraction),
-            overlap_cpu_optimizer_d2h_h2d=bool(cfg.megatron_overlap_cpu_optimizer_d2h_h2d),
-            use_precision_aware_optimizer=bool(cfg.megatron_use_precision_aware_optimizer),
-            main_grads_dtype=torch_dtype(cfg.megatron_main_grads_dtype),
-            main_params_dtype=torch_dtype(cfg.megatron_main_params_dtype),
-            exp_avg_dtype=torch_dtype(cfg.megatron_exp_avg_dtype),
-            exp_avg_sq_dtype=torch_dtype(cfg.megatron_exp_avg_sq_dtype),
-        )
-        with cuda_type_names():
-            self.optimizer = get_megatron_optimizer(opt_config, [self.model])
-        self.tp_group = ps.get_tensor_model_parallel_group()
-        self.cp_group = ps.get_context_parallel_group()
+        self._read_parallel_state()
+        self.scheduler_step = 0
+        self.skipped_steps_total = 0
+
+    def _read_parallel_state(self) -> None:
+        """This rank's groups and coordinates, and the rank whose metrics every rank returns."""
+        from megatron.core import parallel_state as ps
+
+        self.tp_group = cast(dist.ProcessGroup, ps.get_tensor_model_parallel_group())
+        self.cp_group = cast(dist.ProcessGroup, ps.get_context_parallel_group())
         self.cp_rank = ps.get_context_parallel_rank()
-        self.dp_group = ps.get_data_parallel_group()
+        self.dp_group = cast(dist.ProcessGroup, ps.get_data_parallel_group())
         self.dp_rank = ps.get_data_parallel_rank()
         self.dp_world_size = ps.get_data_parallel_world_size()
         self._is_last_stage = ps.is_pipeline_last_stage()
@@ -285,8 +245,6 @@ class MegatronTrainer:
         )
         dist.all_reduce(src, op=dist.ReduceOp.MAX)
         self._metrics_src = int(src.item())
-        self.scheduler_step = 0
-        self.skipped_steps_total = 0
 
     # --------------------------------------------------------------- protocol
     @property
@@ -301,59 +259,34 @@ class MegatronTrainer:
 
         ``step`` (the caller's count) only labels logs: the learning rate follows ``scheduler_step``.
         """
-        cfg = self.config
-        t0 = time.perf_counter()
+        log = StepLog()
         self._check_same_micro_batch_count(len(micro_batches))
-        if not micro_batches:
-            raise ValueError(
-                "train_step got no micro-batches; pack at least one sample (pack_samples returns empty "
-                "lists only for an empty step)"
-            )
+        check_micro_batches(micro_batches)
         batches = [self._prepare(mb) for mb in micro_batches]
-        timings: dict[str, float] = {}
-        if needs_old_logprobs(cfg):
-            t = time.perf_counter()
-            for b, lp in zip(batches, self._forward_logprobs(batches), strict=True):
-                b.old_logprobs = lp
-            timings["timing/old_logprobs"] = time.perf_counter() - t
-        lr = _learning_rate(cfg, self.scheduler_step)
-        for group in self.optimizer.param_groups:
-            # Megatron's own scheduler applies these multipliers; without it, this is the place:
-            # wd_mult is 0 for norms and biases (no weight decay there), lr_mult is 1.
-            group["lr"] = lr * group.get("lr_mult", 1.0)
-            group["weight_decay"] = cfg.weight_decay * group.get("wd_mult", 1.0)
-        indices = minibatch_groups(len(batches), cfg.number_of_minibatches)
+        if needs_old_logprobs(self.config):
+            with log.timed("old_logprobs"):
+                for b, lp in zip(batches, self._forward_logprobs(batches), strict=True):
+                    b.old_logprobs = lp
+        lr = self._set_learning_rate()
+        groups = minibatch_groups(len(batches), self.config.number_of_minibatches)
         # each group's loss tokens and samples over the data-parallel ranks (CP ranks share theirs)
-        counts = step_counts(micro_batches, indices, device=self._device, group=self.dp_group)
-        groups = [[batches[i] for i in g] for g in indices]
-        n_groups = len(groups)
+        counts = step_counts(micro_batches, groups, device=self._device, group=self.dp_group)
         sums: dict[str, float] = {}
-        norms, skipped = [], 0
-        fb_time = opt_time = 0.0
-        for g, group in enumerate(groups):
-            t = time.perf_counter()
-            outputs = self._forward_backward(group, counts.tokens[g], counts.samples[g])
-            fb_time += time.perf_counter() - t
-            t = time.perf_counter()
-            norm, ok = self._optimizer_step(step)
-            opt_time += time.perf_counter() - t
-            norms.append(norm)
-            skipped += not ok
+        for g, indices in enumerate(groups):
+            with log.timed("forward_backward"):
+                outputs = self._forward_backward([batches[i] for i in indices], counts, g)
+            with log.timed("optimizer"):
+                norm, applied = self._optimizer_step(step)
+            log.update(norm, applied=applied)
             _accumulate(sums, outputs)
         self.scheduler_step += 1
-        self.skipped_steps_total += skipped
+        self.skipped_steps_total += log.skipped
         sums["num_samples"] = float(sum(mb.num_samples for mb in micro_batches))
-        metrics = self._reduce_metrics(sums, n_groups)
-        metrics.update(timings)
-        metrics["grad_norm"] = float(sum(norms) / len(norms)) if norms else 0.0
-        metrics["learning_rate"] = lr
-        metrics["skipped_steps"] = float(skipped)
-        metrics["skipped_steps_total"] = float(self.skipped_steps_total)
-        if torch.cuda.is_available():
-            metrics["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated() / 1024**3
-        metrics["timing/forward_backward"] = fb_time
-        metrics["timing/optimizer"] = opt_time
-        metrics["timing/step"] = time.perf_counter() - t0
+        metrics = self._reduce_metrics(sums, len(groups))
+        metrics.update(
+            log.metrics(learning_rate=lr, skipped_total=self.skipped_steps_total, device=self._device)
+        )
+        metrics.update(log.timing_metrics())
         box = [metrics]
         dist.broadcast_object_list(box, src=self._metrics_src)
         return box[0]
@@ -523,34 +456,23 @@ class MegatronTrainer:
     def _prepare(self, mb: MicroBatch) -> _Batch:
         from megatron.core.packed_seq_params import PackedSeqParams
 
+        if mb.input_ids.dim() != 2 or mb.input_ids.shape[0] != 1:
+            raise ValueError(f"a micro-batch must be one packed row [1, L], got {tuple(mb.input_ids.shape)}")
         dev = self._device
-        tensors = [mb.input_ids, mb.position_ids, mb.loss_mask, mb.advantages, mb.rollout_logprobs]
-        if tensors[0].dim() != 2 or tensors[0].shape[0] != 1:
-            raise ValueError(f"a micro-batch must be one packed row [1, L], got {tuple(tensors[0].shape)}")
-        cp = self.layout.cp
-        pad = -tensors[0].shape[1] % self.row_multiple
-        if pad:
-            tensors = [torch.cat([t, t.new_zeros(1, pad)], dim=1) for t in tensors]
-            tensors[1][0, -pad:] = torch.arange(pad)
-        ids, pos, mask, adv, lps = (t.to(dev) for t in tensors)
-        length = ids.shape[1]
-        cu = torch.tensor(cu_seqlens(pos), dtype=torch.int32, device=dev)
+        row = pad_micro_batch(mb, self.row_multiple).to(dev)
+        length = len(row)
+        cu = torch.tensor(cu_seqlens(row.position_ids), dtype=torch.int32, device=dev)
         packed = PackedSeqParams(
             qkv_format="sbhd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=length, max_seqlen_kv=length
         )
-        labels = next_token_labels(ids)
+        labels = next_token_labels(row.input_ids)
+        cp = self.layout.cp
         local = zigzag_indices(length, cp, self.cp_rank, dev) if cp > 1 else slice(None)
         return _Batch(
-            ids,
-            pos,
-            mask.bool(),
-            adv.float(),
-            lps.float(),
+            row,
             packed,
-            int(mb.num_tokens),
-            int(mb.num_samples),
-            model_ids=ids[:, local],
-            model_positions=pos[:, local],
+            model_ids=row.input_ids[:, local],
+            model_positions=row.position_ids[:, local],
             labels=labels[:, local],
         )
 
@@ -602,31 +524,37 @@ class MegatronTrainer:
         return [o["logprobs"] for o in out] if self._is_last_stage else [None] * len(batches)
 
     def _forward_backward(
-        self, group: list[_Batch], group_tokens: int, group_samples: int
+        self, group: list[_Batch], counts: StepCounts, index: int
     ) -> list[dict[str, torch.Tensor]]:
-        """Forward and backward of one minibatch group; ``group_*`` are its totals over the DP ranks."""
-        cfg = self.config
+        """Forward and backward of minibatch group ``index``; ``counts`` are the totals over the DP ranks."""
 
         def loss_func(b: _Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
             lp, ent = self._logprobs(logits, b)
-            loss, metrics = compute_loss(
+            loss, metrics = micro_batch_loss(
+                b.row,
                 lp,
-                advantages=b.advantages,
-                loss_mask=b.loss_mask,
-                rollout_logprobs=b.rollout_logprobs,
+                ent,
                 old_logprobs=b.old_logprobs,
-                entropy=ent if cfg.entropy_coef > 0 else ent.detach(),
-                position_ids=b.position_ids,
-                num_tokens=group_tokens,
-                num_samples=group_samples,
-                max_len=cfg.max_tokens,
-                **self._loss_options,
+                counts=counts,
+                group=index,
+                max_len=self.config.max_tokens,
+                options=self._loss_options,
             )
-            return loss, torch.tensor(b.num_tokens, dtype=torch.int), metrics
+            return loss, torch.tensor(b.row.num_tokens, dtype=torch.int), metrics
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         return self._run_schedule(group, loss_func, forward_only=False)
+
+    def _set_learning_rate(self) -> float:
+        """The learning rate of this step (``scheduler_step`` done so far), set on every param group."""
+        lr = _learning_rate(self.config, self.scheduler_step, self._lr_multiplier)
+        for group in self.optimizer.param_groups:
+            # Megatron's own scheduler applies these multipliers; without it, this is the place:
+            # wd_mult is 0 for norms and biases (no weight decay there), lr_mult is 1.
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+            group["weight_decay"] = self.config.weight_decay * group.get("wd_mult", 1.0)
+        return lr
 
     @torch.no_grad()
     def _optimizer_step(self, step: int) -> tuple[float, bool]:
@@ -672,18 +600,15 @@ class MegatronTrainer:
         return out
 
 
-def _learning_rate(config: Any, steps_done: int) -> float:
+def _learning_rate(
+    config: TelescopeConfig, steps_done: int, multiplier: Callable[[int], float] | None = None
+) -> float:
     """The learning rate of the train step after ``steps_done`` completed ones (k-th call: k − 1).
 
-    As the FSDP backend's ``LambdaLR`` (built at construction, stepped after each train step).
+    As the FSDP backend's ``LambdaLR`` (built at construction, stepped after each train step);
+    ``multiplier`` is ``lr_schedule(config)``, built once by the trainer.
     """
-    return config.learning_rate * lr_multiplier(
-        steps_done,
-        schedule=config.lr_scheduler,
-        warmup_steps=config.warmup_steps,
-        total_steps=config.number_of_steps,
-        min_lr_ratio=config.min_lr_ratio,
-    )
+    return config.learning_rate * (multiplier or lr_schedule(config))(steps_done)
 
 
 def _accumulate(sums: dict[str, float], outputs: list[dict[str, torch.Tensor]]) -> None:
@@ -693,31 +618,3 @@ def _accumulate(sums: dict[str, float], outputs: list[dict[str, torch.Tensor]]) 
         for k, v in m.items():
             value = float(v)
             sums[k] = sums.get(k, 0.0) + (value if k in ("loss", "num_tokens") else value * w)
-
-
-def _finalize_without_token_scaling(finalize: Any) -> Any:
-    """Megatron's grad finalisation minus its division by the token count: our loss is already a mean."""
-
-    def wrapped(model: Any, num_tokens: Any = None, **kwargs: Any) -> None:
-        finalize(model, None, **kwargs)
-
-    return wrapped
-
-
-def _init_distributed(timeout_s: float) -> bool:
-    """Initialise the default process group from the environment unless done; True if we did."""
-    if dist.is_initialized():
-        return False
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-    if missing:
-        raise RuntimeError(
-            f"torch.distributed is not initialised and {missing} are not set; launch with torchrun or "
-            "set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT"
-        )
-    if torch.cuda.is_available():
-        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(
-        backend="nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s)
-    )
-    return True

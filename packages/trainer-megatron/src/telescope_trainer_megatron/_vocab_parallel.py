@@ -9,8 +9,9 @@ slice is the slice of the full gradient — exactly as ``vocab_parallel_cross_en
 Rows of the padded vocabulary (ids ≥ ``vocab_size``) exist only to make the split even; they are
 masked to −∞ so the distribution is the Hugging Face model's over the real vocabulary.
 
-Output layout follows :mod:`telescope_algos` (aligned with ``input_ids``: value t is predicted by
-logits t−1, column 0 is 0). With TP=1 the result equals ``telescope_algos.token_logprobs_and_entropy``.
+The result is unshifted (value t from logits t), like ``telescope_algos.label_logprobs_and_entropy``,
+which it equals with TP = 1; ``telescope_algos.align_to_inputs`` turns a whole row into the
+``input_ids``-aligned layout of :mod:`telescope_algos`.
 """
 
 from __future__ import annotations
@@ -19,15 +20,12 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from telescope_algos import align_to_inputs, next_token_labels
-
-__all__ = [
-    "vocab_parallel_label_logprobs_and_entropy",
-    "vocab_parallel_logprobs_and_entropy",
-]
+__all__ = ["vocab_parallel_label_logprobs_and_entropy"]
 
 
-def _all_reduce(t: torch.Tensor, op: dist.ReduceOp, group: dist.ProcessGroup | None) -> torch.Tensor:
+def _all_reduce(
+    t: torch.Tensor, op: dist.ReduceOp.RedOpType, group: dist.ProcessGroup | None
+) -> torch.Tensor:
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(t, op=op, group=group)
     return t
@@ -37,7 +35,7 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
     """Rows ``[N, V_local]`` → (log p of the global label, entropy), both ``[N]`` float32."""
 
     @staticmethod
-    def forward(ctx, logits, labels, temperature, vocab_start, vocab_size, group):  # noqa: PLR0917
+    def forward(ctx, logits, labels, temperature, vocab_start, vocab_size, group):
         z = logits.float() / temperature
         v_local = z.shape[-1]
         cols = torch.arange(vocab_start, vocab_start + v_local, device=z.device)
@@ -90,7 +88,17 @@ def vocab_parallel_label_logprobs_and_entropy(
     """Unshifted ``[batch, seq]`` log p(``labels[t]`` | logits t) and the entropy of logits t.
 
     Under context parallelism a rank's logits are not contiguous, so the caller passes each
-    position's next-token label itself. Arguments as :func:`vocab_parallel_logprobs_and_entropy`.
+    position's next-token label itself (``telescope_algos.next_token_labels`` of the whole row, at
+    this rank's positions) and aligns the gathered row afterwards (``telescope_algos.align_to_inputs``).
+
+    Args:
+        logits: ``[batch, seq, V / TP]``, this rank's vocabulary slice (rank r holds ids
+            ``r·V/TP … (r+1)·V/TP − 1`` of the padded vocabulary).
+        labels: ``[batch, seq]`` global token ids, the label of each position.
+        vocab_size: the real vocabulary size; padded ids above it are excluded.
+        temperature: > 0, the sampling temperature the logits are divided by.
+        group: the tensor-parallel process group (None: no split).
+        chunk_size: positions per chunk (bounds the float32 ``chunk × V/TP`` work buffers); ≤ 0: all.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -113,34 +121,3 @@ def vocab_parallel_label_logprobs_and_entropy(
         lps.append(lp)
         ents.append(ent)
     return torch.cat(lps).view(b, t), torch.cat(ents).view(b, t)
-
-
-def vocab_parallel_logprobs_and_entropy(
-    logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    *,
-    vocab_size: int,
-    temperature: float = 1.0,
-    group: dist.ProcessGroup | None = None,
-    chunk_size: int = 1024,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Aligned ``[batch, seq]`` log-probabilities of ``input_ids`` and entropies (module docstring).
-
-    Args:
-        logits: ``[batch, seq, V / TP]``, this rank's vocabulary slice (rank r holds ids
-            ``r·V/TP … (r+1)·V/TP − 1`` of the padded vocabulary).
-        input_ids: ``[batch, seq]`` global token ids.
-        vocab_size: the real vocabulary size; padded ids above it are excluded.
-        temperature: > 0, the sampling temperature the logits are divided by.
-        group: the tensor-parallel process group (None: no split).
-        chunk_size: positions per chunk (bounds the float32 ``chunk × V/TP`` work buffers); ≤ 0: all.
-    """
-    lp, ent = vocab_parallel_label_logprobs_and_entropy(
-        logits,
-        next_token_labels(input_ids),
-        vocab_size=vocab_size,
-        temperature=temperature,
-        group=group,
-        chunk_size=chunk_size,
-    )
-    return align_to_inputs(lp), align_to_inputs(ent)

@@ -1,23 +1,44 @@
 """telescope-weightsync: live weight updates from a trainer into running vLLM servers.
 
-Trainer side: ``WeightPublisher`` with ``PublisherSettings``. Inference side: the vLLM worker
-extension ``telescope_weightsync.vllm_worker.WeightReceiver`` (import it only where vLLM is
-installed; this package's top level never imports vLLM).
+Trainer side: ``WeightPublisher`` with ``PublisherSettings`` (``PublisherSettings.from_config``
+maps a run's config onto them). Inference side: the vLLM worker extension
+``telescope_weightsync.vllm_worker.WeightReceiver`` (import it only where vLLM is installed; this
+package's top level never imports vLLM). docs/weightsync.md describes the protocol.
 """
 
 from telescope_weightsync.__about__ import __version__
-from telescope_weightsync._errors import WeightSyncError
+from telescope_weightsync._errors import (
+    GroupError,
+    ReceiverMissing,
+    ServerError,
+    ServerTimeout,
+    StreamError,
+    UpdateError,
+    WeightSyncError,
+)
 from telescope_weightsync._protocol import plan_buckets
 from telescope_weightsync._publisher import WeightPublisher
-from telescope_weightsync._settings import PublisherSettings
+from telescope_weightsync._settings import PublisherConfig, PublisherSettings
 from telescope_weightsync._version import BASE_VERSION, WeightVersion
 
 __all__ = [
-    "BASE_VERSION",
+    # Publishing (trainer side)
+    "PublisherConfig",
     "PublisherSettings",
     "WeightPublisher",
-    "WeightSyncError",
-    "WeightVersion",
-    "__version__",
     "plan_buckets",
+    # Versions
+    "BASE_VERSION",
+    "WeightVersion",
+    # Errors: the base class, and a server's failures (``.server`` is its URL)
+    "WeightSyncError",
+    "ReceiverMissing",
+    "ServerError",
+    "ServerTimeout",
+    # Errors of a group, of an update's stream, of an update as a whole
+    "GroupError",
+    "StreamError",
+    "UpdateError",
+    # Package
+    "__version__",
 ]

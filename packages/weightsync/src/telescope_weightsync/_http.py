@@ -1,42 +1,61 @@
 """Calls into the receiver's methods through vLLM's ``POST /collective_rpc`` (dev mode).
 
 vLLM forwards only string arguments, so each call carries one JSON string; it answers with one
-result per worker (tensor-parallel rank).
+result per worker (tensor-parallel rank). This is the one place where transport failures, HTTP
+status codes and response bodies become the typed errors of ``_errors``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
-from telescope_weightsync._errors import WeightSyncError
+from telescope_weightsync._errors import ReceiverMissing, ServerError, ServerTimeout
+
+__all__ = ["collective_rpc"]
 
 
 def collective_rpc(
     client: httpx.Client, url: str, method: str, payload: dict[str, Any] | None = None, *, timeout_s: float
 ) -> list[Any]:
-    """Run ``method`` on every worker of the server at ``url``; raise ``WeightSyncError`` naming it."""
+    """Run ``method`` on every worker of the server at ``url``: one JSON result per worker.
+
+    Raises ``ServerTimeout`` when the server does not answer in time, ``ReceiverMissing`` when
+    it has no ``/collective_rpc``, and ``ServerError`` for any other failure; each names ``url``.
+    """
     body: dict[str, Any] = {"method": method, "timeout": timeout_s}
     if payload is not None:
         body["args"] = [json.dumps(payload)]
     try:
         response = client.post(f"{url}/collective_rpc", json=body, timeout=timeout_s + 10.0)
     except httpx.TimeoutException as exc:
-        raise WeightSyncError(f"server {url} did not answer {method} within {timeout_s:.0f}s") from exc
+        raise ServerTimeout(url, f"server {url} did not answer {method} within {timeout_s:.0f}s") from exc
     except httpx.HTTPError as exc:
-        raise WeightSyncError(f"server {url} failed during {method}: {type(exc).__name__}: {exc}") from exc
+        raise ServerError(url, f"server {url} failed during {method}: {type(exc).__name__}: {exc}") from exc
+    return _results(response, url, method)
+
+
+def _results(response: httpx.Response, url: str, method: str) -> list[Any]:
+    """The per-worker results of a ``/collective_rpc`` answer, or the error its status means."""
     if response.status_code == 404:
-        raise WeightSyncError(
+        raise ReceiverMissing(
+            url,
             f"server {url} has no /collective_rpc: start vLLM with VLLM_SERVER_DEV_MODE=1 and "
-            "--worker-extension-cls telescope_weightsync.vllm_worker.WeightReceiver"
+            "--worker-extension-cls telescope_weightsync.vllm_worker.WeightReceiver",
         )
     if response.status_code != 200:
-        raise WeightSyncError(
-            f"server {url} answered {method} with HTTP {response.status_code}: {response.text[:500]}"
+        raise ServerError(
+            url, f"server {url} answered {method} with HTTP {response.status_code}: {response.text[:500]}"
         )
-    results = response.json().get("results")
+    try:
+        answer: object = response.json()
+    except ValueError as exc:
+        raise ServerError(
+            url, f"server {url} answered {method} with non-JSON: {response.text[:200]}"
+        ) from exc
+    results: object = cast(dict[str, Any], answer).get("results") if isinstance(answer, dict) else None
     if not isinstance(results, list) or not results:
-        raise WeightSyncError(f"server {url} returned no worker results for {method}: {response.text[:200]}")
-    return results
+        raise ServerError(url, f"server {url} returned no worker results for {method}: {response.text[:200]}")
+    return cast(list[Any], results)

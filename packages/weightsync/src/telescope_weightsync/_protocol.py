@@ -128,7 +128,8 @@ def plan_buckets(
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     open_buckets: dict[torch.dtype, _OpenBucket] = {}
     for name, tensor in named_tensors:
-        if not isinstance(tensor, torch.Tensor):
+        # A trainer's weight iterator is not type-checked against this signature: say what it gave.
+        if not isinstance(tensor, torch.Tensor):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"weight {name!r} is a {type(tensor).__name__}, expected a torch.Tensor")
         if mode == "per_tensor":
             single = _OpenBucket(tensor.dtype)

@@ -4,7 +4,8 @@ One ``WeightPublisher`` lives on the trainer's broadcast rank. ``connect`` asks 
 for its tensor-parallel size, opens a ``TCPStore`` and forms each group (rank 0 = trainer,
 server ``i``'s TP worker ``j`` = ``1 + sum(tp of servers before i) + j``). ``publish`` triggers
 ``telescope_receive`` on every server of a group over HTTP, streams the buckets, and returns
-once every server reports the new version, or raises ``WeightSyncError`` naming the server.
+once every server reports the new version, or raises a ``WeightSyncError`` naming the server
+(docs/weightsync.md describes the whole protocol).
 """
 
 from __future__ import annotations
@@ -12,22 +13,32 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ipaddress
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import httpx
 import structlog
 import torch
 
-from telescope_weightsync._errors import WeightSyncError
+from telescope_weightsync._errors import GroupError, ServerError, UpdateError, WeightSyncError
 from telescope_weightsync._http import collective_rpc
 from telescope_weightsync._protocol import Layout, plan_buckets
 from telescope_weightsync._settings import PublisherSettings
-from telescope_weightsync._stream import Scratch, send_update
+from telescope_weightsync._stream import Scratch, StreamStats, send_update
 from telescope_weightsync._transport import Group, make_group, open_store, resolve_backend
+
+__all__ = ["DEFAULT_GROUP", "WeightPublisher"]
 
 log = structlog.get_logger()
 
 DEFAULT_GROUP = "full"
+_BLAME_WAIT_S = 15.0
+"""After the sender failed, how long to wait for a server's own error, which usually names the cause."""
+
+Results = list[Any]
+"""One JSON result per tensor-parallel worker of a server."""
+Calls = dict[cf.Future[Results], str]
+"""Calls in flight, each with the URL of the server it went to."""
 
 
 def _is_loopback(host: str) -> bool:
@@ -39,13 +50,42 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _first_error(futures: dict[cf.Future, str], timeout_s: float) -> tuple[str, BaseException] | None:
-    """Wait up to ``timeout_s`` for the first failed future; return (url, error) or None."""
-    done, _ = cf.wait(futures, timeout=timeout_s, return_when=cf.FIRST_EXCEPTION)
+def _first_error(calls: Mapping[cf.Future[Any], str], timeout_s: float) -> tuple[str, BaseException] | None:
+    """Wait up to ``timeout_s`` for the first failed call; return (url, error) or None."""
+    done, _ = cf.wait(calls, timeout=timeout_s, return_when=cf.FIRST_EXCEPTION)
     for future in done:
-        if future.exception() is not None:
-            return futures[future], future.exception()  # type: ignore[return-value]
+        error = future.exception()
+        if error is not None:
+            return calls[future], error
     return None
+
+
+def _check_versions(results: dict[str, Results], version: int) -> None:
+    """Raise ``ServerError`` unless every worker of every server reports ``version``."""
+    wrong = {
+        url: [r.get("version") for r in res]
+        for url, res in results.items()
+        if any(r.get("version") != version for r in res)
+    }
+    if wrong:
+        url = next(iter(wrong))
+        raise ServerError(url, f"servers report versions {wrong} after publishing version {version}")
+
+
+def _update_metrics(stats: StreamStats, results: dict[str, Results], seconds: float) -> dict[str, float]:
+    """What ``publish`` returns: the sender's counts and the slowest server's apply times."""
+    workers = [r for res in results.values() for r in res]
+    return {
+        "bytes": float(stats.bytes),
+        "seconds": seconds,
+        "gb_per_s": stats.bytes / seconds / 1e9 if seconds > 0 else 0.0,
+        "send_seconds": stats.seconds,
+        "apply_seconds_max": max(float(r.get("seconds", 0.0)) for r in workers),
+        "apply_wait_seconds_max": max(float(r.get("wait_s", 0.0)) for r in workers),
+        "buckets": float(stats.buckets),
+        "tensors": float(stats.tensors),
+        "layouts_sent": float(stats.layouts_sent),
+    }
 
 
 class WeightPublisher:
@@ -73,9 +113,11 @@ class WeightPublisher:
         self._ranks: dict[str, dict[str, list[int]]] = {}
         self._layouts: dict[str, list[Layout]] = {}
         self._scratch: dict[str, Scratch] = {}
-        self._store = None
-        self._client = httpx.Client()
-        self._pool = cf.ThreadPoolExecutor(max_workers=max(4, 2 * len(urls)), thread_name_prefix="weightsync")
+        self._store: Any = None  # the TCPStore the groups rendezvous on (rank 0 hosts it)
+        self._client: httpx.Client | None = httpx.Client()
+        self._pool: cf.ThreadPoolExecutor | None = cf.ThreadPoolExecutor(
+            max_workers=max(4, 2 * len(urls)), thread_name_prefix="weightsync"
+        )
 
     # ----------------------------------------------------------------------------- connect
     def connect(self, groups: dict[str, list[str]] | None = None) -> None:
@@ -89,13 +131,13 @@ class WeightPublisher:
         infos = self._call_all(self.server_urls, "telescope_info", None, timeout)
         for url, results in infos.items():
             if any(r.get("pp_size", 1) != 1 for r in results):
-                raise WeightSyncError(
-                    f"server {url} uses pipeline parallelism, which weight sync does not support"
+                raise ServerError(
+                    url, f"server {url} uses pipeline parallelism, which weight sync does not support"
                 )
             self.tp_sizes[url] = len(results)
         if self._store is None:
             self._store = open_store(self.host, 0, is_master=True, timeout_s=timeout, prefix="telescope/")
-        port = self._store.underlying_store.port  # type: ignore[attr-defined]
+        port = int(self._store.underlying_store.port)
         iface = "127.0.0.1" if _is_loopback(self.host) else None
         for name, members in groups.items():
             self._connect_group(name, [u.rstrip("/") for u in members], port, iface)
@@ -106,37 +148,36 @@ class WeightPublisher:
             old.close()
         timeout = self.settings.init_timeout_s
         world = 1 + sum(self.tp_sizes[u] for u in members)
-        offset, futures = 1, {}
-        futures_by_url: dict[str, cf.Future] = {}
+        offset = 1
+        joins: Calls = {}
         for url in members:
             payload = {
                 "group": name, "host": self.host, "port": port, "rank_offset": offset, "world_size": world,
                 "backend": self.backend, "timeout_s": self.settings.timeout_s, "iface_host": iface,
             }  # fmt: skip
-            future = self._pool.submit(self._rpc, url, "telescope_join", payload, timeout)
-            futures[future], futures_by_url[url] = url, future
+            joins[self._submit(url, "telescope_join", payload, timeout)] = url
             offset += self.tp_sizes[url]
         store = open_store(self.host, port, is_master=False, timeout_s=timeout, prefix=f"telescope/{name}/")
-        own = self._pool.submit(
+        own = self._executor().submit(
             make_group, store, rank=0, world_size=world, backend=self.backend,
             timeout_s=timeout, name=name, iface_host=iface,
         )  # fmt: skip
-        failed = _first_error({**futures, own: "trainer"}, timeout)
+        failed = _first_error({**joins, own: "trainer"}, timeout)
         if failed is not None:
             url, exc = failed
-            raise WeightSyncError(f"group {name!r}: {url} failed to join: {exc}") from exc
-        pending = [futures[f] for f in futures if not f.done()] + ([] if own.done() else ["trainer"])
+            raise GroupError(f"group {name!r}: {url} failed to join: {exc}") from exc
+        pending = [url for f, url in joins.items() if not f.done()] + ([] if own.done() else ["trainer"])
         if pending:
-            raise WeightSyncError(f"group {name!r}: {pending} did not join within {timeout:.0f}s")
+            raise GroupError(f"group {name!r}: {pending} did not join within {timeout:.0f}s")
         group = own.result()
         group.timeout_s = self.settings.timeout_s
         self._groups[name] = group
         self._members[name] = members
-        self._ranks[name] = {url: [int(r["rank"]) for r in futures_by_url[url].result()] for url in members}
+        self._ranks[name] = {url: [int(r["rank"]) for r in f.result()] for f, url in joins.items()}
         taken = sorted(r for ranks in self._ranks[name].values() for r in ranks)
         if taken != list(range(1, world)):
             self._drop_group(name)
-            raise WeightSyncError(
+            raise GroupError(
                 f"group {name!r}: the servers' workers took ranks {taken}, expected 1..{world - 1} once each "
                 "(does every server report its tensor-parallel rank correctly?)"
             )
@@ -148,18 +189,19 @@ class WeightPublisher:
     def publish(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int, group: str = DEFAULT_GROUP
     ) -> dict[str, float]:
-        """Stream one update to every server of ``group``; return bytes, seconds and GB/s."""
-        handle = self._groups.get(group)
-        if handle is None:
-            raise WeightSyncError(
-                f"weight group {group!r} is not connected (known: {sorted(self._groups)}); a failed update "
-                "drops its group: call connect() again"
-            )
-        members, timeout = self._members[group], self.settings.timeout_s
+        """Stream one update to every server of ``group``; return bytes, seconds and GB/s.
+
+        Raises ``ServerError`` naming the server that failed or answered a wrong version,
+        ``UpdateError`` when the update failed with no server to blame, ``GroupError`` when
+        ``group`` is not connected, and whatever the weight iterator raised. A failed update
+        drops its group: call ``connect`` again before the next one.
+        """
+        handle = self._group(group)
+        members = self._members[group]
         start = time.perf_counter()
         payload = {"group": group, "version": int(version)}
-        futures = {
-            self._pool.submit(self._rpc, url, "telescope_receive", payload, timeout): url for url in members
+        calls: Calls = {
+            self._submit(url, "telescope_receive", payload, self.settings.timeout_s): url for url in members
         }
         buckets = plan_buckets(
             self._staged(named_tensors), mode=self.settings.mode, bucket_bytes=self.settings.bucket_bytes
@@ -167,48 +209,16 @@ class WeightPublisher:
         try:
             scratch = self._scratch.setdefault(group, Scratch(handle.device))
             stats = send_update(handle, buckets, self._layouts[group], scratch)
-            failed = _first_error(futures, timeout)
-            if failed is not None:
-                raise WeightSyncError(
-                    f"server {failed[0]} failed to apply version {version}: {failed[1]}"
-                ) from failed[1]
-            late = [futures[f] for f in futures if not f.done()]
-            if late:
-                raise WeightSyncError(f"servers {late} did not apply version {version} within {timeout:.0f}s")
+            results = self._applied(calls, version)
         except BaseException as exc:
-            self._drop_group(group)
-            if isinstance(exc, WeightSyncError) and "failed to apply" not in str(exc):
-                failed = _first_error(futures, min(timeout, 15.0))
-                if failed is not None:
-                    raise WeightSyncError(
-                        f"server {failed[0]} failed during update {version}: {failed[1]} (sender: {exc})"
-                    ) from exc
-                raise WeightSyncError(
-                    f"update {version} on group {group!r} ({members}) failed: {exc}"
-                ) from exc
+            self._drop_group(group)  # the stream's position is unknown: the group is unusable
+            if isinstance(exc, WeightSyncError) and not isinstance(exc, ServerError):
+                # The sender's side failed (a broadcast, or servers late): find a server to blame.
+                raise self._blame(calls, exc, version, f"group {group!r} ({members})") from exc
             raise
         seconds = time.perf_counter() - start
-        results = {url: future.result() for future, url in futures.items()}
-        wrong = {
-            url: [r.get("version") for r in res]
-            for url, res in results.items()
-            if any(r.get("version") != version for r in res)
-        }
-        if wrong:
-            raise WeightSyncError(f"servers report versions {wrong} after publishing version {version}")
-        metrics = {
-            "bytes": float(stats.bytes),
-            "seconds": seconds,
-            "gb_per_s": stats.bytes / seconds / 1e9 if seconds > 0 else 0.0,
-            "send_seconds": stats.seconds,
-            "apply_seconds_max": max(float(r.get("seconds", 0.0)) for res in results.values() for r in res),
-            "apply_wait_seconds_max": max(
-                float(r.get("wait_s", 0.0)) for res in results.values() for r in res
-            ),
-            "buckets": float(stats.buckets),
-            "tensors": float(stats.tensors),
-            "layouts_sent": float(stats.layouts_sent),
-        }
+        _check_versions(results, version)
+        metrics = _update_metrics(stats, results, seconds)
         log.info(
             "weightsync.published",
             group=group,
@@ -216,6 +226,27 @@ class WeightPublisher:
             **{k: round(v, 4) for k, v in metrics.items()},
         )
         return metrics
+
+    def _applied(self, calls: Calls, version: int) -> dict[str, Results]:
+        """Each server's results once all of them applied ``version``; raise if one failed or is late."""
+        timeout = self.settings.timeout_s
+        failed = _first_error(calls, timeout)
+        if failed is not None:
+            url, exc = failed
+            raise ServerError(url, f"server {url} failed to apply version {version}: {exc}") from exc
+        late = [url for future, url in calls.items() if not future.done()]
+        if late:
+            raise UpdateError(f"servers {late} did not apply version {version} within {timeout:.0f}s")
+        return {url: future.result() for future, url in calls.items()}
+
+    def _blame(self, calls: Calls, exc: WeightSyncError, version: int, where: str) -> WeightSyncError:
+        """The error to raise when the sender failed: a server's own error if one shows up soon
+        (it is usually the cause: a dead or failing server), else the sender's, with the group."""
+        failed = _first_error(calls, min(self.settings.timeout_s, _BLAME_WAIT_S))
+        if failed is not None:
+            url, cause = failed
+            return ServerError(url, f"server {url} failed during update {version}: {cause} (sender: {exc})")
+        return UpdateError(f"update {version} on {where} failed: {exc}")
 
     def _staged(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]]
@@ -233,26 +264,20 @@ class WeightPublisher:
         """Seconds for one plain broadcast of ``nbytes`` to the group's servers, triggered and
         acknowledged over HTTP like an update but with no framing and no apply: the transport
         baseline an update is compared with (``tools/bench_weightsync.py``)."""
-        handle = self._groups.get(group)
-        if handle is None:
-            raise WeightSyncError(f"weight group {group!r} is not connected: call connect() first")
+        handle = self._group(group)
         timeout, payload = self.settings.timeout_s, {"group": group, "nbytes": int(nbytes)}
         buf = torch.zeros(int(nbytes), dtype=torch.uint8, device=handle.device)
         start = time.perf_counter()
-        futures = [
-            self._pool.submit(self._rpc, url, "telescope_raw_receive", payload, timeout)
-            for url in self._members[group]
-        ]
+        calls = [self._submit(url, "telescope_raw_receive", payload, timeout) for url in self._members[group]]
         handle.broadcast(buf, what=f"the raw baseline ({nbytes} bytes)")
-        for future in futures:
-            future.result(timeout=timeout)
+        for call in calls:
+            call.result(timeout=timeout)
         return time.perf_counter() - start
 
     # ----------------------------------------------------------------------------- queries
     def group_ranks(self, group: str = DEFAULT_GROUP) -> dict[str, list[int]]:
         """The group rank of each TP worker of each member server, in TP-rank order (trainer: 0)."""
-        if group not in self._ranks:
-            raise WeightSyncError(f"weight group {group!r} is not connected (known: {sorted(self._ranks)})")
+        self._group(group)
         return {url: list(ranks) for url, ranks in self._ranks[group].items()}
 
     def server_versions(self) -> dict[str, int]:
@@ -266,10 +291,10 @@ class WeightPublisher:
             self._drop_group(name, leave=True)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None  # type: ignore[assignment]
+            self._pool = None
         if self._client is not None:
             self._client.close()
-            self._client = None  # type: ignore[assignment]
+            self._client = None
         self._store = None
 
     def __enter__(self) -> WeightPublisher:
@@ -279,6 +304,15 @@ class WeightPublisher:
         self.close()
 
     # ----------------------------------------------------------------------------- helpers
+    def _group(self, name: str) -> Group:
+        handle = self._groups.get(name)
+        if handle is None:
+            raise GroupError(
+                f"weight group {name!r} is not connected (known: {sorted(self._groups)}); a failed update "
+                "drops its group: call connect() again"
+            )
+        return handle
+
     def _drop_group(self, name: str, *, leave: bool = True) -> None:
         group = self._groups.pop(name, None)
         members = self._members.pop(name, [])
@@ -294,16 +328,24 @@ class WeightPublisher:
                 except WeightSyncError as exc:
                     log.warning("weightsync.leave_failed", group=name, server=url, error=str(exc))
 
-    def _rpc(self, url: str, method: str, payload: dict | None, timeout_s: float) -> list:
+    def _executor(self) -> cf.ThreadPoolExecutor:
+        if self._pool is None:
+            raise WeightSyncError("the publisher is closed")
+        return self._pool
+
+    def _rpc(self, url: str, method: str, payload: dict[str, Any] | None, timeout_s: float) -> Results:
         if self._client is None:
             raise WeightSyncError("the publisher is closed")
         return collective_rpc(self._client, url, method, payload, timeout_s=timeout_s)
 
+    def _submit(
+        self, url: str, method: str, payload: dict[str, Any] | None, timeout_s: float
+    ) -> cf.Future[Results]:
+        """Call ``method`` on the server at ``url`` in the background."""
+        return self._executor().submit(self._rpc, url, method, payload, timeout_s)
+
     def _call_all(
-        self, urls: list[str], method: str, payload: dict | None, timeout_s: float
-    ) -> dict[str, list]:
-        futures = {self._pool.submit(self._rpc, url, method, payload, timeout_s): url for url in urls}
-        out = {}
-        for future, url in futures.items():
-            out[url] = future.result()
-        return out
+        self, urls: list[str], method: str, payload: dict[str, Any] | None, timeout_s: float
+    ) -> dict[str, Results]:
+        calls = {self._submit(url, method, payload, timeout_s): url for url in urls}
+        return {url: call.result() for call, url in calls.items()}

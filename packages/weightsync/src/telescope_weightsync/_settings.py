@@ -1,17 +1,54 @@
-"""Trainer-side settings of weight publishing (the CLI maps config fields onto these)."""
+"""Trainer-side settings of weight publishing, and how a run's config maps onto them.
+
+``PublisherSettings.from_config`` reads the run config's weight-broadcast fields by name
+(``CONFIG_FIELDS``); this package does not import ``telescope_config``, so the config is typed by
+the ``PublisherConfig`` protocol, which ``telescope_config.TelescopeConfig`` satisfies.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol
 
 from telescope_weightsync._protocol import MODES
 from telescope_weightsync._transport import BACKENDS, resolve_backend
 
+__all__ = ["CONFIG_FIELDS", "DEFAULT_BUCKET_MB", "PublisherConfig", "PublisherSettings"]
+
 DEFAULT_BUCKET_MB = {"nccl": 256.0, "gloo": 32.0}
-"""``bucket_mb=None`` picks these per transport. 256 MiB is the original's GPU default; on gloo
-(CPU) 32 MiB updated SmolLM2-135M fastest on the 2-core CI machine (0.94 s against 1.22 s with
-256 MiB and 1.84 s per tensor): smaller buckets let the server apply one bucket while the next
-arrives, and a full model never sits in one buffer."""
+"""``bucket_mb=None`` picks these per transport. 256 MiB on NCCL is the config's packaged default;
+on gloo (CPU) 32 MiB updated SmolLM2-135M fastest on the 2-core CI machine (0.94 s against 1.22 s
+with 256 MiB and 1.84 s per tensor): smaller buckets let the server apply one bucket while the
+next arrives, and a full model never sits in one buffer."""
+
+CONFIG_FIELDS: Mapping[str, str] = MappingProxyType(
+    {
+        "mode": "weight_broadcast_mode",
+        "bucket_mb": "weight_broadcast_bucket_mb",
+        "cpu_staging": "weight_broadcast_cpu_staging",
+        "pin_memory": "weight_broadcast_pin_memory",
+        "init_timeout_s": "ray_broadcast_init_timeout_s",
+    }
+)
+"""The run-config field each setting comes from. ``backend`` and ``timeout_s`` have none: a run
+uses their defaults (``auto``, 300 s)."""
+
+
+class PublisherConfig(Protocol):
+    """The run-config fields weight publishing reads (see ``CONFIG_FIELDS``)."""
+
+    @property
+    def weight_broadcast_mode(self) -> str: ...
+    @property
+    def weight_broadcast_bucket_mb(self) -> float: ...
+    @property
+    def weight_broadcast_cpu_staging(self) -> bool: ...
+    @property
+    def weight_broadcast_pin_memory(self) -> bool: ...
+    @property
+    def ray_broadcast_init_timeout_s(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -45,9 +82,26 @@ class PublisherSettings:
             raise ValueError(f"PublisherSettings.bucket_mb must be > 0 MiB, got {self.bucket_mb}")
         if self.backend not in BACKENDS:
             raise ValueError(f"PublisherSettings.backend must be one of {BACKENDS}, got {self.backend!r}")
-        for name in ("init_timeout_s", "timeout_s"):
-            if not float(getattr(self, name)) > 0:
-                raise ValueError(f"PublisherSettings.{name} must be > 0 seconds, got {getattr(self, name)}")
+        for name, value in (("init_timeout_s", self.init_timeout_s), ("timeout_s", self.timeout_s)):
+            if not float(value) > 0:
+                raise ValueError(f"PublisherSettings.{name} must be > 0 seconds, got {value}")
+
+    @classmethod
+    def from_config(cls, config: PublisherConfig, *, user_keys: Collection[str]) -> PublisherSettings:
+        """The settings of a run whose resolved config is ``config``.
+
+        ``user_keys`` are the fields the run itself set (``ResolvedConfig.user_keys``): the bucket
+        size is the config's only when the run set ``weight_broadcast_bucket_mb``; otherwise it
+        is left to the transport (``bucket_mb=None``, see ``DEFAULT_BUCKET_MB``).
+        """
+        bucket_set = CONFIG_FIELDS["bucket_mb"] in user_keys
+        return cls(
+            mode=config.weight_broadcast_mode,
+            bucket_mb=config.weight_broadcast_bucket_mb if bucket_set else None,
+            cpu_staging=config.weight_broadcast_cpu_staging,
+            pin_memory=config.weight_broadcast_pin_memory,
+            init_timeout_s=float(config.ray_broadcast_init_timeout_s),
+        )
 
     @property
     def bucket_bytes(self) -> int:

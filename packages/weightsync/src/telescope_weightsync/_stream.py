@@ -11,11 +11,12 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
 
-from telescope_weightsync._errors import WeightSyncError
+from telescope_weightsync._errors import StreamError
 from telescope_weightsync._protocol import (
     HEADER_LEN,
     OP_ABORT,
@@ -39,7 +40,7 @@ class StreamStats:
     seconds: float = 0.0
     wait_seconds: float = 0.0
     """Receiver only: time the consumer (the apply) waited for the next bucket."""
-    extra: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict[str, float])
 
 
 class Scratch:
@@ -98,7 +99,7 @@ def send_update(
     ``scratch`` holds the flat buffers of ``flattened_bucket`` mode (a fresh one if ``None``).
 
     If ``buckets`` raises (the trainer's weight iterator failed), receivers get ``OP_ABORT`` so
-    they stop at once, and the original exception propagates.
+    they stop at once, and the iterator's exception propagates.
     """
     stats = StreamStats()
     start = time.perf_counter()
@@ -147,18 +148,20 @@ def _receive_buckets(
     while True:
         head = torch.zeros(HEADER_LEN, dtype=torch.int64, device=group.device)
         group.broadcast(head, what=f"header {expected}")
-        op, index, meta_len, numel = (int(v) for v in head.tolist())
+        # torch's stub types tolist() as a bare list
+        values = cast(list[int], head.tolist())  # pyright: ignore[reportUnknownMemberType]
+        op, index, meta_len, numel = values
         if op == OP_END:
             if index != expected:
-                raise WeightSyncError(f"update ended after {expected} buckets but the sender counted {index}")
+                raise StreamError(f"update ended after {expected} buckets but the sender counted {index}")
             del cache[index:]
             break
         if op == OP_ABORT:
-            raise WeightSyncError(
+            raise StreamError(
                 f"the publisher aborted the update after {expected} buckets (its weights failed)"
             )
         if op != OP_BUCKET or index != expected:
-            raise WeightSyncError(f"protocol error: got op {op} index {index}, expected bucket {expected}")
+            raise StreamError(f"protocol error: got op {op} index {index}, expected bucket {expected}")
         if meta_len:
             raw = torch.empty(meta_len, dtype=torch.uint8, device=group.device)
             group.broadcast(raw, what=f"layout of bucket {index}")
@@ -168,9 +171,9 @@ def _receive_buckets(
         elif index < len(cache):
             layout = cache[index]
         else:
-            raise WeightSyncError(f"bucket {index} reuses a layout this receiver never got (join again)")
+            raise StreamError(f"bucket {index} reuses a layout this receiver never got (join again)")
         if layout.numel != numel:
-            raise WeightSyncError(f"bucket {index}: header says {numel} elements, layout says {layout.numel}")
+            raise StreamError(f"bucket {index}: header says {numel} elements, layout says {layout.numel}")
         flat = torch.empty(numel, dtype=layout.dtype, device=group.device)
         group.broadcast(flat, what=f"bucket {index} ({layout.nbytes} bytes)")
         stats.bytes += layout.nbytes
@@ -181,7 +184,8 @@ def _receive_buckets(
     stats.seconds = time.perf_counter() - start
 
 
-_DONE = object()
+_Received = tuple[Layout, torch.Tensor] | BaseException | None
+"""What the prefetch thread hands over: a bucket, the error that stopped it, or None at the end."""
 
 
 def receive_update(
@@ -197,10 +201,10 @@ def receive_update(
         for layout, flat in _receive_buckets(group, cache, stats):
             yield from layout.views(flat)
         return
-    slots: queue.Queue = queue.Queue(maxsize=1)
+    slots: queue.Queue[_Received] = queue.Queue(maxsize=1)
     stop = threading.Event()
 
-    def put(item: object) -> None:
+    def put(item: _Received) -> None:
         while not stop.is_set():
             try:
                 slots.put(item, timeout=0.1)
@@ -212,7 +216,7 @@ def receive_update(
         try:
             for item in _receive_buckets(group, cache, stats):
                 put(item)
-            put(_DONE)
+            put(None)
         except BaseException as exc:  # handed to the consumer, raised there
             put(exc)
 
@@ -225,8 +229,8 @@ def receive_update(
                 item = slots.get(timeout=group.timeout_s + 5.0)
                 stats.wait_seconds += time.perf_counter() - waited
             except queue.Empty:
-                raise WeightSyncError(f"no bucket arrived within {group.timeout_s:.0f}s") from None
-            if item is _DONE:
+                raise StreamError(f"no bucket arrived within {group.timeout_s:.0f}s") from None
+            if item is None:
                 break
             if isinstance(item, BaseException):
                 raise item

@@ -7,13 +7,21 @@ the trainer or vLLM already run. Every collective waits with a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from dataclasses import dataclass
+from typing import Any, Protocol, cast, overload
 
 import torch
-import torch.distributed as dist
 
-from telescope_weightsync._errors import WeightSyncError
+# From the module that declares them: ``torch.distributed`` re-exports these without saying so,
+# which a type checker does not accept. (The backends are imported where they are built: a
+# CPU-only torch has no NCCL.)
+from torch._C._distributed_c10d import BroadcastOptions, PrefixStore, Store, TCPStore, Work
+
+from telescope_weightsync._errors import GroupError
+
+__all__ = ["BACKENDS", "Group", "make_group", "open_store", "resolve_backend"]
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -29,9 +37,9 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def open_store(host: str, port: int, *, is_master: bool, timeout_s: float, prefix: str) -> dist.PrefixStore:
+def open_store(host: str, port: int, *, is_master: bool, timeout_s: float, prefix: str) -> PrefixStore:
     """Open (rank 0: host) the rendezvous store and scope it to one group's ``prefix``."""
-    store = dist.TCPStore(
+    store = TCPStore(
         host,
         port,
         is_master=is_master,
@@ -39,14 +47,28 @@ def open_store(host: str, port: int, *, is_master: bool, timeout_s: float, prefi
         timeout=datetime.timedelta(seconds=timeout_s),
         use_libuv=True,
     )
-    return dist.PrefixStore(prefix, store)
+    return PrefixStore(prefix, store)
+
+
+class Backend(Protocol):
+    """The calls a group makes on its torch backend (``ProcessGroupGloo`` or ``ProcessGroupNCCL``).
+
+    The binding has them all; its type stubs declare ``broadcast`` on ``ProcessGroup`` only.
+    """
+
+    @overload
+    def broadcast(self, tensor: torch.Tensor, root: int, timeout: datetime.timedelta) -> Work: ...
+    @overload
+    def broadcast(self, tensors: list[torch.Tensor], opts: BroadcastOptions) -> Work: ...
+    def shutdown(self) -> None: ...
+    def abort(self) -> None: ...
 
 
 @dataclass
 class Group:
     """One member's handle on a weight-broadcast group (rank 0 sends, the others receive)."""
 
-    pg: dist.ProcessGroup
+    pg: Backend | None
     backend: str
     rank: int
     world_size: int
@@ -55,36 +77,61 @@ class Group:
     name: str
 
     def broadcast(self, tensor: torch.Tensor, *, what: str) -> None:
-        """Broadcast ``tensor`` from rank 0 in place, or raise ``WeightSyncError`` naming ``what``."""
+        """Broadcast ``tensor`` from rank 0 in place, or raise ``GroupError`` naming ``what``."""
+        where = f"group {self.name!r} rank {self.rank}/{self.world_size}"
+        if self.pg is None:
+            raise GroupError(f"{where}: broadcast of {what} on a closed group")
         timeout = datetime.timedelta(seconds=self.timeout_s)
         try:
             try:
                 work = self.pg.broadcast(tensor, 0, timeout)
             except TypeError:  # torch builds whose binding lacks the timeout argument
-                work = self.pg.broadcast([tensor], dist.BroadcastOptions())
+                work = self.pg.broadcast([tensor], BroadcastOptions())
             work.wait(timeout)
         except Exception as exc:  # gloo raises RuntimeError/DistBackendError on timeout or a dead peer
-            raise WeightSyncError(
-                f"group {self.name!r} rank {self.rank}/{self.world_size}: broadcast of {what} failed "
-                f"(timeout {self.timeout_s:.0f}s): {exc}"
+            raise GroupError(
+                f"{where}: broadcast of {what} failed (timeout {self.timeout_s:.0f}s): {exc}"
             ) from exc
 
     def close(self) -> None:
         """Release the backend's sockets/communicators (idempotent, never raises)."""
-        pg, self.pg = self.pg, None  # type: ignore[assignment]
+        pg, self.pg = self.pg, None
         if pg is None:
             return
-        try:
+        with contextlib.suppress(Exception):
             if self.backend == "nccl":
                 pg.abort()
             else:
                 pg.shutdown()
-        except Exception:
-            pass
+
+
+def _gloo_backend(
+    store: Store, rank: int, world_size: int, timeout: datetime.timedelta, iface_host: str | None
+) -> Backend:
+    from torch._C._distributed_c10d import ProcessGroupGloo
+
+    # The stubs lack the binding's options class (a timeout and the device to bind to) and the
+    # constructor that takes it; the device factories' ``lazy_init`` argument is untyped.
+    opts = cast(Any, ProcessGroupGloo._Options())  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+    opts._timeout = timeout
+    opts._devices = [
+        ProcessGroupGloo.create_device(hostname=iface_host)  # pyright: ignore[reportUnknownMemberType]
+        if iface_host
+        else ProcessGroupGloo.create_default_device()  # pyright: ignore[reportUnknownMemberType]
+    ]
+    return cast(Backend, ProcessGroupGloo(store, rank, world_size, opts))
+
+
+def _nccl_backend(store: Store, rank: int, world_size: int, timeout: datetime.timedelta) -> Backend:
+    from torch._C._distributed_c10d import ProcessGroupNCCL
+
+    opts = ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return cast(Backend, ProcessGroupNCCL(store, rank, world_size, opts))
 
 
 def make_group(
-    store: dist.Store,
+    store: Store,
     *,
     rank: int,
     world_size: int,
@@ -102,22 +149,13 @@ def make_group(
     backend = resolve_backend(backend)
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "gloo":
-        opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = timeout
-        opts._devices = [
-            dist.ProcessGroupGloo.create_device(hostname=iface_host)
-            if iface_host
-            else dist.ProcessGroupGloo.create_default_device()
-        ]
-        pg = dist.ProcessGroupGloo(store, rank, world_size, opts)
+        pg = _gloo_backend(store, rank, world_size, timeout, iface_host)
         device = torch.device("cpu")
     else:
         if device is None or device.type != "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
-        pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
+        pg = _nccl_backend(store, rank, world_size, timeout)
     group = Group(pg, backend, rank, world_size, device, timeout_s, name)
     probe = torch.tensor([world_size], dtype=torch.int64, device=device)
     group.broadcast(probe, what="the join probe")
@@ -125,7 +163,7 @@ def make_group(
         torch.cuda.synchronize(device)
     if int(probe.item()) != world_size:
         group.close()
-        raise WeightSyncError(
+        raise GroupError(
             f"group {name!r}: members disagree on the world size ({int(probe.item())} != {world_size})"
         )
     return group

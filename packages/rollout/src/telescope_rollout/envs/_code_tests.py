@@ -1,11 +1,11 @@
 """Test cases of code tasks (i3_code): reading them from dataset rows, building the program to run,
-and judging its output the way the original grades INTELLECT-3-RL.
+and judging its output (docs/rollout.md, "The i3 code-test format").
 
 Row layout (``PrimeIntellect/INTELLECT-3-RL``, subset ``code``): ``question`` and ``info``, a JSON
 string whose ``tests`` is a JSON string again: ``{"inputs": [...], "outputs": [...], "fn_name"?}``.
 
 * stdin tests: ``inputs[i]`` is the program's stdin and ``outputs[i]`` its expected stdout (a list
-  is joined with newlines). Judged like the original: equal after trimming, or line by line
+  is joined with newlines). Passed when equal after trimming, or line by line
   ignoring blank lines and surrounding spaces, or token by token, or all tokens numbers within
   1e-3 of each other.
 * function-call tests (``fn_name`` set): ``inputs[i]`` is text with one Python literal per line,
@@ -13,15 +13,14 @@ string whose ``tests`` is a JSON string again: ``{"inputs": [...], "outputs": [.
   parsed list is taken as the argument list. ``outputs[i]`` is the expected return value as JSON
   text (or a plain string that is not JSON, or a parsed value). The function is a top-level def
   or a method of ``class Solution``; its result is compared after a JSON round trip. A one-item
-  list also accepts its only item (datasets wrap return values that way).
-  Deliberate differences from the original: arguments are read with ``ast.literal_eval`` (the
-  original ``eval``\\ s them on the host) with a JSON fallback per line (``true``/``null``), blank
-  lines are skipped, stdout printed by the solution does not hide the result, and an expected
-  list of several items does not accept its first item alone (the original passes ``f() == 0``
-  against ``[0, 1]``).
+  list also accepts its only item (datasets wrap return values that way), but an expected list of
+  several items never accepts its first item alone (``f() == 0`` fails against ``[0, 1]``).
+  Arguments are read with ``ast.literal_eval`` (nothing of the row is evaluated on the host),
+  with a JSON fallback per line (``true``/``null``); blank lines are skipped; what the solution
+  prints does not hide the result, which the harness writes after a marker.
 
 Both kinds run after a prelude of the imports competitive solutions take for granted (``List``,
-``defaultdict``, ``heapq``, ...), as the original does.
+``defaultdict``, ``heapq``, ...).
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ def _lines(text: str) -> list[str]:
 
 
 def outputs_match(got: str, expected: str, tolerance: str = "1e-3") -> bool:
-    """stdout judged as the original does (see the module docstring)."""
+    """Whether stdout ``got`` passes for ``expected`` (the four rules of the module docstring)."""
     if got.strip() == expected.strip():
         return True
     a, b = _lines(got), _lines(expected)
@@ -103,7 +102,7 @@ def outputs_match(got: str, expected: str, tolerance: str = "1e-3") -> bool:
 
 def call_result_matches(stdout: str, expected_json: str) -> bool:
     """The harness's result (after its marker, else the last line) equals the expected JSON value,
-    or its only item when the expected value is a one-item list (Python ``==``, as the original:
+    or its only item when the expected value is a one-item list (compared with Python ``==``, so
     ``1 == 1.0 == True``)."""
     pos = stdout.rfind(RESULT_MARKER)
     if pos >= 0:
@@ -120,7 +119,7 @@ def call_result_matches(stdout: str, expected_json: str) -> bool:
     try:
         expected = json.loads(expected_json)
     except (ValueError, RecursionError):
-        expected = expected_json  # a plain string that is not JSON (the original does the same)
+        expected = expected_json  # a plain string that is not JSON: compared as that string
     return got == expected or (isinstance(expected, list) and len(expected) == 1 and got == expected[0])
 
 

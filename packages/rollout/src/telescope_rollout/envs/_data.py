@@ -1,10 +1,8 @@
 """Dataset loading for built-in environments: bundled samples or the Hugging Face hub (lazily).
 
 ``dataset="bundled"`` reads a small made-up sample shipped in ``envs/data`` (no network);
-anything else is a hub dataset name loaded with ``datasets`` (extra ``datasets``). The original's
-kwargs ``dataset_name``/``dataset_subset``/``dataset_split`` are accepted as aliases of
-``dataset``/``subset``/``split`` (see :class:`DatasetAliases`), so original configs pick the
-same data.
+anything else is a hub dataset name loaded with ``datasets`` (extra ``datasets``).
+:class:`HubDatasetEnv` is the base of the built-ins that read one.
 """
 
 from __future__ import annotations
@@ -12,7 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
+
+from telescope_rollout._types import Sample
+from telescope_rollout.envs._env import SingleTurnEnvironment
 
 BUNDLED = "bundled"
 
@@ -32,22 +33,35 @@ def hub_rows(name: str, subset: str | None = None, split: str = "train") -> Iter
             f"loading the hub dataset {name!r} needs `datasets`: pip install 'telescope-rollout[datasets]'"
             " (or pass dataset='bundled' for the small offline sample)"
         ) from exc
-    return datasets.load_dataset(name, subset, split=split)
+    rows: Iterable[dict[str, Any]] = datasets.load_dataset(name, subset, split=split)  # type: ignore[assignment]
+    return rows
 
 
-class DatasetAliases:
-    """Mixin for environments with ``dataset``/``subset``/``split`` attributes: also accepts the
-    original's kwargs ``dataset_name``/``dataset_subset``/``dataset_split`` (put it first in the bases)."""
+class HubDatasetEnv(SingleTurnEnvironment):
+    """A single-turn environment over a hub dataset (``dataset``, ``subset``, ``split``) or, with
+    ``dataset="bundled"``, over its small offline sample ``envs/data/<bundled_file>``.
+
+    Subclasses name the dataset and map one row with :meth:`row_to_sample` (None skips the row);
+    bundled rows go through :meth:`bundled_row_to_sample` (by default the same mapping). The kwargs
+    ``dataset_name``/``dataset_subset``/``dataset_split`` are accepted as aliases, as configs
+    written for INTELLECT-3's environments spell them.
+    """
+
+    optional: ClassVar[tuple[str, ...]] = ("datasets",)
+    dataset: str = ""
+    subset: str | None = None
+    split: str = "train"
+    bundled_file: ClassVar[str | None] = None
 
     def __init__(
         self,
-        *args: Any,
+        *,
         dataset_name: str | None = None,
         dataset_subset: str | None = None,
         dataset_split: str | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(**kwargs)
         if dataset_name:
             self.dataset = dataset_name
         if dataset_subset:
@@ -55,14 +69,23 @@ class DatasetAliases:
         if dataset_split:
             self.split = dataset_split
 
+    def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
+        raise NotImplementedError
 
-def take(rows: Iterable[dict[str, Any]], num_samples: int) -> list[dict[str, Any]]:
-    out = []
-    for row in rows:
-        if 0 <= num_samples <= len(out):
-            break
-        out.append(dict(row))
-    return out
+    def bundled_row_to_sample(self, row: dict[str, Any]) -> Sample | None:
+        return self.row_to_sample(row)
+
+    def hub_rows(self) -> Iterable[dict[str, Any]]:
+        return hub_rows(self.dataset, self.subset, self.split)
+
+    def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
+        if self.dataset == BUNDLED:
+            if not self.bundled_file:
+                raise ValueError(f"{self.name} has no bundled sample: name a hub dataset")
+            rows, to_sample = bundled_rows(self.bundled_file), self.bundled_row_to_sample
+        else:
+            rows, to_sample = self.hub_rows(), self.row_to_sample
+        return self._set_samples(take_samples(rows, to_sample, num_samples), num_samples)
 
 
 def take_samples(

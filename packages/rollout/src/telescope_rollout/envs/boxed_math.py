@@ -1,7 +1,7 @@
 """Math word problems with a ``\\boxed{}`` final answer: hendrycks_math, dapo_math, deepscaler.
 
-The three differ only in their hub dataset and its columns (checked against the original's
-loaders; ``row_to_sample`` maps one hub row and returns None for a row the original skips):
+The three differ only in their hub dataset and its columns (``row_to_sample`` maps one hub row
+and returns None for a row without a usable question or answer):
 
 * hendrycks_math, ``justus27/math-hendrycks-genesys-format``: ``prompt`` (str) and
   ``verification_info``, a JSON string (or dict) whose ``ground_truth`` string is the answer.
@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from telescope_rollout._env import SingleTurnEnvironment
-from telescope_rollout._math import verify_math_answer
 from telescope_rollout._types import RewardResult, Sample
-from telescope_rollout.envs._data import BUNDLED, DatasetAliases, bundled_rows, hub_rows, take_samples
+from telescope_rollout.envs._data import HubDatasetEnv
+from telescope_rollout.envs._env import unit_ranges
+from telescope_rollout.envs._math import verify_math_answer
 from telescope_rollout.parsers import extract_boxed_answer, strip_eos, strip_think_tags
 
 SYSTEM_PROMPT = (
@@ -47,7 +47,7 @@ def _json_dict(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-class MathEnv(DatasetAliases, SingleTurnEnvironment):
+class MathEnv(HubDatasetEnv):
     """Base for boxed-answer math tasks; subclasses name the hub dataset and map its rows.
 
     Kwargs: ``dataset`` (hub name or ``"bundled"``; alias ``dataset_name``), ``subset``
@@ -59,27 +59,13 @@ class MathEnv(DatasetAliases, SingleTurnEnvironment):
     instruction_prompt = (
         "Solve the following math problem. Show your work, then put your final answer in \\boxed{}."
     )
-    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {
-        "correct": {"min": 0.0, "max": 1.0, "invert": False}
-    }
+    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = unit_ranges("correct")
     reward_min = 0.0
     reward_max = 1.0
-    dataset: str = ""
-    subset: str | None = None
-    split: str = "train"
+    bundled_file = "math.jsonl"
 
-    def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
-        raise NotImplementedError
-
-    def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
-        if self.dataset == BUNDLED:
-            samples = take_samples(
-                bundled_rows("math.jsonl"), lambda r: Sample(r["problem"], str(r["answer"])), num_samples
-            )
-        else:
-            rows = hub_rows(self.dataset, self.subset, self.split)
-            samples = take_samples(rows, self.row_to_sample, num_samples)
-        return self._set_samples(samples, num_samples)
+    def bundled_row_to_sample(self, row: dict[str, Any]) -> Sample | None:
+        return Sample(row["problem"], str(row["answer"]))
 
     def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         return score_math(completion, sample.answer, eos_token or self.eos_token)

@@ -1,11 +1,11 @@
-"""countdown: reach a target number with the given numbers and + - * / (spec §4.7).
+"""countdown: reach a target number with the given numbers and + - * /.
 
 Reward (max 2.0) = ``_format_reward`` (1.0 for ``<think>…</think><answer>…</answer>`` whose
 answer holds only arithmetic characters, 0.5 if it holds others; a leading ``<think>`` is
 assumed present) + ``_equation_reward`` (1.0 when the last answer uses exactly the given
 numbers and evaluates within 1e-5 of the target; golden answer = the target).
 
-Hub rows (``Jiayi-Pan/Countdown-Tasks-3to4``, as the original reads them): ``nums`` (a list of
+Hub rows (``Jiayi-Pan/Countdown-Tasks-3to4``): ``nums`` (a list of
 ints) and ``target`` (an int); see :meth:`CountdownEnv.row_to_sample`.
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 import ast
 import re
 from collections import Counter
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
-from telescope_rollout._env import SingleTurnEnvironment
-from telescope_rollout._rubric import Rubric
 from telescope_rollout._types import RewardResult, Sample
-from telescope_rollout.envs._data import BUNDLED, DatasetAliases, bundled_rows, hub_rows, take_samples
+from telescope_rollout.envs._data import HubDatasetEnv
+from telescope_rollout.envs._env import unit_ranges
+from telescope_rollout.envs._rubric import Rubric
 from telescope_rollout.parsers import extract_answer_tags, strip_eos
 
 _FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>(.*?)</answer>\s*$", re.S)
@@ -81,7 +81,7 @@ def equation_reward(completion: str, nums: list[int], target: float) -> float:
     return 1.0 if value is not None and abs(value - float(target)) < 1e-5 else 0.0
 
 
-class CountdownEnv(DatasetAliases, SingleTurnEnvironment):
+class CountdownEnv(HubDatasetEnv):
     """Kwargs: ``dataset`` (hub name, or ``"bundled"``; alias ``dataset_name``), ``subset``
     (``dataset_subset``), ``split`` (``dataset_split``)."""
 
@@ -93,16 +93,11 @@ class CountdownEnv(DatasetAliases, SingleTurnEnvironment):
         "Show your work in <think> </think> tags. And return the final equation in <answer> </answer> tags, "
         "for example <answer> (1 + 2) / 3 </answer>."
     )
-    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {
-        "_format_reward": {"min": 0.0, "max": 1.0, "invert": False},
-        "_equation_reward": {"min": 0.0, "max": 1.0, "invert": False},
-    }
-    optional: ClassVar[tuple[str, ...]] = ("datasets",)
+    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = unit_ranges("_format_reward", "_equation_reward")
     reward_min = 0.0
     reward_max = 2.0
-    dataset: str = "Jiayi-Pan/Countdown-Tasks-3to4"
-    subset: str | None = None
-    split: str = "train"
+    dataset = "Jiayi-Pan/Countdown-Tasks-3to4"
+    bundled_file = "countdown.jsonl"
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -122,17 +117,9 @@ class CountdownEnv(DatasetAliases, SingleTurnEnvironment):
         nums, target = row.get("nums"), row.get("target")
         if not isinstance(nums, list | tuple) or not all(_is_int(n) for n in nums) or not _is_int(target):
             return None
-        nums = [int(n) for n in nums]
-        question = self.question(nums, int(target))
-        return Sample(question, str(int(target)), {"question": question, "nums": nums, "target": int(target)})
-
-    def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
-        rows = (
-            bundled_rows("countdown.jsonl")
-            if self.dataset == BUNDLED
-            else hub_rows(self.dataset, self.subset, self.split)
-        )
-        return self._set_samples(take_samples(rows, self.row_to_sample, num_samples), num_samples)
+        numbers = [int(n) for n in nums]
+        question = self.question(numbers, target)
+        return Sample(question, str(target), {"question": question, "nums": numbers, "target": target})
 
     def _format_reward(self, completion: str, eos_token: str = "") -> float:
         return format_reward(strip_eos(completion, eos_token))
@@ -144,5 +131,5 @@ class CountdownEnv(DatasetAliases, SingleTurnEnvironment):
         return await self.rubric.score(completion, sample, eos_token=eos_token or self.eos_token)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -1,9 +1,9 @@
-"""Dedicated evals (spec §6.1): math500, aime_2024, aime_2025 and gpqa_diamond.
+"""Dedicated evals: math500, aime_2024, aime_2025 and gpqa_diamond (docs/rollout.md, "Evals and pass@k").
 
 They are single-turn environments (``kind = "eval"``), so their prompts go through the chat
-template like every environment's. The original's standalone evals had no ``format_prompt`` and
-sent the raw question without the template (FRAGILE in the spec). Any environment name also
-works as an eval; these exist for benchmarks that have no training set.
+template like every environment's (a model is evaluated on prompts shaped as in training, never
+on the raw question). Any environment name also works as an eval; these exist for benchmarks
+that have no training set.
 
 Hub datasets and the columns ``row_to_sample`` reads:
 
@@ -33,9 +33,9 @@ from collections.abc import Iterable
 from itertools import chain
 from typing import Any, ClassVar
 
-from telescope_rollout._env import SingleTurnEnvironment
 from telescope_rollout._types import RewardResult, Sample
-from telescope_rollout.envs._data import DatasetAliases, hub_rows, take_samples
+from telescope_rollout.envs._data import HubDatasetEnv, hub_rows, take_samples
+from telescope_rollout.envs._env import unit_ranges
 from telescope_rollout.envs.boxed_math import score_math
 from telescope_rollout.parsers import strip_eos, strip_think_tags
 
@@ -50,7 +50,7 @@ _ANSWER = re.compile(r"(?i:answer)\s*:\s*\$?\s*\(?([A-D])\)?\$?(?![A-Za-z0-9])")
 "Answer: because ..." or "answer: definitely C" are no answer."""
 
 
-class HubEval(DatasetAliases, SingleTurnEnvironment):
+class HubEval(HubDatasetEnv):
     """Base of the dedicated evals: a hub dataset (``subsets`` concatenated), mapped row by row.
 
     Kwargs: ``dataset``/``dataset_name``, ``subset``/``dataset_subset``, ``split``/``dataset_split``.
@@ -58,26 +58,16 @@ class HubEval(DatasetAliases, SingleTurnEnvironment):
 
     kind: ClassVar[str] = "eval"
     optional: ClassVar[tuple[str, ...]] = ("math-verify", "datasets")
-    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {
-        "correct": {"min": 0.0, "max": 1.0, "invert": False}
-    }
+    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = unit_ranges("correct")
     success_metrics: ClassVar[tuple[str, ...] | None] = ("correct",)
     reward_min = 0.0
     reward_max = 1.0
-    dataset: str = ""
     subsets: tuple[str | None, ...] = (None,)
-    subset: str | None = None
-    split: str = "test"
+    split = "test"
 
-    def rows(self) -> Iterable[dict[str, Any]]:
+    def hub_rows(self) -> Iterable[dict[str, Any]]:
         subsets = (self.subset,) if self.subset else self.subsets
         return chain.from_iterable(hub_rows(self.dataset, s, self.split) for s in subsets)
-
-    def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
-        raise NotImplementedError
-
-    def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
-        return self._set_samples(take_samples(self.rows(), self.row_to_sample, num_samples), num_samples)
 
 
 class _BoxedMathEval(HubEval):
@@ -158,7 +148,7 @@ class GpqaDiamondEval(HubEval):
 
     def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
         rng = random.Random(self.shuffle_seed)
-        samples = take_samples(self.rows(), lambda row: self.row_to_sample(row, rng), num_samples)
+        samples = take_samples(self.hub_rows(), lambda row: self.row_to_sample(row, rng), num_samples)
         return self._set_samples(samples, num_samples)
 
     def row_to_sample(self, row: dict[str, Any], rng: random.Random | None = None) -> Sample | None:

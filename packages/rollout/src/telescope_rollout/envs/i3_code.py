@@ -4,7 +4,7 @@ Two kinds of test, as in INTELLECT-3-RL: stdin/stdout tests and function-call te
 ``fn_name``); how rows are read and outputs judged is in :mod:`._code_tests`.
 
 The environment never imports telescope_sandbox: the composition root passes any
-:class:`~telescope_rollout.SandboxLike` as ``sandbox=`` (or sets ``env.sandbox``) before the
+:class:`~telescope_rollout.envs.SandboxLike` as ``sandbox=`` (or sets ``env.sandbox``) before the
 first reward. Reward 1 iff every selected test passes. Sandbox failures are retried
 (``max_retries``) and then reported as ``sandbox_error`` with reward 0.
 """
@@ -15,10 +15,9 @@ import asyncio
 import json
 import random
 import time
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from telescope_rollout._env import SingleTurnEnvironment
-from telescope_rollout._sandbox import SandboxLike
 from telescope_rollout._types import RewardResult, Sample
 from telescope_rollout.envs._code_tests import (
     call_result_matches,
@@ -26,40 +25,38 @@ from telescope_rollout.envs._code_tests import (
     program_for,
     tests_from_row,
 )
-from telescope_rollout.envs._data import BUNDLED, DatasetAliases, bundled_rows, hub_rows, take_samples
+from telescope_rollout.envs._data import HubDatasetEnv
+from telescope_rollout.envs._env import unit_ranges
+from telescope_rollout.envs._sandbox import SandboxLike
 from telescope_rollout.parsers import extract_code_block, strip_eos, strip_think_tags
 
-_tests_from_row = tests_from_row  # the name earlier code imported
 __all__ = ["I3CodeEnv", "call_result_matches", "outputs_match", "tests_from_row"]
 
 INFO_CAP = 4_000
 
 
-class I3CodeEnv(DatasetAliases, SingleTurnEnvironment):
+class I3CodeEnv(HubDatasetEnv):
     """Kwargs: ``sandbox``, ``dataset`` ("bundled" or a hub name; alias ``dataset_name``),
     ``subset``/``dataset_subset`` ("code"), ``split``/``dataset_split``, ``max_num_tests`` 15,
     ``timeout_per_test`` 10 s, ``memory_mb`` 2048, ``max_concurrent_tests`` 8, ``random_seed`` 42,
     ``difficulty_key`` (``avg@8_qwen3_4b_instruct_2507``) with ``min_difficulty``/``max_difficulty``
-    (a row without the value counts as 0, as in the original), and the original's provider
-    settings (``provider``, ``provider_kwargs``, ...) kept for the CLI."""
+    (a row without the value counts as 0), and the sandbox provider settings (``provider``,
+    ``provider_kwargs``, ...) that the CLI reads to build the sandbox."""
 
     instruction_prompt = (
         "Solve the following problem in Python. Read from stdin, write to stdout, and put your solution "
         "in one ```python code block."
     )
-    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {
-        "passed": {"min": 0.0, "max": 1.0, "invert": False},
-        "pass_rate": {"min": 0.0, "max": 1.0, "invert": False},
-        "sandbox_error": {"min": 0.0, "max": 1.0, "invert": True},
-    }
-    optional: ClassVar[tuple[str, ...]] = ("datasets",)
+    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = unit_ranges(
+        "passed", "pass_rate", inverted=("sandbox_error",)
+    )
     needs: ClassVar[tuple[str, ...]] = ("sandbox",)
     reward_min = 0.0
     reward_max = 1.0
     sandbox: SandboxLike | None = None
-    dataset: str = "PrimeIntellect/INTELLECT-3-RL"
-    subset: str | None = "code"
-    split: str = "train"
+    dataset = "PrimeIntellect/INTELLECT-3-RL"
+    subset = "code"
+    bundled_file = "i3_code.jsonl"
     max_num_tests: int = 15
     timeout_per_test: float = 10.0
     memory_mb: int = 2048
@@ -101,14 +98,7 @@ class I3CodeEnv(DatasetAliases, SingleTurnEnvironment):
                 source = ""
         return Sample(question, "", {"tests": tests, "source": source, "num_test_cases": len(tests)})
 
-    def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
-        if self.dataset == BUNDLED:
-            rows = bundled_rows("i3_code.jsonl")
-        else:
-            rows = hub_rows(self.dataset, self.subset, self.split)
-        return self._set_samples(take_samples(rows, self.row_to_sample, num_samples), num_samples)
-
-    async def _run_test(self, code: str, test: dict[str, str], sem: asyncio.Semaphore) -> dict[str, Any]:
+    async def _run_test(self, code: str, test: dict[str, str], sem: asyncio.Semaphore) -> _TestRun:
         assert self.sandbox is not None
         err = "no attempt made"
         fn_name = test.get("fn_name")
@@ -127,30 +117,21 @@ class I3CodeEnv(DatasetAliases, SingleTurnEnvironment):
                     continue
                 matches = call_result_matches if fn_name else outputs_match
                 ok = not res.timed_out and res.exit_code == 0 and matches(res.stdout, test["output"])
-                return {
-                    "ok": ok,
-                    "timeout": res.timed_out,
-                    "error": res.exit_code != 0,
-                    "stderr": res.stderr,
-                    "retries": attempt,
-                    "sandbox_error": False,
-                }
-        return {
-            "ok": False,
-            "timeout": False,
-            "error": False,
-            "stderr": err,
-            "retries": self.max_retries,
-            "sandbox_error": True,
-        }
+                return _TestRun(ok, res.timed_out, res.exit_code != 0, res.stderr, attempt)
+        return _TestRun(False, False, False, err, self.max_retries, sandbox_error=True)
+
+    def _tests_of(self, sample: Sample) -> list[dict[str, str]]:
+        """The sample's tests, at most ``max_num_tests`` of them (a seeded choice per prompt)."""
+        tests = list(sample.metadata.get("tests") or [])
+        if len(tests) > self.max_num_tests:
+            tests = random.Random(f"{self.random_seed}:{sample.prompt}").sample(tests, self.max_num_tests)
+        return tests
 
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         await self.prepare_resources()
         text = strip_think_tags(strip_eos(completion, eos_token or self.eos_token))
         code = extract_code_block(text, "python")
-        tests = list(sample.metadata.get("tests") or [])
-        if len(tests) > self.max_num_tests:
-            tests = random.Random(f"{self.random_seed}:{sample.prompt}").sample(tests, self.max_num_tests)
+        tests = self._tests_of(sample)
         metrics = {
             "passed": 0.0,
             "pass_rate": 0.0,
@@ -162,52 +143,45 @@ class I3CodeEnv(DatasetAliases, SingleTurnEnvironment):
             "generated_code_chars": float(len(code or "")),
         }
         if not code or not tests:
-            info = [
-                {
-                    "turn_order": 0,
-                    "info_key": "error",
-                    "info_value": "no python code block",
-                    "info_type": "text",
-                }
-            ]
-            return RewardResult(0.0, metrics, {}, info if not code else [])
+            return RewardResult(0.0, metrics, {}, [] if code else [_info("error", "no python code block")])
         t0 = time.perf_counter()
         sem = asyncio.Semaphore(max(1, self.max_concurrent_tests))
         results = await asyncio.gather(*(self._run_test(code, t, sem) for t in tests))
-        n_ok = sum(r["ok"] for r in results)
-        sandbox_error = any(r["sandbox_error"] for r in results)
+        n_ok = sum(r.ok for r in results)
+        sandbox_error = any(r.sandbox_error for r in results)
         passed = n_ok == len(tests) and not sandbox_error
         metrics.update(
             passed=float(passed),
             pass_rate=n_ok / len(tests),
             sandbox_error=float(sandbox_error),
-            num_timeouts=float(sum(r["timeout"] for r in results)),
-            num_errors=float(sum(r["error"] for r in results)),
-            retry_count=float(sum(r["retries"] for r in results)),
+            num_timeouts=float(sum(r.timeout for r in results)),
+            num_errors=float(sum(r.error for r in results)),
+            retry_count=float(sum(r.retries for r in results)),
             test_time_s=time.perf_counter() - t0,
         )
-        stderr = next((r["stderr"] for r in results if r["stderr"]), "")
         info = [
-            {
-                "turn_order": 0,
-                "info_key": "generated_code",
-                "info_value": code[:INFO_CAP],
-                "info_type": "text",
-            },
-            {
-                "turn_order": 0,
-                "info_key": "test_summary",
-                "info_value": f"{n_ok}/{len(tests)} passed",
-                "info_type": "text",
-            },
+            _info("generated_code", code[:INFO_CAP]),
+            _info("test_summary", f"{n_ok}/{len(tests)} passed"),
         ]
+        stderr = next((r.stderr for r in results if r.stderr), "")
         if stderr:
-            info.append(
-                {
-                    "turn_order": 0,
-                    "info_key": "runner_stderr",
-                    "info_value": stderr[:INFO_CAP],
-                    "info_type": "stderr",
-                }
-            )
+            info.append(_info("runner_stderr", stderr[:INFO_CAP], "stderr"))
         return RewardResult(float(passed), metrics, {}, info)
+
+
+@dataclass
+class _TestRun:
+    """How one test went: passed, timed out, exited with an error; the first retries failed to reach
+    the sandbox (``sandbox_error``: every attempt did)."""
+
+    ok: bool
+    timeout: bool
+    error: bool
+    stderr: str
+    retries: int
+    sandbox_error: bool = False
+
+
+def _info(key: str, value: str, kind: str = "text") -> dict[str, Any]:
+    """One ``info_turns`` row of the reward."""
+    return {"turn_order": 0, "info_key": key, "info_value": value, "info_type": kind}

@@ -11,8 +11,8 @@ import random
 import re
 from typing import Any, ClassVar
 
-from telescope_rollout._env import SingleTurnEnvironment
 from telescope_rollout._types import RewardResult, Sample
+from telescope_rollout.envs._env import SingleTurnEnvironment, unit_ranges
 from telescope_rollout.parsers import extract_last_number, strip_eos, strip_think_tags
 
 _BARE = re.compile(r"\s*(-?\d+)\.?\s*")
@@ -30,10 +30,7 @@ def score_addition(completion: str, answer: str) -> tuple[float, bool, bool]:
 class QuickstartAddEnv(SingleTurnEnvironment):
     """Two-number addition; kwargs ``num_samples`` (2000), ``seed`` (0), ``max_operand`` (99)."""
 
-    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {
-        "exact": {"min": 0.0, "max": 1.0, "invert": False},
-        "correct": {"min": 0.0, "max": 1.0, "invert": False},
-    }
+    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = unit_ranges("exact", "correct")
     reward_min = 0.0
     reward_max = 1.0
     num_samples: int = 2000

@@ -19,9 +19,9 @@ import re
 from importlib import resources
 from typing import Any, ClassVar
 
-from telescope_rollout._env import MultiTurnEnvironment
-from telescope_rollout._rubric import Rubric
 from telescope_rollout._types import Message, RewardResult, RolloutState, Sample
+from telescope_rollout.envs._env import MultiTurnEnvironment, unit_ranges
+from telescope_rollout.envs._rubric import Rubric
 from telescope_rollout.parsers import strip_eos, strip_think_tags
 
 _GUESS = re.compile(r"<guess>\s*\[?\s*([^<>\[\]]{0,40}?)\s*\]?\s*</guess>", re.IGNORECASE)
@@ -68,10 +68,9 @@ class WordleEnv(MultiTurnEnvironment):
     reward_min = 0.0
     reward_max = 2.2
 
-    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = {
-        n: {"min": 0.0, "max": 1.0, "invert": False}
-        for n in ("_reward_correct", "_reward_partial", "_reward_length", "format_reward")
-    }
+    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = unit_ranges(
+        "_reward_correct", "_reward_partial", "_reward_length", "format_reward"
+    )
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -98,48 +97,26 @@ class WordleEnv(MultiTurnEnvironment):
         g = state.custom
         text = strip_eos(str(messages[-1].get("content") or ""), self.eos_token) if messages else ""
         guess = parse_guess(text)
-        problem = None
-        if guess is None:
-            problem = "No guess found. Write your guess as <guess>[word]</guess>."
-        elif len(guess) != 5 or not guess.isascii() or not guess.isalpha():
-            problem = f"{guess[:20]!r} is not a five-letter word."
-        elif guess in g["guesses"]:
-            problem = f"You already guessed {guess!r}."
-        if problem is not None:
+        problem = _invalid_move(guess, g["guesses"])
+        if guess is None or problem is not None:
             g["invalid"] += 1
             if g["invalid"] >= 2:
                 g["game_over"] = True
-                return [
-                    {
-                        "role": "user",
-                        "content": f"Invalid move: {problem} Game over.",
-                        "turn_type": "feedback",
-                    }
-                ]
-            return [
-                {"role": "user", "content": f"Invalid move: {problem} Try again.", "turn_type": "feedback"}
-            ]
+                return [_feedback(f"Invalid move: {problem} Game over.")]
+            return [_feedback(f"Invalid move: {problem} Try again.")]
         fb = feedback(guess, state.sample.answer)
         g["guesses"].append(guess)
         g["feedback"].append(fb)
         if fb == "GGGGG":
             g["solved"] = g["game_over"] = True
-            return [
-                {
-                    "role": "user",
-                    "content": f"{' '.join(guess.upper())}\n{' '.join(fb)}\nSolved!",
-                    "turn_type": "feedback",
-                }
-            ]
+            return [_feedback(f"{' '.join(guess.upper())}\n{' '.join(fb)}\nSolved!")]
         left = self.max_turns - len(g["guesses"])
         if left <= 0:
             g["game_over"] = True
         board = "\n".join(
             f"{' '.join(w.upper())}\n{' '.join(f)}" for w, f in zip(g["guesses"], g["feedback"], strict=True)
         )
-        return [
-            {"role": "user", "content": f"{board}\nYou have {left} guesses left.", "turn_type": "feedback"}
-        ]
+        return [_feedback(f"{board}\nYou have {left} guesses left.")]
 
     def is_done(self, state: RolloutState) -> tuple[bool, str | None]:
         if state.custom.get("game_over"):
@@ -169,6 +146,21 @@ class WordleEnv(MultiTurnEnvironment):
         r = await self.rubric.score(state=state, eos_token=eos_token or self.eos_token)
         r.sample_metrics["num_guesses"] = float(len(state.custom.get("guesses") or []))
         return r
+
+
+def _invalid_move(guess: str | None, guessed: list[str]) -> str | None:
+    """What is wrong with ``guess`` (None: a valid new five-letter guess)."""
+    if guess is None:
+        return "No guess found. Write your guess as <guess>[word]</guess>."
+    if len(guess) != 5 or not guess.isascii() or not guess.isalpha():
+        return f"{guess[:20]!r} is not a five-letter word."
+    if guess in guessed:
+        return f"You already guessed {guess!r}."
+    return None
+
+
+def _feedback(text: str) -> Message:
+    return {"role": "user", "content": text, "turn_type": "feedback"}
 
 
 def _format_one(text: str) -> float:

@@ -1,0 +1,194 @@
+"""The vLLM launcher (telescope_cli._vllm): command lines, settings from the config, classified
+start-up failures, and stopping; server processes are stand-in Python processes here (the real
+vLLM servers are in tests/test_rollout_vllm.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from telescope_cli._vllm import (
+    ServerDiedError,
+    ServerHandle,
+    ServerSettings,
+    ServerStartError,
+    classify_failure,
+    launch_server,
+    server_command,
+)
+
+
+def _config():
+    from telescope_config import TelescopeConfig, defaults
+
+    return TelescopeConfig.model_validate({**defaults(), "environments": [{"name": "countdown"}]})
+
+
+def test_server_command_carries_the_config_options():
+    s = ServerSettings(
+        model="/m", base_port=9000, gpu_memory_utilization=0.5, max_model_len=512, max_num_seqs=4,
+        max_num_batched_tokens=1024, tensor_parallel_size=2, scheduling_policy="fcfs",
+    )  # fmt: skip
+    cmd = server_command(s, 9001, extension_cls="pkg.Ext", python="py")
+    line = " ".join(cmd)
+    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    for part in [
+        "--model /m", "--port 9001", "--max-model-len 512", "--tensor-parallel-size 2",
+        "--gpu-memory-utilization 0.5", "--max-num-seqs 4", "--max-num-batched-tokens 1024",
+        "--scheduling-policy fcfs", "--worker-extension-cls pkg.Ext", "--no-enable-prefix-caching",
+        "--dtype auto", "--logprobs-mode processed_logprobs",
+    ]:  # fmt: skip
+        assert part in line
+    assert "--enforce-eager" not in cmd
+    assert "--disable-uvicorn-access-log" in cmd
+    assert "--disable-uvicorn-access-log" not in server_command(
+        ServerSettings(model="/m", access_log=True), 1
+    )
+    cpu = server_command(ServerSettings(model="/m", device="cpu"), 1)
+    assert "--enforce-eager" in cpu
+    assert cpu[cpu.index("--dtype") + 1] == "float32"
+    assert "--gpu-memory-utilization" not in cpu
+
+
+def test_server_settings_from_config():
+    cfg = _config()
+    s = ServerSettings.from_config(cfg, device="cpu")
+    assert (s.model, s.base_port, s.max_model_len) == (cfg.model, cfg.inference_base_port, cfg.max_model_len)
+    assert s.tensor_parallel_size == cfg.inference_tensor_parallel_size
+    assert (s.host, s.scheduling_policy, s.seed) == (cfg.inference_host, cfg.vllm_scheduling_policy, cfg.seed)
+    assert s.device == "cpu"
+
+
+def test_every_server_setting_is_a_config_field_with_the_packaged_default():
+    from telescope_config import TelescopeConfig, defaults
+
+    packaged, known = defaults(), set(TelescopeConfig.model_fields)
+    for f in fields(ServerSettings):
+        name = ServerSettings.CONFIG_NAMES.get(f.name, f.name)
+        if f.name in ServerSettings.NOT_IN_CONFIG:
+            assert name not in known, f"{f.name} is a config field: from_config must read it"
+            continue
+        assert name in known, f"ServerSettings.{f.name} maps to no config field"
+        if f.name in ServerSettings.OWN_DEFAULTS:  # a library default, with its reason
+            assert f.default != packaged[name], f"ServerSettings.{f.name} no longer differs: drop it"
+            continue
+        if f.default is not MISSING:  # model has none: a server needs one
+            assert f.default == packaged[name], (
+                f"ServerSettings.{f.name}: {f.default!r} != {packaged[name]!r}"
+            )
+    assert set(ServerSettings.CONFIG_NAMES) <= {f.name for f in fields(ServerSettings)}
+    assert set(ServerSettings.OWN_DEFAULTS) <= {f.name for f in fields(ServerSettings)}
+
+
+def test_from_config_names_a_missing_field():
+    cfg = _config()
+
+    class WithoutHost:
+        def __getattr__(self, name: str) -> Any:
+            if name == "inference_host":
+                raise AttributeError(name)
+            return getattr(cfg, name)
+
+    with pytest.raises(AttributeError, match=r"no field 'inference_host' \(for ServerSettings\.host\)"):
+        ServerSettings.from_config(WithoutHost())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("log", "kind", "fix"),
+    [
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
+            "out of memory",
+            "gpu_memory_utilization",
+        ),
+        ("OSError: /x does not appear to have a file named config.json", "model not found", "model"),
+        (
+            "RuntimeError: The NVIDIA driver on your system is too old",
+            "CUDA mismatch",
+            "compatibility matrix",
+        ),
+        ("OSError: [Errno 98] Address already in use", "port in use", "inference_base_port"),
+    ],
+)
+def test_failures_are_classified_with_their_fix(log, kind, fix):
+    found = classify_failure(f"INFO starting\n{log}\n")
+    assert found is not None
+    assert found[0] == kind
+    assert fix in found[1]
+    assert classify_failure("INFO all good") is None
+
+
+def test_busy_port_is_reported_before_launch(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        settings = ServerSettings(model="/m", base_port=port)
+        with pytest.raises(ServerStartError, match=rf"port {port} .*inference_base_port") as info:
+            launch_server(settings, port=port, log_path=tmp_path / "vllm_0.log")
+    assert info.value.kind == "port in use"
+    assert not list(tmp_path.iterdir())  # nothing was launched
+
+
+def test_missing_model_folder_is_reported_before_launch(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # free once the block ends
+    settings = ServerSettings(model=str(tmp_path / "missing"), device="cpu")
+    with pytest.raises(ServerStartError, match=r"does not exist\. Fix: ensure the `model` path") as info:
+        launch_server(settings, port=port, log_path=tmp_path / "logs" / "vllm_0.log")
+    assert info.value.kind == "model not found"
+    assert not (tmp_path / "logs").exists()
+
+
+def test_exit_during_startup_is_classified(tmp_path: Path):
+    log = tmp_path / "vllm_0.log"
+    with log.open("wb") as fh:
+        code = "print('torch.OutOfMemoryError: CUDA out of memory'); raise SystemExit(1)"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    handle = ServerHandle(0, 1, "http://127.0.0.1:1", proc, log)
+    with pytest.raises(
+        ServerStartError, match=r"exited with code 1 \(out of memory\)\. Fix: .*gpu_memory_utilization"
+    ):
+        handle.wait_healthy(timeout_s=30, poll_s=0.1)
+
+
+# ---------------------------------------------------------------- stopping and deaths, with fake processes
+def _fake_handle(index: int, port: int, log_path: Path) -> ServerHandle:
+    """A stand-in server: a sleeping Python process in its own session (stop() kills the group)."""
+    with log_path.open("ab") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(120)"],
+            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    return ServerHandle(index, port, f"http://127.0.0.1:{port}", proc, log_path)
+
+
+def test_a_dead_server_is_reported_with_its_classified_log(tmp_path):
+    with _fake_handle(0, 9100, tmp_path / "vllm_0.log") as handle:
+        handle.check()  # alive: nothing to report
+        handle.log_path.write_text("torch.OutOfMemoryError: CUDA out of memory\n")
+        os.killpg(handle.process.pid, signal.SIGKILL)
+        handle.process.wait(timeout=30)
+        with pytest.raises(ServerDiedError, match=r"server 0 .* died with exit code -9 \(out of memory\)"):
+            handle.check()
+
+
+def test_stop_ends_every_server_process(tmp_path):
+    handles = [_fake_handle(i, 9100 + i, tmp_path / f"vllm_{i}.log") for i in range(2)]
+    with handles[0]:
+        pass  # leaving the block stops it
+    handles[1].stop(timeout_s=10)
+    assert [h.process.poll() for h in handles] == [-signal.SIGTERM, -signal.SIGTERM]
+    handles[1].stop(timeout_s=10)  # idempotent

@@ -1,0 +1,86 @@
+"""The backend-neutral trainer protocol: what the training loop needs from FSDP2 and Megatron.
+
+A backend package exposes ``create_trainer(config, *, model_path, seed, **options) ->
+TrainerBackend`` and ``convert_checkpoint(directory, out_dir) -> Path`` (a folder written by
+``save_checkpoint`` → a Hugging Face safetensors folder, without torch.distributed), and registers
+its module under the entry-point group ``telescope.trainers`` (name = the config's
+``train_backend``). ``config`` is the run's ``telescope_config.TelescopeConfig``, validated once by
+the caller and handed to every rank as is: a backend reads it, and never validates or rebuilds it.
+Every method is *collective*: every rank of the trainer world calls it with the same arguments, in
+the same order.
+
+``torch.distributed`` is initialised by the backend from the usual environment variables
+(``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) when the caller has not done it:
+gloo on CPU, NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from telescope_algos._packing import MicroBatch
+
+
+@runtime_checkable
+class TrainerBackend(Protocol):
+    """A training backend. Metrics are plain floats keyed ``name`` or ``section/group/name``."""
+
+    rank: int
+    world_size: int
+    dp_rank: int
+    """Which data shard this rank trains on (``pack_samples`` deals one list per DP rank)."""
+    dp_world_size: int
+    """How many data shards a step is split into."""
+    row_multiple: int
+    """Packed rows must be a multiple of this length (``row_multiple`` of the parallel layout); the
+    caller pads to ``pad_multiple(config.pad_to_multiple_of, row_multiple)``."""
+
+    @property
+    def is_broadcast_rank(self) -> bool:
+        """True on the one rank that sends weights to the inference servers."""
+        ...
+
+    def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
+        """One optimizer step on this rank's micro-batches (from ``pack_samples(...)[dp_rank]``).
+
+        Returns the step metrics, identical on every rank: at least ``loss``, ``entropy``,
+        ``kl_divergence_inference``, ``grad_norm``, ``learning_rate``, ``num_tokens`` and
+        ``timing/*`` entries.
+        """
+        ...
+
+    def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full model in Hugging Face names, a layer or bucket at a time (collective).
+
+        Every rank must exhaust the iterator; tensors are complete (gathered) and may be freed
+        by the backend as soon as the consumer moves on, so the whole model is never held at once.
+        """
+        ...
+
+    def save_checkpoint(self, directory: str | Path, *, training_state: bool = True) -> dict[str, Any]:
+        """Write this trainer's state into exactly ``directory`` (collective).
+
+        The caller made ``directory`` (empty) and owns everything around it: naming (``step_N``),
+        writing into a temporary folder and renaming it once every rank returned, ``meta.json``,
+        retention and which checkpoint to resume. Every rank writes its part into the same folder:
+        the model weights, and with ``training_state`` the optimizer, the LR schedule's position,
+        counters and RNG states; nothing is written outside it. Returns the backend's facts for the
+        caller's ``meta.json`` (JSON-able, identical on every rank), at least ``{"backend": name}``.
+        """
+        ...
+
+    def load_checkpoint(self, directory: str | Path, *, weights_only: bool = False) -> None:
+        """Restore what :meth:`save_checkpoint` wrote into ``directory`` (collective).
+
+        ``weights_only`` restores the model alone (optimizer, schedule, counters and RNG keep their
+        current values); a folder written with ``training_state=False`` needs it.
+        """
+        ...
+
+    def close(self) -> None:
+        """Free memory and leave the process group (idempotent)."""
+        ...

@@ -1,0 +1,690 @@
+"""The async rollout engine: lanes, dispatch, off-policy control, group acceptance.
+
+How it schedules, in prose: docs/rollout.md, "The engine".
+
+``async with RolloutEngine(...) as engine:`` starts a dispatch loop that keeps every server's lane
+slots busy with groups of ``group_size`` samples; ``await engine.next_batch()`` returns the next
+``RolloutBatch`` of ``prompts_batch_size_for_trainer`` kept groups; ``engine.weights_updated(v)``
+announces that weight version ``v`` is live on the servers.
+
+Draining (periodic evals): ``await engine.drain_servers(urls)`` takes servers out of the
+training pool: nothing new is dispatched to them and their groups still using the server are
+cancelled (reason ``eval_drain``); ``engine.restore_servers(urls)`` gives them back once they hold
+the pool's weights again. While drained, a server may keep an older version: updates name the
+servers that got them (``weights_updated(v, servers=...)``), every server in the pool must be
+among them, and a sample's versions are those of the server it ran on.
+
+Counters (version v = number of weight updates applied, 0 = base model; step = batches assembled):
+- pause: no new group starts while ``step - v > max_async_rollout`` (resumes on an update);
+- staleness of a group = the step it lands in minus the oldest version its samples *started*
+  under; above ``max_async_rollout`` it is discarded (``max_async``). Counting from the start,
+  a sample begun long ago is never taken for fresh because it finished after a late update;
+- every update adds one to ``off_policy_steps`` of each sample still generating; a group with a
+  sample above ``max_off_policy_steps`` is cancelled at once (``off_policy``).
+Acceptance, in order: any error drops the group (reason = the error kind), then ``max_async``,
+then ``zero_advantage``; otherwise it is kept. Dropped and cancelled groups ride along in the next
+batch for inspection, at most ``4 * prompts_batch_size_for_trainer + 64`` of each per batch (the
+first ones; the rest are counted in ``rollout/discarded_unrecorded`` / ``rollout/cancelled_unrecorded``).
+
+Input that can only fail again stops the run with a :class:`RolloutError` (``_watch``):
+- a prompt that cannot fit (prompt tokens >= ``max_model_len``) is dropped at dispatch as a group
+  with reason ``prompt_too_long``, before any request; it takes no lane. Once
+  ``max_consecutive_unfit_prompts`` prompts of one environment in a row do not fit, or every
+  training prompt of it was seen not fitting, the run stops naming the environment;
+- once every sample of the last ``max(2 * prompts_batch_size_for_trainer, 8)`` finished groups
+  failed with one error kind (a kept or non-error-dropped group starts the count over; cancelled
+  groups and groups on a server found unreachable do not count), the run stops naming the kind,
+  the environments and the first error.
+
+All methods must be called from the event loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from telescope_rollout.engine._episode import Play, completion_budget, play_sample, too_long
+from telescope_rollout.engine._lanes import LanePool
+from telescope_rollout.engine._prompts import PreparedPrompt, PromptSource
+from telescope_rollout.engine._results import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
+from telescope_rollout.engine._sampler import MultiEnvSampler
+from telescope_rollout.engine._settings import EngineSettings
+from telescope_rollout.engine._watch import FailureWatch, same_error_message, unfit_message
+from telescope_rollout.envs._env import Environment, environments_by_name, maybe_await
+from telescope_rollout.inference._client import CompletionClient, ServerUnavailableError
+
+log = structlog.get_logger()
+
+AdvantageFn = Callable[[list[float]], Sequence[float]]
+"""The rewards of one group in, one advantage per sample out (the caller's estimator, e.g.
+``telescope_algos.group_advantages`` with the run's algorithm bound)."""
+RewardShaping = Callable[[ScoredSample], float]
+"""A scored sample in, the reward to train on out (e.g. its reward plus an overlong penalty)."""
+ZERO_ADVANTAGE_TOL = 1e-9
+"""Advantages of a group that differ by no more than this carry no learning signal."""
+
+
+def _is_zero_advantage(advantages: Sequence[float]) -> bool:
+    """The drop rule of ``discard_group_zero_advantage``: a group of more than one sample whose
+    advantages are all equal (within :data:`ZERO_ADVANTAGE_TOL`)."""
+    return len(advantages) > 1 and max(advantages) - min(advantages) <= ZERO_ADVANTAGE_TOL
+
+
+class RolloutError(RuntimeError):
+    """The engine cannot go on (every server unreachable, input that can only fail, an internal failure)."""
+
+
+@dataclass
+class _SampleRun:
+    out: ScoredSample
+    started: bool = False
+    generating: bool = False
+    done: bool = False
+
+
+@dataclass
+class _GroupRun:
+    group_id: int
+    prompt: PreparedPrompt
+    server: str
+    runs: list[_SampleRun] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    lanes: list[int] | None = None
+    """Group mode: the slots held by the whole group."""
+    finished: int = 0
+    cancelled: bool = False
+
+
+class RolloutEngine:
+    """Generates scored groups from environments on inference servers; see the module docstring.
+
+    ``environments``: ``{name: Environment}`` or the list ``build_environments`` returns (datasets
+    loaded). ``sampler`` draws ``(name, index)``. ``tokenizer`` renders and tokenizes prompts.
+    ``client``: an :class:`InferenceClient` (its ``server_urls`` are the servers).
+    ``advantage_fn(rewards) -> advantages`` (required: the engine has no estimator of its own) gives
+    each sample of a finished group its advantage; ``reward_shaping(sample) -> reward``, when given,
+    replaces each sample's reward before that (e.g. an overlong penalty). Both run only for groups
+    without errors; an exception from either stops the engine with a :class:`RolloutError`.
+    ``clock`` (seconds) times the metrics; tests pass a fake one.
+    """
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        *,
+        environments: Mapping[str, Environment] | Sequence[Any],
+        sampler: MultiEnvSampler,
+        tokenizer: Any,
+        client: CompletionClient,
+        advantage_fn: AdvantageFn,
+        reward_shaping: RewardShaping | None = None,
+        clock: Callable[[], float] | None = None,
+    ):
+        self.settings = settings
+        self.environments = environments_by_name(environments)
+        self.tokenizer = tokenizer
+        self.sampler = sampler
+        self.client = client
+        self.advantage_fn = advantage_fn
+        self.reward_shaping = reward_shaping
+        self.clock = clock or time.monotonic
+        self.servers: list[str] = list(client.server_urls)
+        self.lanes = {url: LanePool(settings.lanes_per_server) for url in self.servers}
+        kwargs = {} if settings.enable_thinking is None else {"enable_thinking": settings.enable_thinking}
+        buffer = settings.prompt_prefetch_buffer_size if settings.enable_prompt_prefetch else 0
+        self.prompts = PromptSource(
+            self.environments, sampler, tokenizer, buffer_size=buffer, chat_template_kwargs=kwargs
+        )
+        self.eos_token = settings.eos_token or getattr(tokenizer, "eos_token", None)
+        self.version = 0
+        self.step = 0
+        self.next_group_id = 0
+        self.next_sample_id = 0
+        self.down: dict[str, str] = {}
+        self.drained: set[str] = set()
+        """Servers out of the training pool (:meth:`drain_servers`)."""
+        self.server_versions = dict.fromkeys(self.servers, 0)
+        """Weight version each server holds."""
+        self.paused = False
+        self._groups: dict[int, _GroupRun] = {}
+        self._bucket: list[ScoredGroup] = []
+        self._discarded: list[DroppedGroup] = []
+        self._cancelled: list[DroppedGroup] = []
+        self._batches: asyncio.Queue[RolloutBatch | BaseException] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._rr = 0
+        self._stats: defaultdict[str, float] = defaultdict(float)
+        self.cancelled_groups = 0
+        """Groups cancelled since the engine was built."""
+        self._paused_since: float | None = None
+        self._last_batch_t = self.clock()
+        P = settings.prompts_batch_size_for_trainer
+        self.watch = FailureWatch(settings.max_consecutive_unfit_prompts, max(2 * P, 8))
+        """Counts unfit prompts and same-error groups (see the module docstring)."""
+        self.max_recorded_drops = 4 * P + 64
+        """Dropped (and, separately, cancelled) groups kept per batch for records; more are counted."""
+        self._failed: RolloutError | None = None
+        self._warned_unfit: set[str] = set()
+
+    # ----------------------------------------------------------------- lifecycle
+    async def __aenter__(self) -> RolloutEngine:
+        if self.settings.eager_prepare_resources:
+            await self.prepare_resources()
+        self.start()
+        return self
+
+    async def prepare_resources(self) -> None:
+        """Await every environment's ``prepare_resources()`` (e.g. warm a sandbox pool), concurrently."""
+        names = list(self.environments)
+        results = await asyncio.gather(
+            *(maybe_await(self.environments[n].prepare_resources()) for n in names), return_exceptions=True
+        )
+        failed = [(n, r) for n, r in zip(names, results, strict=True) if isinstance(r, BaseException)]
+        if failed:
+            detail = "; ".join(f"{n}: {type(e).__name__}: {e}" for n, e in failed)
+            raise RolloutError(f"prepare_resources() failed for environment(s) {detail}")
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def start(self) -> None:
+        """Start dispatching (``async with`` does it)."""
+        if self._tasks:
+            raise RuntimeError("the engine is already running")
+        self._last_batch_t = self.clock()
+        self._tasks.append(asyncio.create_task(self._dispatch_loop(), name="rollout-dispatch"))
+        if self.prompts.buffer_size:
+            self._tasks.append(asyncio.create_task(self.prompts.prefetch(), name="rollout-prefetch"))
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Cancel dispatching and every group in flight; wait for them to unwind."""
+        tasks = list(self._tasks)
+        for g in list(self._groups.values()):
+            tasks += g.tasks
+            for t in g.tasks:
+                t.cancel()
+        self._groups.clear()
+        for t in self._tasks:
+            t.cancel()
+        self._tasks.clear()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
+    # ----------------------------------------------------------------- public API
+    async def next_batch(self, timeout_s: float | None = 3600.0) -> RolloutBatch:
+        """The next batch of kept groups; raises :class:`RolloutError` when the engine failed."""
+        if not self._tasks:
+            raise RuntimeError("start the engine first: `async with engine:` or engine.start()")
+        try:
+            item = await asyncio.wait_for(self._batches.get(), timeout=timeout_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no rollout batch within {timeout_s} s: {len(self._groups)} groups in flight, "
+                f"{len(self._bucket)} kept of {self.settings.prompts_batch_size_for_trainer}, "
+                f"paused={self.paused}, "
+                f"unreachable servers={sorted(self.down)}"
+            ) from None
+        if isinstance(item, BaseException):
+            self._batches.put_nowait(item)
+            raise item
+        return item
+
+    def weights_updated(self, version: int, servers: Sequence[str] | None = None) -> None:
+        """Weight version ``version`` is now live on ``servers`` (default: all; 0 = the base model).
+
+        ``servers`` must include every server in the training pool; drained servers may be left
+        out (they keep their version until they are updated and restored).
+        """
+        if version < self.version:
+            raise ValueError(f"weight version went back from {self.version} to {version}")
+        targets = set(self.servers) if servers is None else self._known(servers)
+        missed = sorted(u for u in self.servers if u not in self.drained and u not in targets)
+        if missed:
+            raise ValueError(
+                f"servers {missed} are in the training pool but did not get weight version {version}: "
+                "send the weights to every server in the pool, or drain_servers() them first"
+            )
+        previous = dict(self.server_versions)
+        for url in targets:
+            self.server_versions[url] = version
+        self.version = version
+        limit = self.settings.max_off_policy_steps
+        for group in list(self._groups.values()):
+            delta = self.server_versions[group.server] - previous[group.server]
+            if delta == 0:
+                continue
+            for run in group.runs:
+                if run.generating:
+                    run.out.off_policy_steps += delta
+            if limit >= 0 and any(r.out.off_policy_steps > limit for r in group.runs):
+                self._cancel_group(group, "off_policy")
+        self._wake.set()
+
+    async def drain_servers(
+        self, servers: Sequence[str], *, reason: str = "eval_drain", timeout_s: float = 60.0
+    ) -> int:
+        """Take ``servers`` out of the training pool; returns how many groups were cancelled.
+
+        No new group goes to them; each of their groups that still needs the server (a sample not
+        started or still generating) is cancelled with ``reason`` and reported in the next batch's
+        ``cancelled``; groups that are only being scored finish normally. Returns once the
+        cancelled requests have unwound (at most ``timeout_s``).
+        """
+        urls = self._known(servers)
+        self.drained |= urls
+        victims = [
+            g
+            for g in list(self._groups.values())
+            if g.server in urls and any(not r.done and (not r.started or r.generating) for r in g.runs)
+        ]
+        tasks = [t for g in victims for t in g.tasks]
+        for group in victims:
+            self._cancel_group(group, reason)
+        log.info(
+            "rollout_servers_drained", servers=sorted(urls), cancelled_groups=len(victims), reason=reason
+        )
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            if pending:
+                log.warning("rollout_drain_slow", servers=sorted(urls), still_unwinding=len(pending))
+        return len(victims)
+
+    def restore_servers(self, servers: Sequence[str]) -> None:
+        """Put drained ``servers`` back into the training pool (they must hold the pool's version)."""
+        urls = self._known(servers)
+        behind = {u: self.server_versions[u] for u in sorted(urls) if self.server_versions[u] != self.version}
+        if behind:
+            raise ValueError(
+                f"cannot restore servers holding weight versions {behind} into a pool at version "
+                f"{self.version}: send them the current weights and call weights_updated() first"
+            )
+        self.drained -= urls
+        log.info("rollout_servers_restored", servers=sorted(urls), version=self.version)
+        self._wake.set()
+
+    def _known(self, servers: Sequence[str]) -> set[str]:
+        if isinstance(servers, str):
+            raise TypeError("pass a list of server URLs, not one string")
+        urls = {u.rstrip("/") for u in servers}
+        unknown = sorted(urls - set(self.servers))
+        if unknown:
+            raise ValueError(f"unknown servers {unknown}; the engine's servers are {self.servers}")
+        return urls
+
+    def mark_server_up(self, url: str) -> None:
+        """A server that failed was restarted: dispatch to it again."""
+        self.down.pop(url.rstrip("/"), None)
+        self._wake.set()
+
+    @property
+    def async_level(self) -> int:
+        return self.step - self.version
+
+    @property
+    def in_flight_groups(self) -> int:
+        return len(self._groups)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Sampler position (prompts handed out) and counters, JSON-able."""
+        sampler = {**self.sampler.state_dict(), "draws": self.prompts.consumed}
+        return {
+            "sampler": sampler,
+            "step": self.step,
+            "version": self.version,
+            "next_group_id": self.next_group_id,
+            "next_sample_id": self.next_sample_id,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (call before starting)."""
+        if self._tasks:
+            raise RuntimeError("load_state_dict must be called before the engine starts")
+        self.sampler.load_state_dict(state["sampler"])
+        self.prompts.reset()
+        self.step = int(state["step"])
+        self.version = int(state["version"])
+        self.server_versions = dict.fromkeys(self.servers, self.version)
+        self.next_group_id = int(state["next_group_id"])
+        self.next_sample_id = int(state["next_sample_id"])
+
+    # ----------------------------------------------------------------- dispatch
+    def _should_pause(self) -> bool:
+        return self.step - self.version > self.settings.max_async_rollout
+
+    def _pick_server(self) -> tuple[str, list[int] | None] | None:
+        n = len(self.servers)
+        G = self.settings.group_size
+        for k in range(n):
+            url = self.servers[(self._rr + k) % n]
+            if url in self.down or url in self.drained:
+                continue
+            pool = self.lanes[url]
+            if self.settings.enable_individual_sample_lanes:
+                if pool.unclaimed >= 1:
+                    self._rr = (self._rr + k + 1) % n
+                    return url, None
+            else:
+                lanes = pool.try_acquire(G)
+                if lanes is not None:
+                    self._rr = (self._rr + k + 1) % n
+                    return url, lanes
+        return None
+
+    def _check_pause(self) -> bool:
+        """True while the async limit pauses dispatch (counts pauses and paused time)."""
+        if self._should_pause():
+            if not self.paused:
+                self.paused = True
+                self._paused_since = self.clock()
+                self._stats["pauses"] += 1
+                log.debug("rollout_paused_max_async", step=self.step, version=self.version)
+            return True
+        if self.paused:
+            self.paused = False
+            if self._paused_since is not None:
+                self._stats["paused_s"] += self.clock() - self._paused_since
+            self._paused_since = None
+            log.debug("rollout_resumed_max_async", step=self.step, version=self.version)
+        return False
+
+    async def _dispatch_loop(self) -> None:
+        try:
+            dispatched = 0
+            while self._failed is None:
+                self._wake.clear()
+                if len(self.down) == len(self.servers):
+                    raise RolloutError(
+                        "every inference server is unreachable: "
+                        + "; ".join(f"{u}: {e}" for u, e in self.down.items())
+                        + ". Check the server logs in the run directory (logs/) and restart them."
+                    )
+                if self._check_pause():
+                    await self._wake.wait()
+                    continue
+                prompt = self.prompts.take()
+                if self._drop_if_unfit(prompt):
+                    await asyncio.sleep(0)  # a stream of unfit prompts still lets the caller run
+                    continue
+                picked = self._pick_server()
+                if picked is None:
+                    self.prompts.put_back(prompt)
+                    await self._wake.wait()
+                    continue
+                url, lanes = picked
+                self._start_group(url, prompt, lanes)
+                dispatched += 1
+                if dispatched % len(self.servers) == 0:
+                    await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            err = exc if isinstance(exc, RolloutError) else RolloutError(f"rollout dispatch failed: {exc!r}")
+            if err is not exc:
+                err.__cause__ = exc
+            self._fail(err)
+
+    def _fail(self, err: RolloutError) -> None:
+        """Stop for good: dispatch ends, no batch is assembled, ``next_batch()`` raises ``err``."""
+        if self._failed is not None:
+            return
+        self._failed = err
+        log.error("rollout_failed", error=str(err))
+        self._batches.put_nowait(err)
+        self._wake.set()
+
+    def _drop_if_unfit(self, prompt: PreparedPrompt) -> bool:
+        """Drop ``prompt`` as a ``prompt_too_long`` group when it cannot fit the context; raises
+        :class:`RolloutError` once its environment is hopeless (``FailureWatch.prompt_unfit``)."""
+        n, s = len(prompt.ids), self.settings
+        if completion_budget(s, n) > 0:
+            self.watch.prompt_fits(prompt.env_name)
+            return False
+        group = self._new_group(prompt, "")
+        for run in group.runs:
+            run.done = True
+            run.out.error, run.out.error_detail = "prompt_too_long", too_long(n, s)
+        self._drop(self._scored_group(group), "prompt_too_long")
+        if prompt.env_name not in self._warned_unfit:
+            self._warned_unfit.add(prompt.env_name)
+            log.warning(
+                "rollout_prompt_too_long", env=prompt.env_name, prompt_tokens=n,
+                max_model_len=s.max_model_len, note="dropped at dispatch; further ones are logged at debug",
+            )  # fmt: skip
+        candidates = self._candidates(prompt.env_name)
+        streak = self.watch.prompt_unfit(prompt.env_name, prompt.index, n, candidates)
+        if streak is not None:
+            limit = s.max_consecutive_unfit_prompts
+            msg = unfit_message(
+                prompt.env_name, streak, candidates=candidates, max_model_len=s.max_model_len,
+                max_tokens=s.max_tokens, limit=limit,
+            )  # fmt: skip
+            raise RolloutError(msg)
+        return True
+
+    def _candidates(self, env_name: str) -> int:
+        """How many prompts the sampler can draw from ``env_name``."""
+        return len(self.sampler.candidates(env_name))
+
+    def _new_group(self, prompt: PreparedPrompt, url: str, lanes: list[int] | None = None) -> _GroupRun:
+        """A group of ``group_size`` fresh samples with the next group and sample ids."""
+        group = _GroupRun(self.next_group_id, prompt, url, lanes=lanes)
+        self.next_group_id += 1
+        for _ in range(self.settings.group_size):
+            out = ScoredSample(
+                group_id=group.group_id,
+                sample_id=self.next_sample_id,
+                env_name=prompt.env_name,
+                prompt_ids=prompt.ids,
+                prompt_text=prompt.text,
+                server=url,
+            )
+            self.next_sample_id += 1
+            group.runs.append(_SampleRun(out))
+        return group
+
+    def _start_group(self, url: str, prompt: PreparedPrompt, lanes: list[int] | None) -> None:
+        group = self._new_group(prompt, url, lanes)
+        self._groups[group.group_id] = group
+        for i, run in enumerate(group.runs):
+            lane = lanes[i] if lanes is not None else None
+            group.tasks.append(asyncio.create_task(self._run_sample(group, run, lane)))
+
+    async def _run_sample(self, group: _GroupRun, run: _SampleRun, lane: int | None) -> None:
+        pool = self.lanes[group.server]
+        individual = self.settings.enable_individual_sample_lanes
+        out = run.out
+        held: int | None = None
+        t_queued = self.clock()
+        try:
+            if individual:
+                held = await pool.acquire()
+                out.lane = held
+            else:
+                out.lane = lane if lane is not None else -1
+            run.started = run.generating = True
+            out.version_start = self.server_versions[group.server]
+            t0 = self.clock()
+            out.timings["queue_s"] = t0 - t_queued
+
+            def on_generated() -> None:
+                nonlocal held
+                run.generating = False
+                out.version_end = self.server_versions[group.server]
+                out.timings["generation_s"] = self.clock() - t0
+                if held is not None and self.settings.free_lane_after_generation:
+                    pool.release(held)
+                    held = None
+                    self._wake.set()
+
+            env = self.environments[group.prompt.env_name]
+            eos = self.eos_token or env.eos_token
+            play = Play(self.client, self.settings, self.prompts, eos, on_generated)
+            failure = await play_sample(env, group.prompt, out, play)
+            # Only an unreachable server leaves the pool; a timeout fails its sample alone.
+            unreachable = failure if isinstance(failure, ServerUnavailableError) else None
+            if unreachable is not None and group.server not in self.down:
+                log.error("inference_server_unreachable", server=group.server, error=str(unreachable))
+                self.down[group.server] = str(unreachable)
+            if run.generating:
+                run.generating = False
+                out.version_end = self.server_versions[group.server]
+            out.timings["reward_s"] = self.clock() - t0 - out.timings.get("generation_s", 0.0)
+        finally:
+            if held is not None:
+                pool.release(held)
+                self._wake.set()
+            run.generating = False
+            run.done = True
+        self._sample_done(group)
+
+    # ----------------------------------------------------------------- acceptance
+    def _scored_group(self, group: _GroupRun) -> ScoredGroup:
+        samples = [r.out for r in group.runs]
+        started = [s.version_start for r, s in zip(group.runs, samples, strict=True) if r.started]
+        v0 = min(started) if started else self.version
+        return ScoredGroup(
+            group_id=group.group_id,
+            env_name=group.prompt.env_name,
+            samples=samples,
+            prompt_text=group.prompt.text,
+            sample_index=group.prompt.index,
+            server=group.server,
+            version_start=v0,
+            staleness=self.step - v0,
+        )
+
+    def _release_group_lanes(self, group: _GroupRun) -> None:
+        if group.lanes is not None:
+            for lane in group.lanes:
+                self.lanes[group.server].release(lane)
+            group.lanes = None
+            self._wake.set()
+
+    def _drop(self, sg: ScoredGroup, reason: str, cancelled: bool = False) -> None:
+        kept = self._cancelled if cancelled else self._discarded
+        what = "cancelled" if cancelled else "discarded"
+        if len(kept) < self.max_recorded_drops:
+            kept.append(DroppedGroup(sg, reason, self.step, self.version))
+        else:
+            self._stats[f"{what}_unrecorded"] += 1
+        self._stats[f"{what}_{reason}"] += 1
+        log.debug("rollout_dropped", group_id=sg.group_id, reason=reason, cancelled=cancelled)
+
+    def _cancel_group(self, group: _GroupRun, reason: str) -> None:
+        group.cancelled = True
+        self.cancelled_groups += 1
+        self._groups.pop(group.group_id, None)
+        for t in group.tasks:
+            t.cancel()
+        for r in group.runs:
+            if not r.done:
+                r.out.error = "cancelled"
+        self._release_group_lanes(group)
+        self._drop(self._scored_group(group), reason, cancelled=True)
+
+    def _sample_done(self, group: _GroupRun) -> None:
+        if group.cancelled:
+            return
+        group.finished += 1
+        if group.finished < len(group.runs):
+            return
+        self._groups.pop(group.group_id, None)
+        self._release_group_lanes(group)
+        sg = self._scored_group(group)
+        errors = [s for s in sg.samples if s.error]
+        if errors:
+            self._drop(sg, str(errors[0].error))
+            # an unreachable server is the pool's concern (every server down stops the run)
+            if group.server not in self.down:
+                kinds = [s.error for s in sg.samples]
+                run = self.watch.group_failed(kinds, sg.env_name, errors[0].error_detail)
+                if run is not None:
+                    self._fail(RolloutError(same_error_message(run)))
+            self._wake.set()
+            return
+        try:
+            self._score_advantages(sg)
+        except Exception as exc:  # the caller's functions: a bug there cannot be retried away
+            err = RolloutError(f"the engine's reward_shaping or advantage_fn raised {exc!r}")
+            err.__cause__ = exc
+            self._fail(err)
+            return
+        self.watch.group_ok()
+        s = self.settings
+        if sg.staleness > s.max_async_rollout:
+            self._drop(sg, "max_async")
+        elif s.discard_group_zero_advantage and _is_zero_advantage([x.advantage for x in sg.samples]):
+            self._drop(sg, "zero_advantage")
+        else:
+            self._bucket.append(sg)
+            if len(self._bucket) >= s.prompts_batch_size_for_trainer:
+                self._assemble()
+        self._wake.set()
+
+    def _score_advantages(self, sg: ScoredGroup) -> None:
+        """Shape each sample's reward (when the caller gave ``reward_shaping``), then set advantages."""
+        if self.reward_shaping is not None:
+            for sample in sg.samples:
+                sample.reward = float(self.reward_shaping(sample))
+        advantages = list(self.advantage_fn(sg.rewards))
+        if len(advantages) != len(sg.samples):
+            raise ValueError(
+                f"advantage_fn returned {len(advantages)} advantages for {len(sg.samples)} rewards"
+            )
+        for sample, a in zip(sg.samples, advantages, strict=True):
+            sample.advantage = float(a)
+
+    def _assemble(self) -> None:
+        if self._failed is not None:
+            return
+        n = self.settings.prompts_batch_size_for_trainer
+        groups, self._bucket = self._bucket[:n], self._bucket[n:]
+        now = self.clock()
+        if self._paused_since is not None:
+            self._stats["paused_s"] += now - self._paused_since
+            self._paused_since = now
+        batch = RolloutBatch(self.step, groups, self._discarded, self._cancelled)
+        batch.metrics = self._metrics(batch, now)
+        self._discarded, self._cancelled = [], []
+        self.step += 1
+        self._last_batch_t = now
+        self._stats.clear()
+        self._batches.put_nowait(batch)
+
+    def _metrics(self, batch: RolloutBatch, now: float) -> dict[str, float]:
+        samples = batch.samples
+        n = max(len(samples), 1)
+        m: dict[str, float] = {
+            "rollout/async_level": float(batch.step - self.version),
+            "rollout/weight_version": float(self.version),
+            "rollout/groups_kept": float(len(batch.groups)),
+            "rollout/groups_discarded": float(len(batch.discarded)),
+            "rollout/groups_cancelled": float(len(batch.cancelled)),
+            "rollout/discarded_unrecorded": float(self._stats.get("discarded_unrecorded", 0)),
+            "rollout/samples": float(len(samples)),
+            "rollout/prompt_tokens": float(sum(len(s.prompt_ids) for s in samples)),
+            "rollout/completion_tokens": float(sum(s.num_model_tokens for s in samples)),
+            "rollout/reward_mean": sum(s.reward for s in samples) / n,
+            "rollout/off_policy_steps_mean": sum(s.off_policy_steps for s in samples) / n,
+            "rollout/staleness_mean": sum(g.staleness for g in batch.groups) / max(len(batch.groups), 1),
+            "rollout/staleness_max": float(max((g.staleness for g in batch.groups), default=0)),
+            "rollout/truncated_frac": sum(s.is_truncated for s in samples) / n,
+            "rollout/batch_time_s": now - self._last_batch_t,
+            "rollout/paused_s": float(self._stats.get("paused_s", 0.0)),
+            "rollout/pauses": float(self._stats.get("pauses", 0)),
+            "rollout/groups_in_flight": float(len(self._groups)),
+            "rollout/lanes_busy": float(sum(p.busy for p in self.lanes.values())),
+            "rollout/servers_drained": float(len(self.drained)),
+        }
+        for key, value in self._stats.items():
+            if key.startswith(("discarded_", "cancelled_")):
+                m[f"rollout/{key}"] = float(value)
+        return m

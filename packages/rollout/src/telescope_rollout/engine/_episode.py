@@ -1,0 +1,243 @@
+"""One sample's rollout: generate (one or many turns), then score.
+
+The engine owns lanes and weight versions; these functions own the protocol with the server and
+the environment. ``on_generated`` is called once generation is over and before the reward, so
+the engine can free the lane while a slow reward runs. Failures raise :class:`SampleError`
+carrying the error kind the group-acceptance rules use; :func:`play_sample` (the engine's and the
+eval runner's entry point) records them on the sample instead. Request ids are
+``<request_prefix>-<sample_id>[-turn-<k>]`` (``sample`` for training, ``eval-...`` for evals).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from telescope_rollout._types import RewardResult, RolloutState, TrajectoryStep
+from telescope_rollout.chat._multiturn import MultiTurnTokens
+from telescope_rollout.engine._prompts import PreparedPrompt, PromptSource
+from telescope_rollout.engine._results import ScoredSample
+from telescope_rollout.engine._settings import EngineSettings
+from telescope_rollout.envs._env import MultiTurnEnvironment
+from telescope_rollout.inference._client import (
+    Completion,
+    CompletionClient,
+    InferenceError,
+    PromptTooLongError,
+    ServerTimeoutError,
+    ServerUnavailableError,
+)
+
+
+class SampleError(Exception):
+    """A sample failed; ``kind`` is prompt_too_long, rollout_error, sample_error or empty_trajectory."""
+
+    def __init__(self, kind: str, detail: str = ""):
+        super().__init__(f"{kind}: {detail}" if detail else kind)
+        self.kind = kind
+        self.detail = detail
+
+
+TRUNCATED = ("length", "context_exhausted")
+
+
+def _nothing() -> None:
+    return None
+
+
+def completion_budget(settings: EngineSettings, prompt_len: int) -> int:
+    """``max_tokens`` shortened so that prompt + completion fit in ``max_model_len``; <= 0 means none."""
+    return min(settings.max_tokens, settings.max_model_len - prompt_len)
+
+
+def too_long(n: int, settings: EngineSettings) -> str:
+    """The error detail of a prompt of ``n`` tokens that leaves no room for a completion."""
+    return f"{n} prompt tokens leave no room below max_model_len {settings.max_model_len}"
+
+
+def apply_reward(out: ScoredSample, result: RewardResult) -> None:
+    out.reward = float(result.total_reward)
+    out.metrics = dict(result.sample_metrics)
+    out.golden_answers = dict(result.golden_answers)
+    out.info_turns = list(result.info_turns)
+    out.sample_tags = dict(result.sample_tags)
+
+
+async def _generate(
+    client: CompletionClient,
+    out: ScoredSample,
+    ids: list[int],
+    settings: EngineSettings,
+    *,
+    request_id: str,
+    priority: int = 0,
+    first_turn: bool = True,
+) -> Completion | None:
+    """One completion of ``ids`` on the sample's server, ``max_tokens`` shortened to the room left.
+
+    When there is no room (by our count, or by the server's ``PromptTooLongError``) the first turn
+    fails with ``prompt_too_long``; a later turn returns None: the episode's context is exhausted.
+    """
+    budget = completion_budget(settings, len(ids))
+    if budget <= 0:
+        if first_turn:
+            raise SampleError("prompt_too_long", too_long(len(ids), settings))
+        return None
+    try:
+        return await client.complete(
+            out.server, ids, max_tokens=budget, sampling=settings.sampling_params(), priority=priority,
+            request_id=request_id,
+        )  # fmt: skip
+    except PromptTooLongError as exc:
+        if first_turn:
+            raise SampleError("prompt_too_long", str(exc)) from exc
+        return None
+
+
+async def _score(out: ScoredSample, scoring: Awaitable[RewardResult]) -> None:
+    """Await the environment's score into ``out``; a raising reward function is a ``sample_error``."""
+    try:
+        result = await scoring
+    except Exception as exc:
+        raise SampleError("sample_error", f"compute_reward raised {type(exc).__name__}: {exc}") from exc
+    apply_reward(out, result)
+
+
+@dataclass(frozen=True)
+class Play:
+    """How a sample is played: the client and settings to generate with, the prompt source (its
+    tokenizers), the end-of-sequence text reward functions strip, ``on_generated`` (called once
+    generation is over, before the reward) and the request-id prefix."""
+
+    client: CompletionClient
+    settings: EngineSettings
+    prompts: PromptSource
+    eos_token: str
+    on_generated: Callable[[], None] = _nothing
+    request_prefix: str = "sample"
+
+
+def _record(out: ScoredSample, ids: list[int], mask: list[int], logprobs: list[float], text: str) -> None:
+    out.completion_ids = ids
+    out.completion_mask = mask
+    out.completion_logprobs = logprobs
+    out.completion_text = text
+
+
+async def run_single_turn(env: Any, prompt: PreparedPrompt, out: ScoredSample, play: Play) -> None:
+    request_id = f"{play.request_prefix}-{out.sample_id}"
+    comp = await _generate(play.client, out, prompt.ids, play.settings, request_id=request_id)
+    assert comp is not None  # the first turn raises instead
+    _record(out, comp.token_ids, [1] * len(comp.token_ids), comp.logprobs, comp.text)
+    out.finish_reason = comp.finish_reason
+    out.is_truncated = comp.finish_reason in TRUNCATED
+    out.num_turns = 1
+    play.on_generated()
+    await _score(out, env.score(comp.text, prompt.sample, play.eos_token))
+
+
+async def _play_turns(
+    env: MultiTurnEnvironment, mt: MultiTurnTokens, state: RolloutState, out: ScoredSample, play: Play
+) -> str | None:
+    """Model turn, environment turn, ... until the environment is done or the context is full.
+
+    Returns the stop reason; ``state.trajectory`` gets one step per model turn. Under vLLM's
+    priority scheduling turn k is sent with priority -k, so episodes further along finish first.
+    """
+    turn = 0
+    while True:
+        ids = mt.trajectory.next_prompt_ids
+        priority = -turn if play.settings.scheduling_policy == "priority" else 0
+        request_id = f"{play.request_prefix}-{out.sample_id}-turn-{turn}"
+        comp = await _generate(
+            play.client,
+            out,
+            ids,
+            play.settings,
+            request_id=request_id,
+            priority=priority,
+            first_turn=turn == 0,
+        )
+        if comp is None:
+            return "context_exhausted"
+        before = list(mt.messages)
+        mt.add_model_turn(comp.token_ids, comp.logprobs, comp.text)
+        state.trajectory.append(
+            TrajectoryStep(
+                prompt=before,
+                completion=[mt.messages[-1]],
+                prompt_token_ids=ids,
+                completion_token_ids=list(comp.token_ids),
+                completion_logprobs=list(comp.logprobs),
+                is_truncated=comp.finish_reason == "length",
+            )
+        )
+        turn += 1
+        try:
+            reply, done, reason = await env.step(list(mt.messages), state)
+        except Exception as exc:
+            raise SampleError("rollout_error", f"env_response raised {type(exc).__name__}: {exc}") from exc
+        if done:
+            return reason
+        mt.add_env_turn(reply)
+
+
+async def run_multi_turn(
+    env: MultiTurnEnvironment, prompt: PreparedPrompt, out: ScoredSample, play: Play
+) -> None:
+    """Interleaved multi-turn: later turns send ids (previous prompt + model ids + env ids); see
+    docs/rollout.md, "Multi-turn tokens"."""
+    assert prompt.messages is not None
+    # the environment's own template variables (e.g. native ``tools``) on every render of the episode
+    mt = MultiTurnTokens(play.prompts.turn_tokenizer.for_kwargs(env.template_kwargs()), prompt.messages)
+    state = env.create_initial_state(prompt.sample)
+    stop_reason = await _play_turns(env, mt, state, out, play)
+    if state.num_turns == 0:
+        raise SampleError("empty_trajectory", "no model turn")
+    if not state.is_completed:
+        state.is_completed = True
+        state.stop_reason = stop_reason
+    traj = mt.trajectory
+    text = play.prompts.tokenizer.decode(traj.completion_ids)
+    _record(out, traj.completion_ids, traj.completion_mask, traj.completion_logprobs, text)
+    out.finish_reason = state.stop_reason
+    out.is_truncated = state.stop_reason == "context_exhausted"
+    out.num_turns = state.num_turns
+    out.tool_calls = list(state.custom.get("tool_calls", []))
+    play.on_generated()
+    await _score(out, env.score(state, play.eos_token))
+
+
+def sample_error(exc: Exception) -> tuple[str, str]:
+    """``(error kind, detail)`` recorded on a sample whose rollout raised ``exc``."""
+    if isinstance(exc, SampleError):
+        return exc.kind, exc.detail
+    if isinstance(exc, ServerUnavailableError):
+        return "rollout_error", str(exc)
+    return "rollout_error", f"{type(exc).__name__}: {exc}"
+
+
+async def play_sample(
+    env: Any, prompt: PreparedPrompt, out: ScoredSample, play: Play
+) -> InferenceError | None:
+    """Generate and score one sample (one turn or the whole episode) into ``out``.
+
+    A failure is recorded as ``out.error``/``out.error_detail`` (:func:`sample_error`), never
+    raised; cancellation propagates. Returns the server's own failure, so the caller can decide to
+    stop sending to it: the :class:`ServerUnavailableError` when it could not be reached, the
+    :class:`ServerTimeoutError` when it gave no answer in time; otherwise None.
+    """
+    try:
+        if env.is_multi_turn:
+            await run_multi_turn(env, prompt, out, play)
+        else:
+            await run_single_turn(env, prompt, out, play)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        out.error, out.error_detail = sample_error(exc)
+        if isinstance(exc, ServerUnavailableError | ServerTimeoutError):
+            return exc
+    return None
