@@ -60,6 +60,10 @@ class EvalMetricsResult(RewardResult):
     def metrics(self) -> dict[str, float]:
         return self.sample_metrics
 
+    @metrics.setter
+    def metrics(self, value: dict[str, float]) -> None:
+        self.sample_metrics = value
+
 
 @dataclass
 class TrajectoryStep:

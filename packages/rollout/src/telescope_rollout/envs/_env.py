@@ -37,6 +37,8 @@ async def maybe_await(value: Any) -> Any:
 
 def as_reward_result(value: Any) -> RewardResult:
     """Accept a RewardResult, or a bare number as the total reward."""
+    if isinstance(value, EvalMetricsResult):  # metrics without a reward: compute_eval_metrics' result
+        raise TypeError("compute_reward must return a RewardResult or a number, got an EvalMetricsResult")
     if isinstance(value, RewardResult):
         return value
     if isinstance(value, int | float) and not isinstance(value, bool):
