@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
+import typing
 from typing import Any
 
 import pytest
@@ -441,23 +443,9 @@ def test_settings_from_config_reads_the_config_names():
 
 
 def test_every_engine_setting_is_a_config_field_with_the_packaged_default():
-    from dataclasses import fields
+    from telescope_rollout.engine import config_mismatches
 
-    from telescope_config import TelescopeConfig, defaults
-
-    packaged, known = defaults(), set(TelescopeConfig.model_fields)
-    for f in fields(EngineSettings):
-        name = EngineSettings.CONFIG_NAMES.get(f.name, f.name)
-        if f.name in EngineSettings.NOT_IN_CONFIG:
-            assert name not in known, f"{f.name} is a config field: from_config must read it"
-            continue
-        assert name in known, f"EngineSettings.{f.name} maps to no config field"
-        if f.name in EngineSettings.OWN_DEFAULTS:  # a library default, with its reason
-            assert f.default != packaged[name], f"EngineSettings.{f.name} no longer differs: drop it"
-            continue
-        assert f.default == packaged[name], f"EngineSettings.{f.name}: {f.default!r} != {packaged[name]!r}"
-    assert set(EngineSettings.CONFIG_NAMES) <= {f.name for f in fields(EngineSettings)}
-    assert set(EngineSettings.OWN_DEFAULTS) <= {f.name for f in fields(EngineSettings)}
+    assert config_mismatches(EngineSettings) == []
 
 
 def test_from_config_names_a_missing_field():
@@ -476,3 +464,29 @@ def test_from_config_names_a_missing_field():
     ):
         EngineSettings.from_config(WithoutPolicy())  # type: ignore[arg-type]
     assert EngineSettings.from_config(WithoutPolicy(), scheduling_policy="fcfs").scheduling_policy == "fcfs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Drifted:
+    """Settings that disagree with the config in every way config_mismatches reports."""
+
+    CONFIG_NAMES: typing.ClassVar[dict[str, str]] = {"policy": "vllm_scheduling_policy"}
+    NOT_IN_CONFIG: typing.ClassVar[frozenset[str]] = frozenset({"group_size"})
+    OWN_DEFAULTS: typing.ClassVar[dict[str, str]] = {"max_tokens": "on purpose"}
+    group_size: int = 8  # a config field listed as not in the config
+    renamed_awy: int = 1  # no such config field
+    policy: str = "fcfs"  # the packaged default is "priority"
+    max_tokens: int = 3700  # claimed to differ, but equals the packaged default
+    seed: int = 0
+
+
+def test_config_mismatches_names_each_disagreement():
+    from telescope_rollout.engine import config_mismatches
+
+    found = config_mismatches(Drifted)
+    assert found == [
+        "group_size is a config field: from_config must read it",
+        "Drifted.renamed_awy maps to no config field",
+        "Drifted.policy: 'fcfs' != 'priority'",
+        "Drifted.max_tokens no longer differs from the config: drop it from OWN_DEFAULTS",
+    ]

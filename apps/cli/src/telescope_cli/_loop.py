@@ -96,11 +96,11 @@ def to_train_samples(batch: Any, config: TelescopeConfig) -> tuple[list[Any], di
 
     Returns the samples and ``filter/<name>_frac`` metrics.
     """
-    from telescope_algos import TrainingSample, whiten_advantages
+    from telescope_algos import TrainingSample, batch_normalised, whiten_advantages
 
     kept = [s for g in batch.groups for s in g.samples]
     advantages = [float(s.advantage) for s in kept]
-    if kept and (config.advantage_norm == "batch" or config.algorithm == "reinforce_pp"):
+    if kept and batch_normalised(config.algorithm, config.advantage_norm):
         advantages = whiten_advantages(advantages).tolist()
     counts = {"overlong": 0, "gibberish": 0, "repetition": 0}
     samples = []

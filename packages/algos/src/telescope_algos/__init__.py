@@ -14,6 +14,7 @@ describes token t, predicted from positions < t (see ``token_logprobs_and_entrop
 from telescope_algos.__about__ import __version__
 from telescope_algos._advantages import (
     ALGORITHMS,
+    batch_normalised,
     center_advantages,
     compute_advantages,
     dr_grpo_advantages,
@@ -83,6 +84,7 @@ __all__ = ["__version__"]
 # advantages
 __all__ += [
     "ALGORITHMS",
+    "batch_normalised",
     "center_advantages",
     "compute_advantages",
     "dr_grpo_advantages",

@@ -117,17 +117,23 @@ def compute_advantages(
     Returns:
         ``[num_groups, group_size]`` float tensor.
     """
+    if batch_normalised(algorithm, advantage_norm):
+        return reinforce_pp_advantages(rewards)
+    if algorithm in ("rloo", "dr_grpo"):
+        return rloo_advantages(rewards) if algorithm == "rloo" else dr_grpo_advantages(rewards)
+    return grpo_advantages(rewards)
+
+
+def batch_normalised(algorithm: str, advantage_norm: str) -> bool:
+    """True when the pair normalises over the batch (centre per group here, then whiten the step's
+    samples with :func:`whiten_advantages`); a pair that is not defined is a ValueError."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
     if advantage_norm not in ("group", "batch"):
         raise ValueError(f"unknown advantage_norm {advantage_norm!r}; known: group, batch")
-    if algorithm in ("rloo", "dr_grpo"):
-        if advantage_norm == "batch":
-            raise ValueError(f"advantage_norm='batch' is not defined for {algorithm}; use 'group'")
-        return rloo_advantages(rewards) if algorithm == "rloo" else dr_grpo_advantages(rewards)
-    if algorithm == "reinforce_pp" or advantage_norm == "batch":
-        return reinforce_pp_advantages(rewards)
-    return grpo_advantages(rewards)
+    if algorithm in ("rloo", "dr_grpo") and advantage_norm == "batch":
+        raise ValueError(f"advantage_norm='batch' is not defined for {algorithm}; use 'group'")
+    return algorithm == "reinforce_pp" or advantage_norm == "batch"
 
 
 def group_advantages(
@@ -144,7 +150,6 @@ def group_advantages(
     :func:`whiten_advantages`. Every other algorithm is complete here.
     """
     row = torch.tensor([[float(r) for r in rewards]], dtype=torch.float64)
-    if algorithm == "reinforce_pp" or advantage_norm == "batch":
-        compute_advantages(row, algorithm=algorithm, advantage_norm=advantage_norm)  # validates the pair
+    if batch_normalised(algorithm, advantage_norm):
         return [float(a) for a in center_advantages(row)[0]]
     return [float(a) for a in compute_advantages(row, algorithm=algorithm, advantage_norm=advantage_norm)[0]]

@@ -9,7 +9,7 @@ and, optionally, ``reward_shaping``. How it schedules is in docs/rollout.md, "Th
 from telescope_rollout.engine._engine import AdvantageFn, RewardShaping, RolloutEngine, RolloutError
 from telescope_rollout.engine._results import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
 from telescope_rollout.engine._sampler import MultiEnvSampler, SamplerEntry
-from telescope_rollout.engine._settings import EngineSettings, config_values
+from telescope_rollout.engine._settings import EngineSettings, config_mismatches, config_values
 from telescope_rollout.engine._watch import FailureWatch, unfit_environment
 
 # the engine
@@ -19,4 +19,4 @@ __all__ += ["DroppedGroup", "RolloutBatch", "ScoredGroup", "ScoredSample"]
 # what it draws from
 __all__ += ["MultiEnvSampler", "SamplerEntry"]
 # hopeless input, settings from the config
-__all__ += ["FailureWatch", "config_values", "unfit_environment"]
+__all__ += ["FailureWatch", "config_mismatches", "config_values", "unfit_environment"]

@@ -45,6 +45,42 @@ def config_values(
     return {**values, **overrides}
 
 
+def config_mismatches(cls: Any) -> list[str]:
+    """Where the settings dataclass ``cls`` disagrees with the config schema and its packaged
+    defaults (empty when it agrees; each settings class's test asserts that):
+
+    every field is a ``TelescopeConfig`` field (under its ``CONFIG_NAMES`` name) unless it is in
+    ``NOT_IN_CONFIG``, which must then really be absent; its default is the packaged one, except
+    a field without a default and those in ``OWN_DEFAULTS``, which must really differ.
+    """
+    from dataclasses import MISSING
+
+    from telescope_config import TelescopeConfig, defaults
+
+    packaged, known = defaults(), set(TelescopeConfig.model_fields)
+    own: dict[str, str] = getattr(cls, "OWN_DEFAULTS", {})
+    names = {f.name for f in fields(cls)}
+    found = [
+        f"{cls.__name__}.{n} in CONFIG_NAMES/OWN_DEFAULTS is no field"
+        for n in {*cls.CONFIG_NAMES, *own} - names
+    ]
+    for f in fields(cls):
+        name = cls.CONFIG_NAMES.get(f.name, f.name)
+        if f.name in cls.NOT_IN_CONFIG:
+            if name in known:
+                found.append(f"{f.name} is a config field: from_config must read it")
+        elif name not in known:
+            found.append(f"{cls.__name__}.{f.name} maps to no config field")
+        elif f.name in own:  # a library default, with its reason
+            if f.default == packaged[name]:
+                found.append(
+                    f"{cls.__name__}.{f.name} no longer differs from the config: drop it from OWN_DEFAULTS"
+                )
+        elif f.default is not MISSING and f.default != packaged[name]:
+            found.append(f"{cls.__name__}.{f.name}: {f.default!r} != {packaged[name]!r}")
+    return found
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """What the rollout engine needs to schedule, sample and accept groups."""
