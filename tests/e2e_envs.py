@@ -2,8 +2,9 @@
 
 - ``DigitsEnv``: reward = the share of digits among a completion's characters, so even a random
   tiny model's groups have spread, and a model that learns writes more digits.
-- ``SlowDigitsEnv``: the same reward after two seconds (asynchronously), so an eval of it outlasts
-  a training step of the tiny model.
+- ``SlowDigitsEnv``: the same reward, given only once ``metrics.jsonl`` (kwarg ``metrics``) holds
+  the line of step ``hold_until_step`` (asynchronously; at most two minutes), so an eval of it
+  outlasts the training steps before that one however fast the machine is.
 - ``LongPromptEnv``: every prompt is far longer than the tests' ``max_model_len``.
 - ``BrokenRewardEnv``: every reward raises the same error (a grader that is down).
 """
@@ -11,6 +12,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+from pathlib import Path
 from typing import Any
 
 from telescope_rollout import RewardResult, Sample, SingleTurnEnvironment
@@ -32,10 +36,23 @@ class DigitsEnv(SingleTurnEnvironment):
 
 
 class SlowDigitsEnv(DigitsEnv):
-    """``DigitsEnv`` whose reward takes two seconds (without blocking the event loop)."""
+    """``DigitsEnv`` whose reward waits (without blocking the event loop) for a step's metrics line."""
+
+    def __init__(self, metrics: str = "", hold_until_step: int = 0, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.metrics = Path(metrics) if metrics else None
+        self.hold_until_step = hold_until_step
+
+    def _released(self) -> bool:
+        if self.metrics is None or not self.metrics.is_file():
+            return self.metrics is None
+        lines = [json.loads(x) for x in self.metrics.read_text().splitlines() if x.strip()]
+        return any(m.get("step", 0) >= self.hold_until_step and "eval/step" not in m for m in lines)
 
     async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
-        await asyncio.sleep(2.0)
+        deadline = time.monotonic() + 120.0
+        while not self._released() and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
         return super().compute_reward(completion, sample, eos_token)
 
 

@@ -153,11 +153,15 @@ def test_two_fsdp_ranks_at_the_default_precision(tmp_path, tiny_model_dir):
 
 @pytest.mark.xdist_group("e2e_b")
 def test_a_periodic_eval_on_a_drained_server_while_training_goes_on(tmp_path, tiny_model_dir):
-    # The example with evals, its hub eval replaced by one whose reward takes 2 s: the eval of step 2
-    # outlasts step 3, which must train and publish on the training servers meanwhile.
+    # The example with evals, its hub eval replaced by one whose reward waits for step 3's metrics
+    # line: the eval of step 2 outlasts step 3, which must train and publish on the training servers
+    # meanwhile.
     data = yaml.safe_load((EXAMPLES / "hendrycks_math_with_eval.yaml").read_text())
     data["environments"][0]["kwargs"] = {"dataset": "bundled"}
-    data["evals"] = [{"name": "e2e_envs:SlowDigitsEnv", "eval_every": 2, "num_samples": 2, "max_tokens": 8}]
+    hold = {"metrics": str(tmp_path / "run" / "metrics.jsonl"), "hold_until_step": 3}
+    data["evals"] = [
+        {"name": "e2e_envs:SlowDigitsEnv", "eval_every": 2, "num_samples": 2, "max_tokens": 8, "kwargs": hold}
+    ]
     config = tmp_path / "with_eval.yaml"
     config.write_text(yaml.safe_dump(data))
     run = train(
