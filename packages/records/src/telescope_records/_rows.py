@@ -1,0 +1,133 @@
+"""Rows in, an Arrow table of the record's schema out: missing columns are null, values are
+coerced to the column's type, over-long text is cut and marked, and what cannot be stored is
+recorded as text instead of failing the run.
+
+Marks (documented in docs/records.md, "Bad values"):
+
+* a string longer than its column keeps (``Column.max_chars``, default :data:`MAX_CHARS`) is cut
+  and ends with :data:`TRUNCATION_MARK` followed by the number of characters dropped and ``]``;
+* a value a text column gets that is not a string (an environment's ``info`` holding objects) is
+  stored as JSON, and what JSON cannot hold as its ``repr``, prefixed with :data:`REPR_MARK`;
+* a number that is not a number (``"abc"`` for a float column) is null.
+
+A column the table does not have is a programming error (``ValueError`` naming it), because the
+writer would silently lose it otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from telescope_records._schema import Column, Table
+
+__all__ = ["MAX_CHARS", "REPR_MARK", "TRUNCATION_MARK", "cut", "to_arrow", "to_json_text"]
+
+MAX_CHARS = 200_000
+"""The longest string a column keeps unless it says otherwise."""
+TRUNCATION_MARK = "…[truncated "
+REPR_MARK = "[repr] "
+
+
+def cut(text: str, max_chars: int) -> str:
+    """``text`` itself, or its first characters plus the truncation mark (the result is at most
+    ``max_chars`` + the mark's length long)."""
+    if len(text) <= max_chars:
+        return text
+    dropped = len(text) - max_chars
+    return f"{text[:max_chars]}{TRUNCATION_MARK}{dropped} chars]"
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with what JSON cannot hold (objects, NaN, infinities) replaced by a marked repr."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    return REPR_MARK + repr(value)
+
+
+def to_json_text(value: Any) -> str:
+    """``value`` as JSON; parts JSON cannot hold are written as their repr (marked)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return json.dumps(_jsonable(value), ensure_ascii=False)
+
+
+def _text(value: Any, limit: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        value = to_json_text(value)
+    return cut(value, limit)
+
+
+def _number(value: Any, kind: type) -> Any:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        number = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if isinstance(number, float) and not math.isfinite(number):
+        return None if kind is int else number
+    return number
+
+
+def _float_map(value: Any) -> list[tuple[str, float | None]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        return [(REPR_MARK + repr(value)[:200], None)]
+    return [(str(k), _number(v, float)) for k, v in value.items()]
+
+
+def _text_map(value: Any, limit: int) -> list[tuple[str, str | None]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        return [(REPR_MARK + repr(value)[:200], None)]
+    return [(str(k), _text(v, limit)) for k, v in value.items()]
+
+
+def _value(column: Column, value: Any) -> Any:
+    """``value`` coerced to ``column``'s type (see the module docstring)."""
+    limit = column.max_chars or MAX_CHARS
+    t = column.type
+    if pa.types.is_string(t):
+        return _text(value, limit)
+    if pa.types.is_integer(t):
+        return _number(value, int)
+    if pa.types.is_floating(t):
+        return _number(value, float)
+    if pa.types.is_boolean(t):
+        return None if value is None else bool(value)
+    if pa.types.is_map(t) and pa.types.is_floating(t.item_type):
+        return _float_map(value)
+    if pa.types.is_map(t):
+        return _text_map(value, limit)
+    raise TypeError(f"column {column.name}: no coercion for type {t}")  # a schema without a rule
+
+
+def to_arrow(table: Table, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """``rows`` as an Arrow table of ``table``'s schema (see the module docstring)."""
+    names = {c.name for c in table.columns}
+    columns: dict[str, list[Any]] = {c.name: [] for c in table.columns}
+    for row in rows:
+        extra = set(row) - names
+        if extra:
+            raise ValueError(
+                f"record table {table.name!r} has no column(s) {sorted(extra)}; its columns: {sorted(names)}"
+            )
+        for c in table.columns:
+            columns[c.name].append(_value(c, row.get(c.name)))
+    return pa.Table.from_pydict(columns, schema=table.schema())

@@ -1,0 +1,59 @@
+"""Rows to Arrow: coercion, truncation marks, values JSON cannot hold, unknown columns."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from telescope_records import REPR_MARK, TABLES, TRUNCATION_MARK, cut, to_arrow, to_json_text
+
+
+def test_cut_keeps_short_text_and_marks_long_text():
+    assert cut("abc", 3) == "abc"
+    # 10 characters, 4 kept: 6 dropped
+    assert cut("abcdefghij", 4) == f"abcd{TRUNCATION_MARK}6 chars]"
+
+
+def test_json_text_writes_what_json_cannot_hold_as_marked_repr():
+    class Opaque:
+        def __repr__(self) -> str:
+            return "<opaque>"
+
+    assert json.loads(to_json_text({"a": [1, 2]})) == {"a": [1, 2]}
+    assert json.loads(to_json_text({"a": Opaque()})) == {"a": f"{REPR_MARK}<opaque>"}
+    assert json.loads(to_json_text({"x": float("nan")})) == {"x": f"{REPR_MARK}nan"}
+
+
+def test_values_are_coerced_to_the_column_types():
+    data = to_arrow(
+        TABLES["samples"],
+        [{"step": "3", "reward": "abc", "truncated": 1, "metrics": {"acc": 1, "bad": "x"}, "tags": {"k": 2}}],
+    ).to_pylist()[0]
+    assert data["step"] == 3
+    assert data["reward"] is None  # not a number
+    assert data["truncated"] is True
+    assert dict(data["metrics"]) == {"acc": 1.0, "bad": None}
+    assert dict(data["tags"]) == {"k": "2"}
+    assert data["prompt"] is None  # missing columns are null
+
+
+def test_a_text_column_given_objects_stores_json_and_cuts_to_its_limit():
+    info_limit = TABLES["samples"].column("info").max_chars
+    rows = to_arrow(TABLES["samples"], [{"info": [{"info_key": "k", "info_value": "v" * (info_limit + 10)}]}])
+    info = rows.to_pylist()[0]["info"]
+    assert info.startswith('[{"info_key": "k"')
+    text = json.dumps([{"info_key": "k", "info_value": "v" * (info_limit + 10)}], ensure_ascii=False)
+    assert info == f"{text[:info_limit]}{TRUNCATION_MARK}{len(text) - info_limit} chars]"
+    assert len(info) < info_limit + 40
+
+
+def test_an_unknown_column_is_an_error_naming_it():
+    with pytest.raises(ValueError, match=r"has no column\(s\) \['rewad'\]"):
+        to_arrow(TABLES["samples"], [{"rewad": 1.0}])
+
+
+def test_every_table_builds_an_empty_arrow_table_of_its_schema():
+    for t in TABLES.values():
+        assert to_arrow(t, []).schema == t.schema()
+        assert t.columns[0].name in {"attempt", "time"}
