@@ -6,6 +6,8 @@
   the line of step ``hold_until_step`` (asynchronously; at most two minutes), so an eval of it
   outlasts the training steps before that one however fast the machine is.
 - ``LongPromptEnv``: every prompt is far longer than the tests' ``max_model_len``.
+- ``EchoToolEnv``: a tool environment whose every model turn counts as one call of its ``echo``
+  tool (a random model writes no call syntax), two turns per episode, the digits reward.
 - ``BrokenRewardEnv``: every reward raises the same error (a grader that is down).
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from telescope_rollout import RewardResult, Sample, SingleTurnEnvironment
+from telescope_rollout.envs import ToolCall, ToolEnvironment
 
 
 class DigitsEnv(SingleTurnEnvironment):
@@ -54,6 +57,32 @@ class SlowDigitsEnv(DigitsEnv):
         while not self._released() and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         return super().compute_reward(completion, sample, eos_token)
+
+
+def echo(text: str) -> str:
+    """Return the text."""
+    return text
+
+
+class EchoToolEnv(ToolEnvironment):
+    """Every model turn calls ``echo`` with its first characters; the episode ends after 2 turns."""
+
+    reward_min = 0.0
+    reward_max = 1.0
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(tools=[echo], max_turns=2, **kwargs)
+
+    def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
+        samples = [Sample(f"Echo {n}.", str(n)) for n in range(50)]
+        return self._set_samples(samples, num_samples)
+
+    def parse_tool_calls(self, text: str) -> list[ToolCall]:
+        return [ToolCall("echo", {"text": text[:20]}, raw=text[:50])]
+
+    def compute_reward(self, state: Any, eos_token: str = "") -> RewardResult:
+        text = state.last_completion_text
+        return RewardResult(sum(c.isdigit() for c in text) / max(len(text), 1), self.get_tool_metrics(state))
 
 
 class LongPromptEnv(SingleTurnEnvironment):

@@ -79,7 +79,7 @@ class Finished:
     def rollouts(self, step: int) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
 
-        return pq.read_table(self.run_dir / "rollouts" / f"step_{step:06d}.parquet").to_pylist()
+        return pq.read_table(self.run_dir / "records" / "samples" / f"step_{step:06d}.parquet").to_pylist()
 
 
 def train(run_dir: Path, *args: str, timeout_s: float = 600.0) -> Finished:

@@ -36,6 +36,7 @@ from e2e_support import ROOT, SCALE_DOWN, base_args, check_finished, start, trai
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 EXAMPLES = ROOT / "configs" / "examples"
 DIGITS = '[{"name": "e2e_envs:DigitsEnv"}]'
+DIGITS_NAME = "e2e_envs:DigitsEnv"
 """An environment whose groups have spread even for a random model, so every step trains."""
 ENV_KWARGS = {
     "countdown": {"dataset": "bundled"},
@@ -85,7 +86,7 @@ def test_every_builtin_environment_from_its_example(case, tmp_path, tiny_model_d
     assert {r["env"] for r in rows} == set(names)  # the sampler is seeded: every environment drawn
     assert all(any(f"reward/{n}/mean" in m for m in lines) for n in names)
     if case == "i3_code":  # rewards ran through the sandbox pool without infrastructure errors
-        assert all(json.loads(r["metrics_json"]).get("sandbox_error", 0.0) == 0.0 for r in rows)
+        assert all(dict(r["metrics"]).get("sandbox_error", 0.0) == 0.0 for r in rows)
     if case == "countdown":
         kl = [m["kl_divergence_inference"] for m in lines]
         print(f"kl_divergence_inference at T=0.7 per step: {kl}")
@@ -209,3 +210,100 @@ def test_megatron_checkpoint_kill_resume_and_convert(tmp_path, tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.num_hidden_layers == 2
+
+
+@pytest.mark.xdist_group("e2e_b")
+def test_the_run_record_holds_every_table(tmp_path, tiny_model_dir):
+    # a single-turn and a multi-turn tool environment, and an eval: every table of docs/records.md
+    import telescope_records as tr
+
+    envs = '[{"name": "' + DIGITS_NAME + '"}, {"name": "e2e_envs:EchoToolEnv"}]'
+    run = train(
+        tmp_path / "run", *base_args(tiny_model_dir), *SCALE_DOWN, "--environments", envs,
+        "--evals", f'[{{"name": "{DIGITS_NAME}", "num_samples": 2, "pass_k": [2]}}]',
+    )  # fmt: skip
+    lines = check_finished(run, 2)
+    con = tr.connect(run.run_dir)
+    for name, table in tr.TABLES.items():
+        columns = [d[0] for d in con.sql(f"select * from {name} limit 0").description]
+        assert columns == [c.name for c in table.columns] + ["run"], name
+        assert con.sql(f"select count(*) from {name}").fetchone()[0] > 0, f"{name} is empty"
+    _check_samples(con, lines, group_size=4)
+    _check_turns_and_tools(con)
+    _check_spans_nest(con)
+    _check_rollout_events(con)
+    events = {e for (e,) in con.sql("select distinct event from orchestrator_events").fetchall()}
+    assert {
+        "startup",
+        "training_start",
+        "batch_assembled",
+        "train_step",
+        "weights_published",
+        "eval",
+        "stop",
+    } <= events
+    assert con.sql("select count(distinct role) from setup").fetchone()[0] >= 3  # driver, trainer, vllm
+    assert con.sql("select parameters from model").fetchone()[0] > 0
+    assert {m for (m,) in con.sql("select distinct source from infra").fetchall()} >= {
+        "system",
+        "process",
+        "vllm",
+    }
+    envs_rows = con.sql("select role, name, multi_turn from environments order by role, name").fetchall()
+    assert ("train", "e2e_envs:EchoToolEnv", True) in envs_rows
+    assert ("eval", DIGITS_NAME, False) in envs_rows
+    assert all("derived/reward_mean" in m for m in lines)
+    evals = con.sql("select sample_index, count(*) from eval_samples group by 1 order by 1").fetchall()
+    assert evals == [(0, 2), (1, 2)]  # pass@2: two completions per prompt
+
+
+def _check_samples(con, lines, *, group_size):
+    for m in lines:
+        groups = m["groups/kept"] + m["groups/discarded"] + m["groups/cancelled"]
+        if not m.get("rollout/discarded_unrecorded") and not m.get("rollout/cancelled_unrecorded"):
+            count = con.sql(f"select count(*) from samples where step = {m['step']}").fetchone()[0]
+            assert count == groups * group_size, (m["step"], count, groups)
+    kept = con.sql("select count(*) from samples where status = 'kept' and trainer_input is null").fetchone()
+    assert kept == (0,)
+
+
+def _check_turns_and_tools(con):
+    per_sample = con.sql(
+        "select s.env, s.num_turns, count(*) filter (where t.role = 'model') from samples s "
+        "join turns t using (attempt, step, sample_id) "
+        "where t.source = 'train' and s.error is null group by all"
+    ).fetchall()
+    assert per_sample
+    assert all(turns == n for _, n, turns in per_sample)
+    tools = con.sql(
+        "select name, success, start, duration_s from tool_calls where source = 'train'"
+    ).fetchall()
+    assert tools
+    assert all(name == "echo" and ok and start > 0 and d >= 0 for name, ok, start, d in tools)
+
+
+def _check_spans_nest(con):
+    orphans = con.sql(
+        "select c.rank, c.step, c.name from trainer_spans c where c.parent <> '' and not exists ("
+        " select 1 from trainer_spans p where p.attempt = c.attempt and p.rank = c.rank and p.step = c.step"
+        " and p.name = c.parent"
+        " and p.start <= c.start + 1e-3 and c.end <= p.end + 1e-3)"
+    ).fetchall()
+    assert orphans == []
+    names = {n for (n,) in con.sql("select distinct name from trainer_spans").fetchall()}
+    assert {"train_step", "weight_sync", "weight_sync/server"} <= names, names
+    assert any(n.endswith("forward") for n in names), names
+    assert any(n.endswith("backward") for n in names), names
+
+
+def _check_rollout_events(con):
+    outside = con.sql(
+        "select g.sample_id from rollout_events g "
+        "join rollout_events d using (attempt, step, source, sample_id) "
+        "join rollout_events f using (attempt, step, source, sample_id) "
+        "where g.event = 'generation' and d.event = 'dispatched' "
+        "and f.event in ('kept', 'discarded', 'cancelled')"
+        " and (g.server is null or g.server = '' or g.start < d.start - 1e-3 or g.end > f.end + 1e-3)"
+    ).fetchall()
+    assert outside == []
+    assert con.sql("select count(*) from rollout_events where event = 'generation'").fetchone()[0] > 0

@@ -9,7 +9,9 @@ a random model's groups have spread and every step really trains.
   rollouts and checkpoints the run directory promises, and nothing of either run is left running;
   the resumed engine counts from the checkpoint's step (batches queued at the kill are generated
   again), so the first step after the resume runs at async level 0 on the checkpoint's weights;
-- the final eval runs after step 4 and lands in ``evals/`` and in a last metrics line of its own;
+- the final eval runs after step 4 and lands in the record (``eval_samples``) and in a last metrics
+  line of its own;
+- the record survives the kill: every file readable, each step's samples once, two attempts;
 - Ctrl-C (SIGINT) stops a run with exit code 130 and leaves no process behind.
 """
 
@@ -75,12 +77,14 @@ def test_kill_resume_and_finish(args, tmp_path: Path, tiny_model_dir: Path):
     import pyarrow.parquet as pq
 
     for step in range(1, 5):
-        rows = pq.read_table(run / "rollouts" / f"step_{step:06d}.parquet").to_pylist()
+        rows = pq.read_table(run / "records" / "samples" / f"step_{step:06d}.parquet").to_pylist()
         kept = [r for r in rows if r["status"] == "kept"]
         assert len(kept) == 2 * 4  # prompts_batch_size_for_trainer x group_size
         assert all(r["completion_tokens"] > 0 and 0.0 <= r["reward"] <= 1.0 for r in kept)
     # the final eval: 3 items x 2 completions (max k), recorded as a table and as step-4 metrics
-    evals = pq.read_table(run / "evals" / "e2e_envs_DigitsEnv" / "step_000004.parquet").to_pylist()
+    evals = pq.read_table(
+        run / "records" / "eval_samples" / "step_000004-e2e_envs_DigitsEnv.parquet"
+    ).to_pylist()
     assert len(evals) == 3 * 2
     assert final["eval/step"] == 4
     assert 0.0 <= final[f"eval/{ENV}/digits"] <= 1.0
@@ -89,6 +93,7 @@ def test_kill_resume_and_finish(args, tmp_path: Path, tiny_model_dir: Path):
     for step in (2, 4):
         meta = json.loads((run / "checkpoints" / f"step_{step}" / "meta.json").read_text())
         assert meta["step"] == step
+    check_record_after_resume(run, resumed_from=2, steps=4)
 
     # `telescope convert` turns the last checkpoint into a folder transformers loads, with trained weights
     out = tmp_path / "hf"
@@ -124,3 +129,28 @@ def test_ctrl_c_stops_every_process(args, tmp_path: Path):
         if proc.poll() is None:
             proc.kill()
     assert wait_gone(run, timeout_s=60) == []
+
+
+def check_record_after_resume(run: Path, *, resumed_from: int, steps: int) -> None:
+    """The record of a run killed with SIGKILL and resumed: every file readable, one file of
+    samples per step, no sample twice, two attempts, and DuckDB reads it with one glob per table."""
+    import pyarrow.parquet as pq
+
+    import telescope_records as tr
+
+    for path in (run / "records").rglob("*.parquet"):
+        pq.read_metadata(path)  # complete files only (a torn one has no footer)
+    assert not list((run / "records").rglob("*.tmp-*")), "a temporary file was left behind"
+    manifest = tr.read_manifest(run)
+    assert [a["resumed_from"] for a in manifest["attempts"]] == [None, resumed_from]
+    con = tr.connect(run)
+    per_step = con.sql(
+        "select step, count(distinct attempt) from samples group by step order by step"
+    ).fetchall()
+    assert per_step == [(s, 1) for s in range(1, steps + 1)]  # the redone steps appear once
+    dupes = con.sql("select attempt, sample_id, count(*) c from samples group by all having c > 1").fetchall()
+    assert dupes == []
+    attempts = dict(con.sql("select step, min(attempt) from samples group by step").fetchall())
+    assert attempts == {s: (0 if s <= resumed_from else 1) for s in range(1, steps + 1)}
+    spans = con.sql("select distinct step from trainer_spans where attempt = 1 order by step").fetchall()
+    assert [s for (s,) in spans if s > resumed_from] == list(range(resumed_from + 1, steps + 1))

@@ -170,6 +170,7 @@ class FakeTrainer:
         self.published: list[tuple[int, str]] = []
         self.train_step = _Remote(lambda shard, step: {"loss": 0.0, "grad_norm": 1.0})
         self.publish = _Remote(self._publish)
+        self.drain_spans = _Remote(lambda: [{"step": 1, "name": "train_step", "rank": 0}])
 
     def _publish(self, step, group="full"):
         self.published.append((step, group))
@@ -311,17 +312,14 @@ async def test_loop_runs_evals_on_the_policy_of_their_step_and_records_them(tmp_
         (4, 4),
     ]
     assert wandb.logged[5][1]["eval/other/correct"] == pytest.approx(0.3)
-    # one parquet table per eval per step
-    tables = sorted(
-        p.relative_to(ctx.run.path).as_posix() for p in (ctx.run.path / "evals").rglob("*.parquet")
-    )
+    # one record file per eval per step
+    tables = sorted(p.name for p in (ctx.run.path / "records" / "eval_samples").glob("*.parquet"))
     assert tables == [
-        "evals/other/step_000000.parquet", "evals/other/step_000003.parquet",
-        "evals/other/step_000004.parquet", "evals/quiz/step_000000.parquet",
-        "evals/quiz/step_000002.parquet", "evals/quiz/step_000004.parquet",
+        "step_000000-other.parquet", "step_000000-quiz.parquet", "step_000002-quiz.parquet",
+        "step_000003-other.parquet", "step_000004-other.parquet", "step_000004-quiz.parquet",
     ]  # fmt: skip
-    rows = pq.read_table(ctx.run.path / "evals/quiz/step_000002.parquet").to_pylist()
-    assert rows == [{"step": 2, "eval": "quiz", "sample_index": 0, "completion": "x"}]
+    rows = pq.read_table(ctx.run.path / "records/eval_samples/step_000002-quiz.parquet").to_pylist()
+    assert [(r["step"], r["eval"], r["sample_index"], r["completion"]) for r in rows] == [(2, "quiz", 0, "x")]
     assert console.lines[2] == "eval quiz @ step 2: correct 0.200  (2 completions, 0.5 s)"
     assert len(console.lines) == 6
 
@@ -393,7 +391,7 @@ async def test_a_failed_final_eval_keeps_the_last_step_and_its_checkpoint(tmp_pa
     assert "reward/mean" in lines[4]
     assert lines[5]["eval/quiz/failed"] == 1.0
     assert [Path(d).name for d in saved] == ["step_2.tmp", "step_4.tmp"]
-    assert (ctx.run.path / "rollouts" / "step_000004.parquet").is_file()
+    assert (ctx.run.path / "records" / "samples" / "step_000004.parquet").is_file()
 
 
 async def test_ctrl_c_during_the_final_eval_keeps_the_last_step_and_its_checkpoint(tmp_path):

@@ -1,14 +1,12 @@
-"""The run directory: where a run lands, its metrics lines, its rollout tables."""
+"""The run directory: where a run lands, its metrics lines."""
 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
-import pyarrow.parquet as pq
 import pytest
 
-from telescope_cli._rundir import RunDir, RunDirError, choose_run_dir, rollout_rows, write_rollouts
+from telescope_cli._rundir import RunDir, RunDirError, choose_run_dir
 
 
 def test_named_run_goes_under_runs(tmp_path, monkeypatch):
@@ -60,32 +58,3 @@ def test_truncate_drops_steps_after_the_checkpoint(tmp_path):
         run.append_metrics({"step": step})
     run.truncate_metrics(3)
     assert [m["step"] for m in run.read_metrics()] == [1, 2, 3]
-
-
-def _sample(**kw):
-    base = dict(
-        env_name="add", group_id=3, sample_id=7, reward=1.0, advantage=0.5, prompt_text="What is 1+1?",
-        completion_text="2 ✓", prompt_ids=[1, 2, 3], completion_ids=[4, 5], finish_reason="stop", num_turns=1,
-        version_start=-1, version_end=0, off_policy_steps=1, server="http://x", error=None,
-        metrics={"correct": 1.0},
-    )  # fmt: skip
-    base.update(kw)
-    return SimpleNamespace(**base)
-
-
-def test_rollouts_parquet_holds_kept_and_discarded_rows(tmp_path):
-    run = RunDir(tmp_path / "r")
-    rows = rollout_rows(4, "kept", None, [_sample()]) + rollout_rows(
-        4, "discarded", "zero_advantage", [_sample(sample_id=8, reward=0.0, advantage=0.0)]
-    )
-    path = write_rollouts(run, 4, rows)
-    assert path.name == "step_000004.parquet"
-    table = pq.read_table(path).to_pylist()
-    assert [(r["status"], r["reason"], r["sample_id"]) for r in table] == [
-        ("kept", None, 7),
-        ("discarded", "zero_advantage", 8),
-    ]
-    assert table[0]["completion"] == "2 ✓"
-    assert table[0]["prompt_tokens"] == 3
-    assert table[0]["completion_tokens"] == 2
-    assert json.loads(table[0]["metrics_json"]) == {"correct": 1.0}

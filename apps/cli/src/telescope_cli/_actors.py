@@ -60,6 +60,14 @@ class _Detached:
         return self.poll() or 0
 
 
+def _span(
+    step: int, name: str, parent: str, depth: int, start: float, end: float, **labels: Any
+) -> dict[str, Any]:
+    """A ``trainer_spans`` row the actor measures itself (weight sync)."""
+    return {"step": step, "name": name, "parent": parent, "depth": depth, "start": start, "end": end,
+            "microbatch": -1, "minibatch": -1, "server": labels.get("server", "")}  # fmt: skip
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -125,6 +133,14 @@ class InferenceServerActor:
     def alive(self) -> bool:
         return self.handle is not None and self.handle.alive()
 
+    def setup_info(self) -> dict[str, Any]:
+        """The server's node (a ``setup`` row) and the vLLM process's pid (for ``infra``)."""
+        from telescope_cli._setup_info import process_setup
+
+        url = self.handle.url if self.handle is not None else f"server {self.index}"
+        pid = getattr(getattr(self.handle, "process", None), "server_pid", None)
+        return {"setup": process_setup(f"vllm:{url}"), "pid": pid, "url": url}
+
     def stop(self) -> None:
         if self.handle is not None:
             self.handle.stop(timeout_s=20.0)
@@ -143,6 +159,7 @@ class TrainerActor:
         self.master: tuple[str, int] | None = None
         self.trainer: Any = None
         self.publisher: Any = None
+        self._spans: list[dict[str, Any]] = []
         self._setup_logging()
 
     def _setup_logging(self) -> None:
@@ -210,13 +227,47 @@ class TrainerActor:
         return self.trainer.train_step(micro_batches, step=step)
 
     def publish(self, version: int, group: str = "full") -> dict[str, float]:
-        """Send the current weights to the servers (collective: every rank walks ``hf_weights``)."""
-        weights = self.trainer.hf_weights()
-        if self.publisher is None:
-            for _ in weights:
-                pass
-            return {}
-        return self.publisher.publish(weights, version=version, group=group)
+        """Send the current weights to the servers (collective: every rank walks ``hf_weights``).
+
+        Recorded as a ``weight_sync`` span, with a ``weight_sync/server`` child per server on the
+        broadcast rank (from the request to that server's answer)."""
+        start = time.time()
+        try:
+            weights = self.trainer.hf_weights()
+            if self.publisher is None:
+                for _ in weights:
+                    pass
+                return {}
+            return self.publisher.publish(weights, version=version, group=group)
+        finally:
+            self._spans.append(_span(version, "weight_sync", "", 0, start, time.time()))
+            for u in getattr(self.publisher, "last_update", None) or []:
+                if int(getattr(u, "version", version)) == version:
+                    self._spans.append(
+                        _span(
+                            version, "weight_sync/server", "weight_sync", 1, u.start, u.end, server=u.server
+                        )
+                    )
+
+    def drain_spans(self) -> list[dict[str, Any]]:
+        """This rank's spans since the last call (rows of the ``trainer_spans`` record table)."""
+        timeline = getattr(self.trainer, "timeline", None)
+        rows = [span.to_row() for span in timeline.drain()] if timeline is not None else []
+        rows += self._spans
+        self._spans = []
+        node = socket.gethostname()
+        return [{**r, "rank": self.rank, "node": node} for r in rows]
+
+    def setup_info(self) -> dict[str, Any]:
+        """This rank's hardware and software (a ``setup`` row), and on rank 0 the model's summary."""
+        from telescope_cli._setup_info import model_summary, process_setup
+
+        info: dict[str, Any] = {"setup": process_setup(f"trainer:{self.rank}"), "pid": os.getpid()}
+        model = getattr(self.trainer, "model", None)
+        if self.rank == 0 and model is not None:
+            with contextlib.suppress(Exception):
+                info["model"] = model_summary(model[0] if isinstance(model, list) else model)
+        return info
 
     def save_checkpoint(self, directory: str, training_state: bool) -> dict[str, Any]:
         """This rank's part of a checkpoint, into exactly ``directory`` (the CLI's layout: _checkpoints)."""

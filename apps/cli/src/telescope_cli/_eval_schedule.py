@@ -26,7 +26,8 @@ servers) while training goes on (README "Evals"), see :class:`PeriodicEval`:
    the eval servers rejoin the training pool. A new eval step waits for the running evals first
    (training pauses only then), as does the last step.
 
-Records: ``evals/<eval>/step_NNNNNN.parquet`` (one row per completion) in the run directory, and
+Records: the ``eval_samples`` table of the run's record (docs/records.md; one row per completion,
+with its turns, tool calls and rollout events), and
 the aggregates as ``eval/<eval>/<metric>`` plus ``eval/step`` (the step whose weights were
 evaluated) in ``metrics.jsonl`` and W&B, one console line per eval. Every eval gets a line of its
 own with ``step`` = the evaluated step, written when it finishes: a periodic eval's line comes
@@ -43,11 +44,9 @@ stops the run.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -67,7 +66,6 @@ __all__ = [
     "failed_metrics",
     "run_scheduled_evals",
     "weight_groups",
-    "write_eval_rows",
 ]
 
 log = structlog.get_logger()
@@ -170,25 +168,6 @@ class PeriodicEval:
             log.warning("periodic evals failed", step=self.step, error=repr(self.task.exception()))
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-
-
-def write_eval_rows(run: RunDir, name: str, step: int, rows: list[dict[str, Any]]) -> Path:
-    """One eval's rows at one step as ``evals/<eval>/step_NNNNNN.parquet`` (zstd)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder = run.path / "evals" / _safe(name)
-    folder.mkdir(parents=True, exist_ok=True)
-    out = folder / f"step_{step:06d}.parquet"
-    table = pa.Table.from_pylist(rows)
-    tmp = out.with_suffix(".parquet.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(out)
-    return out
-
-
 def eval_metrics(results: Sequence[Any]) -> dict[str, float]:
     """``eval/<eval>/<metric>`` for every aggregate of every result (``failed: 1`` for a failed one)."""
     out = {f"eval/{r.name}/{k}": float(v) for r in results for k, v in r.metrics.items()}
@@ -231,22 +210,27 @@ async def run_scheduled_evals(
     """
     if not names:
         return {}
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     log.info("evals start", step=step, evals=names, servers=len(servers))
     try:
         results = await runner.run(step=step, names=names, servers=servers)
     except Exception as exc:
         for name in names:
             log.warning("eval failed", eval=name, step=step, error=f"{type(exc).__name__}: {exc}")
+            run.records.event(
+                "eval", step, duration_s=time.monotonic() - t0, at=started, eval=name, failed=True
+            )
             console.info(f"eval {name} @ step {step}: FAILED ({type(exc).__name__}: {str(exc)[:200]})")
         return failed_metrics(names, step)
     for r in results:
         if r.rows:
             try:
-                write_eval_rows(run, r.name, step, r.rows)
+                run.records.write_eval(r)
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
-                log.warning("eval table not written", eval=r.name, step=step, error=error)
+                log.warning("eval records not written", eval=r.name, step=step, error=error)
+        run.records.event("eval", step, duration_s=time.monotonic() - t0, at=started, eval=r.name,
+                          servers=list(servers), failed=bool(getattr(r, "error", "")))  # fmt: skip
         console.info(console_line(r))
     metrics = {**eval_metrics(results), "eval/step": step} if results else {}
     log.info("evals done", step=step, seconds=round(time.monotonic() - t0, 2), **metrics)

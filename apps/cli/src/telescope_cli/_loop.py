@@ -6,7 +6,7 @@
     metrics = train_step on every rank               # trainer backend, through Ray
     publish weights (version = step)                 # telescope-weightsync, servers keep generating
     engine.weights_updated(version)                  # resumes paused dispatch, counts off-policy steps
-    write the step's metrics line and rollouts, then its checkpoint (when due)
+    write the step's metrics line and records (docs/records.md), then its checkpoint (when due)
     evals due after this step                        # telescope-rollout EvalRunner, see _eval_schedule
 
 Periodic evals run in the background on drained eval servers while training goes on; meanwhile
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from telescope_cli._eval_schedule import InTrainingEvals
-from telescope_cli._rundir import RunDir, rollout_rows, write_rollouts
+from telescope_cli._rundir import RunDir
 
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
@@ -169,7 +169,10 @@ def _should_checkpoint(config: TelescopeConfig, step: int) -> bool:
 async def training_loop(ctx: LoopContext) -> None:
     """Baseline evals, then steps ``start_step + 1 .. number_of_steps`` (engine started and stopped here)."""
     evals = ctx.eval_schedule = InTrainingEvals(ctx)
+    records = ctx.run.records
     ctx.wandb_step = ctx.start_step
+    records.event("training_start", ctx.start_step)
+    records.flush_events(ctx.start_step, tag=f"startup-a{records.attempt:03d}")
     ctx.console.start_training(ctx.start_step)
     if ctx.start_step:
         ctx.engine.weights_updated(ctx.start_step)  # resumed: the servers hold that step's weights
@@ -186,6 +189,7 @@ async def training_loop(ctx: LoopContext) -> None:
         from telescope_cli._sandboxes import close_sandboxes
 
         await close_sandboxes(ctx.sandboxes)
+        records.close()
 
 
 async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[str, float]]:
@@ -206,14 +210,16 @@ async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[s
 
 async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
     """One training step, its records and checkpoint, then the evals due after it."""
+    records = ctx.run.records
     t0 = time.monotonic()
     batch = await ctx.engine.next_batch()
     t_rollout = time.monotonic() - t0
     samples, filter_stats = to_train_samples(batch, ctx.config)
-    t1 = time.monotonic()
-    per_rank = await _train(ctx, samples, step)
-    t_train = time.monotonic() - t1
     num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    t1 = time.monotonic()
+    with records.phase("train_step", step, samples=len(samples), tokens=num_tokens):
+        per_rank = await _train(ctx, samples, step)
+    t_train = time.monotonic() - t1
     metrics: dict[str, Any] = {
         "step": step,
         "time": time.time(),
@@ -230,24 +236,58 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
         "timing/train_s": t_train,
     }
     try:
-        metrics.update(await evals.publish(step))
+        t2 = time.monotonic()
+        with records.phase("weights_published", step) as published:
+            metrics.update(await evals.publish(step))
+            published["bytes"] = metrics.get("weight_sync/bytes")
+        metrics["timing/weight_sync_s"] = time.monotonic() - t2
         metrics["timing/step_s"] = time.monotonic() - t0
     except BaseException:  # the trainers stepped: keep the step's records whatever stopped us
         log.warning("step interrupted after training: recorded without weight-sync metrics", step=step)
-        _write_step(ctx, step, batch, metrics)
+        _write_step(ctx, step, batch, metrics, spans=[])
         raise
-    _write_step(ctx, step, batch, metrics)
+    metrics.update(_derived(batch, metrics))
+    _write_step(ctx, step, batch, metrics, spans=await _spans(ctx))
     if _should_checkpoint(ctx.config, step):
-        await save_checkpoint(ctx, step)
+        with records.phase("checkpoint", step):
+            await save_checkpoint(ctx, step)
     await evals.after_step(step)
 
 
-def _write_step(ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any]) -> None:
-    rows = [r for g in batch.groups for r in rollout_rows(step, "kept", None, g.samples)]
-    for status in ("discarded", "cancelled"):
-        for dropped in getattr(batch, status):
-            rows += rollout_rows(step, status, dropped.reason, dropped.group.samples)
-    write_rollouts(ctx.run, step, rows)
+def _derived(batch: Any, metrics: dict[str, Any]) -> dict[str, float]:
+    """The step's ``derived/*`` metrics (docs/records.md, "Step metrics")."""
+    from telescope_cli._derived import derived_metrics
+
+    timings = {
+        "train_s": metrics.get("timing/train_s", 0.0),
+        "weight_sync_s": metrics.get("timing/weight_sync_s", 0.0),
+        "step_s": metrics.get("timing/step_s", 0.0),
+    }
+    try:
+        return derived_metrics(batch, timings=timings)
+    except Exception as exc:  # a statistic must never stop a run
+        log.warning("derived metrics failed", error=repr(exc))
+        return {}
+
+
+async def _spans(ctx: LoopContext) -> list[dict[str, Any]]:
+    """Every trainer rank's spans since the last step (the last checkpoint's included)."""
+    try:
+        per_rank = await _gather([a.drain_spans.remote() for a in ctx.trainers])
+    except Exception as exc:
+        log.warning("trainer spans not collected", error=repr(exc))
+        return []
+    return [row for rows in per_rank for row in rows]
+
+
+def _write_step(
+    ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any], *, spans: list[dict[str, Any]]
+) -> None:
+    try:
+        decode = getattr(getattr(ctx.engine, "tokenizer", None), "decode", None)
+        ctx.run.records.write_step(step, batch, decode=decode, spans=spans)
+    except Exception as exc:  # the record of a step must never cost the step
+        log.warning("step records not written", step=step, error=repr(exc))
     ctx.run.append_metrics(metrics)
     if ctx.wandb is not None:
         ctx.wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=step)

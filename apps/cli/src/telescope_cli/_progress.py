@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -59,15 +60,22 @@ class Console:
         )
         self.total = total_steps
         self.enabled = enabled
+        self.on_phase: Callable[[str, float, float], None] | None = None
         self._progress: Any = None
         self._task: Any = None
 
     @contextmanager
     def phase(self, text: str):
-        t0 = time.monotonic()
+        """A start-up phase: a line before, one after with its duration; ``on_phase(text, wall
+        clock at start, seconds)`` hears of it either way (the run's record)."""
+        t0, at = time.monotonic(), time.time()
         if self.enabled:
             self.rich.print(f"[bold]•[/bold] {text} ...")
-        yield
+        try:
+            yield
+        finally:
+            if self.on_phase is not None:
+                self.on_phase(text, at, time.monotonic() - t0)
         if self.enabled:
             self.rich.print(f"  [green]done[/green] {text} ({time.monotonic() - t0:.1f} s)")
 

@@ -121,9 +121,11 @@ def load_datasets(cfg: TelescopeConfig, built: list[Any], model_path: str) -> tu
 
 
 def build_engine(
-    cfg: TelescopeConfig, tokenizer: Any, urls: list[str], built: list[Any]
+    cfg: TelescopeConfig, tokenizer: Any, urls: list[str], built: list[Any], *, on_event: Any = None
 ) -> tuple[Any, Any, int, Any, list[Any]]:
     """(engine, client, pad token id, eval runner or None, the eval environments' sandbox pools).
+
+    ``on_event`` receives the engine's timeline events (``telescope_rollout.engine.EngineEvent``).
 
     ``built`` comes from :func:`build_training_environments`, ``tokenizer`` from
     :func:`load_datasets` (the datasets are loaded). The caller enters ``client`` then ``engine``
@@ -166,6 +168,7 @@ def build_engine(
         client=client,
         advantage_fn=advantage_fn,
         reward_shaping=reward_shaping,
+        on_event=on_event,
     )
     pad = getattr(tokenizer, "pad_token_id", None)
     return engine, client, int(pad) if isinstance(pad, int) else 0, evals, pools

@@ -6,11 +6,8 @@ Layout (``runs/<wandb_run_name>/`` when the config sets that name, else ``runs/<
     config.yaml            the resolved config (every field)
     metrics.jsonl          one JSON object per training step, plus one per baseline (step 0),
                            periodic or final eval, with the evaluated step, written when the eval ends
-    rollouts/step_NNNNNN.parquet
-                           every sample of the step: kept, discarded or cancelled (with the reason)
-    evals/<eval>/step_NNNNNN.parquet
-                           every completion of an in-training eval at that step (step 0 = baseline);
-                           its aggregates are ``eval/<eval>/<metric>`` in metrics.jsonl
+    records/               the run's record (docs/records.md): every sample, turn, tool call, eval
+                           completion, timeline event, trainer span and infrastructure sample
     logs/telescope.jsonl   structured logs of the driver (structlog, JSON lines)
     logs/inference/        one log file per vLLM server
     logs/trainer/          one log file per trainer rank
@@ -24,12 +21,15 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["RunDir", "choose_run_dir", "rollout_rows", "write_rollouts"]
+if TYPE_CHECKING:
+    from telescope_cli._records import RunRecords
+
+__all__ = ["RunDir", "choose_run_dir"]
 
 
 class RunDirError(ValueError):
@@ -70,11 +70,16 @@ class RunDir:
     """Paths of one run and the writers of its records."""
 
     path: Path
+    records: RunRecords = field(init=False, repr=False)
+    """The run's record (:mod:`telescope_cli._records`); its files are opened on first write."""
 
     def __post_init__(self) -> None:
+        from telescope_cli._records import RunRecords
+
         self.path = Path(self.path)
-        for sub in ("rollouts", "logs/inference", "logs/trainer"):
+        for sub in ("logs/inference", "logs/trainer"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
+        self.records = RunRecords(self.path)
 
     @property
     def metrics_file(self) -> Path:
@@ -112,54 +117,3 @@ class RunDir:
             return []
         text = self.metrics_file.read_text(encoding="utf-8")
         return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-ROLLOUT_COLUMNS = (
-    "step", "status", "reason", "env", "group_id", "sample_id", "reward", "advantage", "prompt",
-    "completion", "prompt_tokens", "completion_tokens", "finish_reason", "num_turns", "version_start",
-    "version_end", "off_policy_steps", "server", "error", "metrics_json",
-)  # fmt: skip
-
-
-def rollout_rows(step: int, status: str, reason: str | None, samples: Iterable[Any]) -> list[dict[str, Any]]:
-    """Rows of the rollouts table for samples (objects with the engine's ScoredSample fields)."""
-    rows = []
-    for s in samples:
-        rows.append(
-            {
-                "step": step,
-                "status": status,
-                "reason": reason,
-                "env": getattr(s, "env_name", ""),
-                "group_id": int(getattr(s, "group_id", -1)),
-                "sample_id": int(getattr(s, "sample_id", -1)),
-                "reward": float(getattr(s, "reward", float("nan")) or 0.0),
-                "advantage": float(getattr(s, "advantage", 0.0) or 0.0),
-                "prompt": str(getattr(s, "prompt_text", "") or ""),
-                "completion": str(getattr(s, "completion_text", "") or ""),
-                "prompt_tokens": len(getattr(s, "prompt_ids", ()) or ()),
-                "completion_tokens": len(getattr(s, "completion_ids", ()) or ()),
-                "finish_reason": str(getattr(s, "finish_reason", "") or ""),
-                "num_turns": int(getattr(s, "num_turns", 1) or 1),
-                "version_start": int(getattr(s, "version_start", -1)),
-                "version_end": int(getattr(s, "version_end", -1)),
-                "off_policy_steps": int(getattr(s, "off_policy_steps", 0) or 0),
-                "server": str(getattr(s, "server", "") or ""),
-                "error": str(getattr(s, "error", "") or ""),
-                "metrics_json": json.dumps(getattr(s, "metrics", {}) or {}, default=str),
-            }
-        )
-    return rows
-
-
-def write_rollouts(run: RunDir, step: int, rows: list[dict[str, Any]]) -> Path:
-    """Write one step's rollout rows as ``rollouts/step_NNNNNN.parquet`` (zstd)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    out = run.path / "rollouts" / f"step_{step:06d}.parquet"
-    table = pa.Table.from_pylist(rows) if rows else pa.table({c: [] for c in ROLLOUT_COLUMNS})
-    tmp = out.with_suffix(".parquet.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(out)
-    return out

@@ -83,6 +83,8 @@ class _Run:
     """Filled by the start-up phases; closed on the way out (by the loop, once it started)."""
     wandb: Any = None
     loop_started: bool = False
+    infra: Any = None
+    """The infrastructure sampler (``_observe.start_infra``), stopped on the way out."""
 
 
 def train(
@@ -97,6 +99,9 @@ def train(
         _wandb_mode()  # a bad WANDB_MODE fails now, not after every process started
     run = _open_run(resolved, run_dir, debug)
     console = Console(cfg.number_of_steps, enabled=not quiet)
+    console.on_phase = lambda text, at, seconds: run.records.event(
+        "startup", None, duration_s=seconds, at=at, phase=text
+    )
     console.info(f"run directory: {run.path}")
     _sigterm_to_interrupt()
     state = _Run(resolved, run, console, Cluster(cfg, log_path=run.path / "logs" / "ray.log"))
@@ -124,6 +129,7 @@ def _start(state: _Run) -> Any:
     resolved, run, console = state.resolved, state.run, state.console
     cfg = resolved.config
     inputs = _prepare_inputs(cfg, run, console, state.sandboxes)
+    run.records.open(resume_from=int(inputs.resume[1]["step"]) if inputs.resume is not None else None)
     env_for_actors = {
         "TELESCOPE_RUN_DIR": str(run.path) if cfg.ray_propagate_run_dir else "",
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", ""),
@@ -138,11 +144,16 @@ def _start(state: _Run) -> Any:
 
         try:
             engine, client, pad_id, evals, eval_pools = build_engine(
-                cfg, inputs.tokenizer, urls, inputs.built
+                cfg, inputs.tokenizer, urls, inputs.built, on_event=run.records.engine_event
             )
         except SandboxSetupError as err:
             raise TrainError(str(err)) from None
         state.sandboxes.extend(eval_pools)
+    from telescope_cli._observe import record_setup, start_infra
+
+    pids = record_setup(run, cfg, servers=[s["actor"] for s in servers], trainers=trainers,
+                        built=inputs.built, evals=evals)  # fmt: skip
+    state.infra = start_infra(run, pids=pids, urls=urls)
     _connect_weights(resolved, trainers, urls, console)
     start_step = 0
     if inputs.resume is not None:
@@ -178,6 +189,10 @@ def _stop(state: _Run) -> None:
     """Close what the run started, whatever stopped it: sandboxes (unless the loop did), every
     process of the run, then W&B (after the workers stopped: their logs are complete)."""
     state.console.close()
+    if state.infra is not None:
+        state.infra.stop()
+    state.run.records.event("stop", None, reason=_stop_reason())
+    state.run.records.close()
     if state.sandboxes and not state.loop_started:
         from telescope_cli._sandboxes import close_sandboxes
 
@@ -188,6 +203,14 @@ def _stop(state: _Run) -> None:
     finally:
         if state.wandb is not None:
             _finish_wandb(state.wandb, state.resolved.config, state.run)
+
+
+def _stop_reason() -> str:
+    """``finished``, or the exception the run is stopping with (called on the way out)."""
+    import sys
+
+    error = sys.exc_info()[1]
+    return "finished" if error is None else f"{type(error).__name__}: {str(error)[:300]}"
 
 
 @dataclass
@@ -318,7 +341,10 @@ def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, co
                 raise TrainError(str(cause)) from None
             raise TrainError(f"a worker failed to start: {cause}") from cause
     return (
-        [{"url": u, "log": launch["log_path"]} for u, launch in zip(urls, launches, strict=True)],
+        [
+            {"url": u, "log": launch["log_path"], "actor": a}
+            for u, launch, a in zip(urls, launches, actors, strict=True)
+        ],
         trainers,
         infos,
     )

@@ -2,20 +2,28 @@
 
 :class:`RolloutEngine` keeps every server's lane slots busy, keeps the rollouts within
 ``max_async_rollout`` steps of the live weights, and hands out :class:`RolloutBatch` es of kept
-groups (dropped ones ride along with their reason). The caller gives the math: ``advantage_fn``
+groups (dropped ones ride along with their reason; each sample with its :class:`Turn` s), and
+tells ``on_event`` about its :class:`EngineEvent` s. The caller gives the math: ``advantage_fn``
 and, optionally, ``reward_shaping``. How it schedules is in docs/rollout.md, "The engine".
 """
 
 from telescope_rollout.engine._engine import AdvantageFn, RewardShaping, RolloutEngine, RolloutError
-from telescope_rollout.engine._results import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
+from telescope_rollout.engine._results import (
+    DroppedGroup,
+    EngineEvent,
+    RolloutBatch,
+    ScoredGroup,
+    ScoredSample,
+    Turn,
+)
 from telescope_rollout.engine._sampler import MultiEnvSampler, SamplerEntry
 from telescope_rollout.engine._settings import EngineSettings, config_mismatches, config_values
 from telescope_rollout.engine._watch import FailureWatch, unfit_environment
 
 # the engine
 __all__ = ["AdvantageFn", "EngineSettings", "RewardShaping", "RolloutEngine", "RolloutError"]
-# what it hands out
-__all__ += ["DroppedGroup", "RolloutBatch", "ScoredGroup", "ScoredSample"]
+# what it hands out (and tells the timeline)
+__all__ += ["DroppedGroup", "EngineEvent", "RolloutBatch", "ScoredGroup", "ScoredSample", "Turn"]
 # what it draws from
 __all__ += ["MultiEnvSampler", "SamplerEntry"]
 # hopeless input, settings from the config

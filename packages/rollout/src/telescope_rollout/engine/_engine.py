@@ -36,6 +36,11 @@ Input that can only fail again stops the run with a :class:`RolloutError` (``_wa
   groups and groups on a server found unreachable do not count), the run stops naming the kind,
   the environments and the first error.
 
+Events: ``on_event(EngineEvent)``, when given, hears what the orchestrator's timeline needs
+(dispatch paused/resumed, batch assembled, group cancelled, servers drained/restored, weights
+updated; see :class:`EngineEvent`). It runs inline, so it must be quick; one that raises is
+logged once and otherwise ignored.
+
 All methods must be called from the event loop's thread.
 """
 
@@ -50,10 +55,16 @@ from typing import Any
 
 import structlog
 
-from telescope_rollout.engine._episode import Play, completion_budget, play_sample, too_long
+from telescope_rollout.engine._episode import Play, completion_budget, play_sample, system_prompt_of, too_long
 from telescope_rollout.engine._lanes import LanePool
 from telescope_rollout.engine._prompts import PreparedPrompt, PromptSource
-from telescope_rollout.engine._results import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
+from telescope_rollout.engine._results import (
+    DroppedGroup,
+    EngineEvent,
+    RolloutBatch,
+    ScoredGroup,
+    ScoredSample,
+)
 from telescope_rollout.engine._sampler import MultiEnvSampler
 from telescope_rollout.engine._settings import EngineSettings
 from telescope_rollout.engine._watch import FailureWatch, same_error_message, unfit_message
@@ -112,8 +123,14 @@ class RolloutEngine:
     each sample of a finished group its advantage; ``reward_shaping(sample) -> reward``, when given,
     replaces each sample's reward before that (e.g. an overlong penalty). Both run only for groups
     without errors; an exception from either stops the engine with a :class:`RolloutError`.
-    ``clock`` (seconds) times the metrics; tests pass a fake one.
+    ``clock`` (seconds) times the metrics; tests pass a fake one. ``on_event(EngineEvent)``, when
+    given, is called on each timeline event (module docstring); None: no events.
     """
+
+    _event_failed: bool = False
+    """The ``on_event`` callback raised once (later failures are not logged)."""
+    _paused_wall: float | None = None
+    """Wall clock when dispatch last paused."""
 
     def __init__(
         self,
@@ -126,6 +143,7 @@ class RolloutEngine:
         advantage_fn: AdvantageFn,
         reward_shaping: RewardShaping | None = None,
         clock: Callable[[], float] | None = None,
+        on_event: Callable[[EngineEvent], None] | None = None,
     ):
         self.settings = settings
         self.environments = environments_by_name(environments)
@@ -135,6 +153,7 @@ class RolloutEngine:
         self.advantage_fn = advantage_fn
         self.reward_shaping = reward_shaping
         self.clock = clock or time.monotonic
+        self.on_event = on_event
         self.servers: list[str] = list(client.server_urls)
         self.lanes = {url: LanePool(settings.lanes_per_server) for url in self.servers}
         kwargs = {} if settings.enable_thinking is None else {"enable_thinking": settings.enable_thinking}
@@ -173,6 +192,21 @@ class RolloutEngine:
         """Dropped (and, separately, cancelled) groups kept per batch for records; more are counted."""
         self._failed: RolloutError | None = None
         self._warned_unfit: set[str] = set()
+
+    # ----------------------------------------------------------------- events
+    def _emit(self, kind: str, **detail: Any) -> None:
+        """Hand ``on_event`` an :class:`EngineEvent`; a callback that raises is logged once, never fatal."""
+        if self.on_event is None:
+            return
+        try:
+            self.on_event(EngineEvent(kind, time.time(), self.step, detail))
+        except Exception as exc:
+            if not self._event_failed:
+                self._event_failed = True
+                log.warning(
+                    "rollout_on_event_failed", kind=kind, error=f"{type(exc).__name__}: {exc}",
+                    note="further failures of the on_event callback are not logged",
+                )  # fmt: skip
 
     # ----------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> RolloutEngine:
@@ -256,6 +290,7 @@ class RolloutEngine:
         for url in targets:
             self.server_versions[url] = version
         self.version = version
+        self._emit("weights_updated", version=version, servers=sorted(targets))
         limit = self.settings.max_off_policy_steps
         for group in list(self._groups.values()):
             delta = self.server_versions[group.server] - previous[group.server]
@@ -286,6 +321,7 @@ class RolloutEngine:
             if g.server in urls and any(not r.done and (not r.started or r.generating) for r in g.runs)
         ]
         tasks = [t for g in victims for t in g.tasks]
+        self._emit("servers_drained", servers=sorted(urls), reason=reason, cancelled_groups=len(victims))
         for group in victims:
             self._cancel_group(group, reason)
         log.info(
@@ -308,6 +344,7 @@ class RolloutEngine:
             )
         self.drained -= urls
         log.info("rollout_servers_restored", servers=sorted(urls), version=self.version)
+        self._emit("servers_restored", servers=sorted(urls), version=self.version)
         self._wake.set()
 
     def _known(self, servers: Sequence[str]) -> set[str]:
@@ -384,8 +421,12 @@ class RolloutEngine:
             if not self.paused:
                 self.paused = True
                 self._paused_since = self.clock()
+                self._paused_wall = time.time()
                 self._stats["pauses"] += 1
                 log.debug("rollout_paused_max_async", step=self.step, version=self.version)
+                self._emit(
+                    "dispatch_paused", version=self.version, max_async_rollout=self.settings.max_async_rollout
+                )
             return True
         if self.paused:
             self.paused = False
@@ -393,6 +434,9 @@ class RolloutEngine:
                 self._stats["paused_s"] += self.clock() - self._paused_since
             self._paused_since = None
             log.debug("rollout_resumed_max_async", step=self.step, version=self.version)
+            paused_s = time.time() - self._paused_wall if self._paused_wall is not None else 0.0
+            self._paused_wall = None
+            self._emit("dispatch_resumed", version=self.version, paused_s=paused_s)
         return False
 
     async def _dispatch_loop(self) -> None:
@@ -451,6 +495,7 @@ class RolloutEngine:
         for run in group.runs:
             run.done = True
             run.out.error, run.out.error_detail = "prompt_too_long", too_long(n, s)
+            run.out.finished_at = run.out.dispatched_at
         self._drop(self._scored_group(group), "prompt_too_long")
         if prompt.env_name not in self._warned_unfit:
             self._warned_unfit.add(prompt.env_name)
@@ -477,6 +522,8 @@ class RolloutEngine:
         """A group of ``group_size`` fresh samples with the next group and sample ids."""
         group = _GroupRun(self.next_group_id, prompt, url, lanes=lanes)
         self.next_group_id += 1
+        system = system_prompt_of(self.environments[prompt.env_name], prompt)
+        now = time.time()
         for _ in range(self.settings.group_size):
             out = ScoredSample(
                 group_id=group.group_id,
@@ -485,6 +532,9 @@ class RolloutEngine:
                 prompt_ids=prompt.ids,
                 prompt_text=prompt.text,
                 server=url,
+                system_prompt=system,
+                sample_index=prompt.index,
+                dispatched_at=now,
             )
             self.next_sample_id += 1
             group.runs.append(_SampleRun(out))
@@ -526,7 +576,10 @@ class RolloutEngine:
 
             env = self.environments[group.prompt.env_name]
             eos = self.eos_token or env.eos_token
-            play = Play(self.client, self.settings, self.prompts, eos, on_generated)
+            play = Play(
+                self.client, self.settings, self.prompts, eos, on_generated,
+                version=lambda: self.server_versions[group.server],
+            )  # fmt: skip
             failure = await play_sample(env, group.prompt, out, play)
             # Only an unreachable server leaves the pool; a timeout fails its sample alone.
             unreachable = failure if isinstance(failure, ServerUnavailableError) else None
@@ -584,11 +637,14 @@ class RolloutEngine:
         self._groups.pop(group.group_id, None)
         for t in group.tasks:
             t.cancel()
+        now = time.time()
         for r in group.runs:
             if not r.done:
                 r.out.error = "cancelled"
+                r.out.finished_at = now
         self._release_group_lanes(group)
         self._drop(self._scored_group(group), reason, cancelled=True)
+        self._emit("group_cancelled", reason=reason, group_id=group.group_id, server=group.server)
 
     def _sample_done(self, group: _GroupRun) -> None:
         if group.cancelled:
@@ -653,6 +709,11 @@ class RolloutEngine:
             self._paused_since = now
         batch = RolloutBatch(self.step, groups, self._discarded, self._cancelled)
         batch.metrics = self._metrics(batch, now)
+        self._emit(
+            "batch_assembled", kept=len(groups),
+            discarded=len(batch.discarded) + int(self._stats.get("discarded_unrecorded", 0)),
+            cancelled=len(batch.cancelled) + int(self._stats.get("cancelled_unrecorded", 0)),
+        )  # fmt: skip
         self._discarded, self._cancelled = [], []
         self.step += 1
         self._last_batch_t = now

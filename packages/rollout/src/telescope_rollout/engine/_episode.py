@@ -6,19 +6,24 @@ the engine can free the lane while a slow reward runs. Failures raise :class:`Sa
 carrying the error kind the group-acceptance rules use; :func:`play_sample` (the engine's and the
 eval runner's entry point) records them on the sample instead. Request ids are
 ``<request_prefix>-<sample_id>[-turn-<k>]`` (``sample`` for training, ``eval-...`` for evals).
+
+Every completed model turn and environment response is appended to ``out.turns`` as it ends
+(a :class:`Turn`), so a sample cancelled midway keeps what it did; ``play_sample`` also stamps
+the sample's wall-clock times (docs/rollout.md, "What a sample records").
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from telescope_rollout._types import RewardResult, RolloutState, TrajectoryStep
+from telescope_rollout._types import Message, RewardResult, RolloutState, TrajectoryStep
 from telescope_rollout.chat._multiturn import MultiTurnTokens
 from telescope_rollout.engine._prompts import PreparedPrompt, PromptSource
-from telescope_rollout.engine._results import ScoredSample
+from telescope_rollout.engine._results import ScoredSample, Turn
 from telescope_rollout.engine._settings import EngineSettings
 from telescope_rollout.envs._env import MultiTurnEnvironment
 from telescope_rollout.inference._client import (
@@ -45,6 +50,10 @@ TRUNCATED = ("length", "context_exhausted")
 
 def _nothing() -> None:
     return None
+
+
+def _no_version() -> int:
+    return -1
 
 
 def completion_budget(settings: EngineSettings, prompt_len: int) -> int:
@@ -97,11 +106,16 @@ async def _generate(
 
 
 async def _score(out: ScoredSample, scoring: Awaitable[RewardResult]) -> None:
-    """Await the environment's score into ``out``; a raising reward function is a ``sample_error``."""
+    """Await the environment's score into ``out``; a raising reward function is a ``sample_error``.
+
+    Stamps ``out.reward_start`` / ``out.reward_end`` (wall clock) around it."""
+    out.reward_start = time.time()
     try:
         result = await scoring
     except Exception as exc:
         raise SampleError("sample_error", f"compute_reward raised {type(exc).__name__}: {exc}") from exc
+    finally:
+        out.reward_end = time.time()
     apply_reward(out, result)
 
 
@@ -109,7 +123,8 @@ async def _score(out: ScoredSample, scoring: Awaitable[RewardResult]) -> None:
 class Play:
     """How a sample is played: the client and settings to generate with, the prompt source (its
     tokenizers), the end-of-sequence text reward functions strip, ``on_generated`` (called once
-    generation is over, before the reward) and the request-id prefix."""
+    generation is over, before the reward), the request-id prefix, and ``version()``: the weight
+    version live on the sample's server now (recorded on each model turn; evals: -1)."""
 
     client: CompletionClient
     settings: EngineSettings
@@ -117,6 +132,112 @@ class Play:
     eos_token: str
     on_generated: Callable[[], None] = _nothing
     request_prefix: str = "sample"
+    version: Callable[[], int] = _no_version
+
+
+async def _model_turn(
+    out: ScoredSample,
+    ids: list[int],
+    play: Play,
+    *,
+    request_id: str,
+    priority: int = 0,
+    first_turn: bool = True,
+) -> Completion | None:
+    """:func:`_generate` on the sample's server, recorded as a model :class:`Turn` on ``out.turns``
+    when it answers (None: the context is exhausted, no turn)."""
+    start, version_start, t0 = time.time(), play.version(), time.perf_counter()
+    comp = await _generate(
+        play.client, out, ids, play.settings, request_id=request_id, priority=priority, first_turn=first_turn
+    )
+    if comp is None:
+        return None
+    timings = dict(comp.timings)
+    timings.setdefault("e2e_s", time.perf_counter() - t0)  # a client that did not measure it
+    out.turns.append(
+        Turn(
+            index=len(out.turns),
+            role="model",
+            turn_type="generation",
+            text=comp.text,
+            tokens=len(comp.token_ids),
+            prompt_tokens=len(ids),
+            stop_reason=comp.finish_reason,
+            server=out.server,
+            version_start=version_start,
+            version_end=play.version(),
+            start=start,
+            end=time.time(),
+            request_id=request_id,
+            timings=timings,
+        )
+    )
+    return comp
+
+
+def content_text(content: Any) -> str:
+    """A message's ``content`` as text: a string as is, the ``text`` of OpenAI-style parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
+def system_prompt_of(env: Any, prompt: PreparedPrompt) -> str:
+    """The content of the prompt's first system message ("" without one).
+
+    Multi-turn prompts carry their messages; a single-turn prompt's are rebuilt with the
+    environment's ``build_messages`` (what ``format_prompt`` rendered)."""
+    messages: list[Message] | None = prompt.messages
+    if messages is None:
+        build: Any = getattr(env, "build_messages", None)
+        messages = list(build(prompt.sample.prompt)) if build is not None else []
+    for m in messages:
+        if isinstance(m, dict) and m.get("role") == "system":
+            return content_text(m.get("content"))
+    return ""
+
+
+def _env_turn(out: ScoredSample, reply: list[Message], tokens: int, start: float, end: float) -> Turn:
+    """The environment :class:`Turn` of one ``env.step`` that returned ``reply``."""
+    first = reply[0] if reply else {}
+    return Turn(
+        index=len(out.turns),
+        role="env",
+        turn_type=str(first.get("turn_type") or "env_response"),
+        text="\n\n".join(content_text(m.get("content")) for m in reply),
+        tokens=tokens,
+        start=start,
+        end=end,
+    )
+
+
+async def _step_env(
+    env: MultiTurnEnvironment, mt: MultiTurnTokens, state: RolloutState, out: ScoredSample
+) -> tuple[bool, str | None]:
+    """One environment turn: ``env.step``, then (unless done) its reply into the token stream.
+
+    Records an environment :class:`Turn` when the reply is not empty or went into the tokens,
+    and copies the tool-call records so far onto ``out``. Returns ``(done, reason)``.
+    """
+    start = time.time()
+    try:
+        reply, done, reason = await env.step(list(mt.messages), state)
+    except Exception as exc:
+        raise SampleError("rollout_error", f"env_response raised {type(exc).__name__}: {exc}") from exc
+    end = time.time()
+    out.tool_calls = list(state.custom.get("tool_calls", []))
+    tokens = -1
+    if not done:
+        before = len(mt.trajectory.completion_ids)
+        mt.add_env_turn(reply)
+        tokens = len(mt.trajectory.completion_ids) - before
+    if reply or not done:
+        out.turns.append(_env_turn(out, reply, tokens, start, end))
+    return done, reason
 
 
 def _record(out: ScoredSample, ids: list[int], mask: list[int], logprobs: list[float], text: str) -> None:
@@ -128,7 +249,7 @@ def _record(out: ScoredSample, ids: list[int], mask: list[int], logprobs: list[f
 
 async def run_single_turn(env: Any, prompt: PreparedPrompt, out: ScoredSample, play: Play) -> None:
     request_id = f"{play.request_prefix}-{out.sample_id}"
-    comp = await _generate(play.client, out, prompt.ids, play.settings, request_id=request_id)
+    comp = await _model_turn(out, prompt.ids, play, request_id=request_id)
     assert comp is not None  # the first turn raises instead
     _record(out, comp.token_ids, [1] * len(comp.token_ids), comp.logprobs, comp.text)
     out.finish_reason = comp.finish_reason
@@ -151,14 +272,8 @@ async def _play_turns(
         ids = mt.trajectory.next_prompt_ids
         priority = -turn if play.settings.scheduling_policy == "priority" else 0
         request_id = f"{play.request_prefix}-{out.sample_id}-turn-{turn}"
-        comp = await _generate(
-            play.client,
-            out,
-            ids,
-            play.settings,
-            request_id=request_id,
-            priority=priority,
-            first_turn=turn == 0,
+        comp = await _model_turn(
+            out, ids, play, request_id=request_id, priority=priority, first_turn=turn == 0
         )
         if comp is None:
             return "context_exhausted"
@@ -175,13 +290,9 @@ async def _play_turns(
             )
         )
         turn += 1
-        try:
-            reply, done, reason = await env.step(list(mt.messages), state)
-        except Exception as exc:
-            raise SampleError("rollout_error", f"env_response raised {type(exc).__name__}: {exc}") from exc
+        done, reason = await _step_env(env, mt, state, out)
         if done:
             return reason
-        mt.add_env_turn(reply)
 
 
 async def run_multi_turn(
@@ -228,7 +339,14 @@ async def play_sample(
     raised; cancellation propagates. Returns the server's own failure, so the caller can decide to
     stop sending to it: the :class:`ServerUnavailableError` when it could not be reached, the
     :class:`ServerTimeoutError` when it gave no answer in time; otherwise None.
+
+    Also fills ``out.sample_index``, ``out.system_prompt`` and ``out.dispatched_at`` (when the
+    caller did not) and ``out.finished_at`` (the reward's end, else when it stopped; a time the
+    caller set on cancelling stays).
     """
+    out.sample_index = prompt.index
+    out.system_prompt = out.system_prompt or system_prompt_of(env, prompt)
+    out.dispatched_at = out.dispatched_at or time.time()
     try:
         if env.is_multi_turn:
             await run_multi_turn(env, prompt, out, play)
@@ -240,4 +358,6 @@ async def play_sample(
         out.error, out.error_detail = sample_error(exc)
         if isinstance(exc, ServerUnavailableError | ServerTimeoutError):
             return exc
+    finally:
+        out.finished_at = out.finished_at or out.reward_end or time.time()
     return None

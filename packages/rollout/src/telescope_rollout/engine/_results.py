@@ -1,4 +1,4 @@
-"""What the rollout engine hands out: scored samples, groups and batches.
+"""What the rollout engine hands out: scored samples (with their turns), groups, batches, events.
 
 Plain dataclasses, so the training loop can turn them into Parquet rows and trainer samples
 without knowing the engine.
@@ -7,7 +7,53 @@ without knowing the engine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+
+@dataclass
+class Turn:
+    """One model turn or one environment response of a sample, in episode order.
+
+    A single-turn sample has one model turn. A multi-turn episode alternates model turns and
+    environment responses (an environment step whose reply is empty and that ends the episode
+    adds none). Times are wall clock (``time.time()`` seconds); -1 marks a number that does not
+    apply or is unknown.
+    """
+
+    index: int
+    """Position in the episode, from 0."""
+    role: Literal["model", "env"]
+    turn_type: str
+    """``generation`` for model turns; for environment turns the first reply message's
+    ``turn_type`` (env_response, tool_result, feedback, context; default env_response)."""
+    text: str = ""
+    """The generated text, or the reply messages' contents joined by blank lines."""
+    tokens: int = -1
+    """Model turns: completion tokens. Environment turns: the context tokens the reply added
+    (the template's closing tokens of the model turn, the framed reply, the next generation
+    prompt), so model and environment turns add up to the sample's completion; -1 for a reply
+    that ended the episode (never tokenized)."""
+    prompt_tokens: int = -1
+    """Model turns: token ids sent with the request; -1 for environment turns."""
+    stop_reason: str | None = None
+    """Model turns: vLLM's finish reason."""
+    server: str = ""
+    """Model turns: the server's URL."""
+    version_start: int = -1
+    """Model turns: weight version live on the server when the request was sent (-1: unknown, evals)."""
+    version_end: int = -1
+    """Model turns: weight version live on the server when the answer came back."""
+    start: float = 0.0
+    """When the request was sent / ``env.step`` was called."""
+    end: float = 0.0
+    """When the answer came back / ``env.step`` returned."""
+    request_id: str = ""
+    """Model turns: the request id sent to the server."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Model turns, seconds: ``e2e_s`` (the request's round trip measured by the client) always;
+    vLLM's own ``queue_s``, ``prefill_s``, ``decode_s``, ``inference_s`` (prefill + decode) and
+    ``ttft_s`` (queue + prefill) only when the server runs with ``--enable-per-request-metrics``
+    (vLLM >= 0.32 then returns a ``metrics`` object with each completion)."""
 
 
 @dataclass
@@ -48,8 +94,25 @@ class ScoredSample:
     """None, or the error kind: prompt_too_long, rollout_error, sample_error, empty_trajectory, cancelled."""
     error_detail: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """The environment's tool-call records (``ToolEnvironment``: see its ``env_response``)."""
     timings: dict[str, float] = field(default_factory=dict)
     """generation_s, reward_s, queue_s (clock seconds)."""
+    turns: list[Turn] = field(default_factory=list)
+    """Every model turn and environment response completed, in order (a cancelled sample keeps
+    the ones it completed)."""
+    system_prompt: str = ""
+    """The prompt's system message, or "" when it has none."""
+    sample_index: int = -1
+    """The prompt's index in its environment's dataset."""
+    dispatched_at: float = 0.0
+    """Wall clock (``time.time()``) when its group was dispatched (evals: when its request was
+    about to be sent)."""
+    finished_at: float = 0.0
+    """Wall clock when its reward was computed, or when it failed or was cancelled."""
+    reward_start: float = 0.0
+    """Wall clock when ``compute_reward`` was called (0.0: never)."""
+    reward_end: float = 0.0
+    """Wall clock when ``compute_reward`` returned or raised (0.0: never)."""
 
     @property
     def num_model_tokens(self) -> int:
@@ -90,6 +153,27 @@ class DroppedGroup:
     """The batch that was being filled when it was dropped."""
     version: int
     """Weight version live at that moment."""
+
+
+@dataclass
+class EngineEvent:
+    """Something the engine did, for the orchestrator's timeline (``RolloutEngine(on_event=...)``).
+
+    ``kind`` and its ``detail`` (JSON-able):
+    - ``dispatch_paused`` (version, max_async_rollout) / ``dispatch_resumed`` (version, paused_s):
+      the async limit stopped / restarted dispatch;
+    - ``batch_assembled`` (kept, discarded, cancelled: group counts, unrecorded drops included);
+    - ``group_cancelled`` (reason, group_id, server);
+    - ``servers_drained`` (servers, reason, cancelled_groups) / ``servers_restored`` (servers, version);
+    - ``weights_updated`` (version, servers).
+    """
+
+    kind: str
+    time: float
+    """Wall clock (``time.time()`` seconds)."""
+    step: int
+    """The batch being filled (``batch_assembled``: the batch just handed out)."""
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

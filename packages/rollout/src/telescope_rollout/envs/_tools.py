@@ -6,11 +6,13 @@ their results or errors go back as one ``tool_result`` message. No malformed cal
 of the environment. Per-rollout records live in ``state.custom``, never on the environment, so
 concurrent rollouts do not share state.
 
-Native tool calling (``tools_in_template=True``; off by default): the schemas
-are passed to the chat template's ``tools`` variable (see :meth:`ToolEnvironment.template_kwargs`)
-instead of the prompt text (set ``include_tool_schemas_in_prompt=True`` for both), results come back
-as one ``tool`` role message per call, and :meth:`ToolEnvironment.completion_message` gives the
-assistant message with OpenAI-style ``tool_calls`` for re-rendering a conversation.
+Each call leaves a record in ``state.custom["tool_calls"]`` (JSON-able; see
+:meth:`ToolEnvironment.env_response`). A tool that runs a program in a sandbox can return the
+sandbox's result (an object with an integer ``exit_code``, e.g. what
+:class:`~telescope_rollout.envs.SandboxLike` ``.run`` returns, or a dict with that key): its exit
+code is recorded, and the sandbox is named by the result's ``sandbox_id`` (or ``sandbox``) text,
+else the environment's ``provider`` setting, else the class of its ``sandbox``. The model still
+sees the result as text, as before.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import inspect
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from telescope_rollout._types import Message, RolloutState, Sample
@@ -27,8 +30,23 @@ from telescope_rollout.envs._env import MultiTurnEnvironment
 from telescope_rollout.envs._toolcalls import MAX_CALLS, ToolCall, parse_tool_calls, strip_tool_call_blocks
 from telescope_rollout.envs._toolschema import coerce_arguments, func_to_tool_schema
 
+MAX_RECORD_CHARS = 2000
+"""Arguments and raw call text are cut to this many characters in the tool-call records."""
+
 _XML_EXAMPLE = '<tool_call>\n{"name": "tool_name", "arguments": {"arg": "value"}}\n</tool_call>'
 _FUNCTION_EXAMPLE = 'tool_name(arg="value")'
+
+
+@dataclass
+class _ToolRun:
+    """What one call did: success and the text for the model, plus the facts the record keeps."""
+
+    ok: bool
+    text: str
+    exit_code: int | None = None
+    sandbox: str = ""
+    truncated: bool = False
+    """The result text was cut to ``max_result_chars``."""
 
 
 def default_error_formatter(exc: BaseException) -> str:
@@ -131,20 +149,23 @@ class ToolEnvironment(MultiTurnEnvironment):
 
         A tool that declares a ``state`` parameter receives the rollout's state.
         """
+        run = await self._run_tool(call, state)
+        return run.ok, run.text
+
+    async def _run_tool(self, call: ToolCall, state: RolloutState | None) -> _ToolRun:
+        """:meth:`execute_tool` with the facts of the run (exit code, sandbox, truncation)."""
         if call.error:
-            return False, call.error
+            return _ToolRun(False, call.error)
         func = self.tool_map.get(call.name)
         if func is None:
-            return (
-                False,
-                f"unknown tool {call.name[:100]!r}; available tools: {', '.join(self.tool_map) or 'none'}",
-            )
+            available = ", ".join(self.tool_map) or "none"
+            return _ToolRun(False, f"unknown tool {call.name[:100]!r}; available tools: {available}")
         schema = self._schema_by_name[call.name]
         try:
             args = _name_positional(call.arguments, list(schema["function"]["parameters"]["properties"]))
             args = coerce_arguments(schema, args)
         except ValueError as exc:
-            return False, f"argument_error: {exc}"
+            return _ToolRun(False, f"argument_error: {exc}")
         if state is not None and "state" in inspect.signature(func).parameters:
             args["state"] = state
         try:
@@ -152,15 +173,38 @@ class ToolEnvironment(MultiTurnEnvironment):
             if inspect.isawaitable(out):
                 out = await asyncio.wait_for(out, timeout=self.tool_timeout_s)
         except TypeError as exc:
-            return False, f"argument_error: {exc}"
+            return _ToolRun(False, f"argument_error: {exc}")
         except TimeoutError:
-            return False, f"TimeoutError: tool did not finish within {self.tool_timeout_s} s"
+            return _ToolRun(False, f"TimeoutError: tool did not finish within {self.tool_timeout_s} s")
         except Exception as exc:
-            return False, self.error_formatter(exc)
+            return _ToolRun(False, self.error_formatter(exc))
         text = out if isinstance(out, str) else _to_text(out)
-        if len(text) > self.max_result_chars:
+        truncated = len(text) > self.max_result_chars
+        if truncated:
             text = text[: self.max_result_chars] + f"... [truncated, {len(text)} characters]"
-        return True, text
+        exit_code = _exit_code(out)
+        sandbox = self._sandbox_label(out) if exit_code is not None else ""
+        return _ToolRun(True, text, exit_code, sandbox, truncated)
+
+    async def _tool_run(self, call: ToolCall, state: RolloutState) -> _ToolRun:
+        """The run of one call; a subclass's own :meth:`execute_tool` is honoured (its facts unknown)."""
+        if type(self).execute_tool is not ToolEnvironment.execute_tool:
+            ok, text = await self.execute_tool(call, state)
+            return _ToolRun(ok, text)
+        return await self._run_tool(call, state)
+
+    def _sandbox_label(self, out: Any) -> str:
+        """The sandbox a program ran in: the result's ``sandbox_id``/``sandbox`` text, else the
+        environment's ``provider`` setting, else the class of its ``sandbox``, else ""."""
+        for attr in ("sandbox_id", "sandbox"):
+            value = _field(out, attr)
+            if isinstance(value, str) and value:
+                return value
+        provider = getattr(self, "provider", None)
+        if isinstance(provider, str) and provider:
+            return provider
+        sandbox = getattr(self, "sandbox", None)
+        return "" if sandbox is None else type(sandbox).__name__
 
     def completion_message(self, text: str) -> Message:
         """The assistant message for a completion ``text``.
@@ -197,6 +241,14 @@ class ToolEnvironment(MultiTurnEnvironment):
         return list(zip(calls, ids, strict=True))
 
     async def env_response(self, messages: list[Message], state: RolloutState) -> list[Message]:
+        """Run the calls of the model's last message, one after another; one reply with every result.
+
+        Each call appends a record to ``state.custom["tool_calls"]``: ``generation_idx`` (the
+        model turn, from 0), ``tool_call_idx``, ``tool_name``, ``arguments`` (JSON text) and
+        ``raw_text`` (both cut to :data:`MAX_RECORD_CHARS`), ``result``, ``success``, ``error``,
+        ``start`` (wall clock), ``duration_s``, ``exit_code`` (int or None: see the module
+        docstring), ``sandbox`` ("" when none) and ``truncated`` (result, arguments or raw text cut).
+        """
         calls_with_ids = self._calls_of(messages[-1]) if messages else []
         calls = [c for c, _ in calls_with_ids]
         if not calls:
@@ -205,21 +257,10 @@ class ToolEnvironment(MultiTurnEnvironment):
         tc = state.custom.setdefault("tool_calls", [])
         parts = []
         for i, call in enumerate(calls):
-            t0 = time.perf_counter()
-            ok, text = await self.execute_tool(call, state)
-            tc.append(
-                {
-                    "generation_idx": state.num_turns - 1,
-                    "tool_call_idx": len(tc),
-                    "tool_name": call.name[:100],
-                    "arguments": _to_text(call.arguments)[:2000],
-                    "raw_text": call.raw[:2000],
-                    "result": text if ok else "",
-                    "success": ok,
-                    "error": None if ok else text,
-                    "duration_s": time.perf_counter() - t0,
-                }
-            )
+            start, t0 = time.time(), time.perf_counter()
+            run = await self._tool_run(call, state)
+            tc.append(_call_record(state.num_turns - 1, len(tc), call, run, start, time.perf_counter() - t0))
+            ok, text = run.ok, run.text
             if self.tools_in_template:
                 parts.append(
                     {
@@ -263,6 +304,40 @@ class ToolEnvironment(MultiTurnEnvironment):
         for n in set(names):
             metrics[f"{n}_calls"] = float(names.count(n))
         return metrics
+
+
+def _call_record(
+    generation_idx: int, index: int, call: ToolCall, run: _ToolRun, start: float, duration_s: float
+) -> dict[str, Any]:
+    """The ``state.custom["tool_calls"]`` record of one call (see ``ToolEnvironment.env_response``)."""
+    arguments = _to_text(call.arguments)
+    cut = len(arguments) > MAX_RECORD_CHARS or len(call.raw) > MAX_RECORD_CHARS
+    return {
+        "generation_idx": generation_idx,
+        "tool_call_idx": index,
+        "tool_name": call.name[:100],
+        "arguments": arguments[:MAX_RECORD_CHARS],
+        "raw_text": call.raw[:MAX_RECORD_CHARS],
+        "result": run.text if run.ok else "",
+        "success": run.ok,
+        "error": None if run.ok else run.text,
+        "start": start,
+        "duration_s": duration_s,
+        "exit_code": run.exit_code,
+        "sandbox": run.sandbox,
+        "truncated": run.truncated or cut,
+    }
+
+
+def _field(out: Any, name: str) -> Any:
+    """Attribute ``name`` of a tool's result object, or its key ``name`` when it is a dict."""
+    return out.get(name) if isinstance(out, dict) else getattr(out, name, None)
+
+
+def _exit_code(out: Any) -> int | None:
+    """The integer ``exit_code`` of a sandbox's result (a ``RunResultLike`` or a dict), else None."""
+    code = _field(out, "exit_code")
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
 def _openai_call(i: int, call: ToolCall) -> dict[str, Any]:

@@ -141,6 +141,8 @@ class EvalResult:
     """``correct`` when reported, else the first metric by name (for the console line)."""
     error: str = ""
     """Why the whole eval failed (raised, or ran past the runner's ``timeout_s``); "" when it ran."""
+    samples: list[ScoredSample] = field(default_factory=list)
+    """The scored completion behind each row, in the rows' order (turns, tool calls, timings)."""
 
     @property
     def failed(self) -> bool:
@@ -464,4 +466,5 @@ def aggregate(
     }
     metrics.update({k: sums[k] / counts[k] for k in sorted(sums)})
     metrics.update({k: pass_sums[k] / pass_counts[k] for k in sorted(pass_sums)})
-    return EvalResult(spec.name, step, metrics, rows, main_metric(sums))
+    samples = [o for p_i in range(len(prompts)) for o in outs[p_i * per_sample : (p_i + 1) * per_sample]]
+    return EvalResult(spec.name, step, metrics, rows, main_metric(sums), samples=samples)

@@ -76,6 +76,10 @@ class Completion:
     request_id: str = ""
     server: str = ""
     latency_s: float = 0.0
+    """Seconds around the HTTP request, retries included (0.0 where not measured)."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds: ``e2e_s`` (= ``latency_s``, where measured) and, when the server sends its
+    per-request ``metrics`` (vLLM with ``--enable-per-request-metrics``), :func:`server_timings`."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,38 @@ class CompletionClient(ABC):
         """Answer one request."""
 
 
+_VLLM_TIMINGS = {
+    "queue_time_ms": "queue_s",
+    "time_to_first_token_ms": "prefill_s",
+    "generation_time_ms": "decode_s",
+}
+"""vLLM's per-request ``metrics`` fields (milliseconds) -> our names (seconds)."""
+
+
+def server_timings(metrics: Any) -> dict[str, float]:
+    """Per-request timings (seconds) from a vLLM response's ``metrics`` object; {} without one.
+
+    vLLM (0.32, ``--enable-per-request-metrics``) reports ``queue_time_ms`` (queued until
+    scheduled), ``time_to_first_token_ms`` (scheduled until the first token: the prefill) and
+    ``generation_time_ms`` (first to last token: the decode). They become ``queue_s``,
+    ``prefill_s`` and ``decode_s``; ``inference_s`` = prefill + decode and ``ttft_s`` = queue +
+    prefill (queued until the first token) where both parts are known. A missing or null field
+    is left out.
+    """
+    if not isinstance(metrics, dict):
+        return {}
+    out: dict[str, float] = {}
+    for key, name in _VLLM_TIMINGS.items():
+        value = metrics.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = float(value) / 1000.0
+    if "prefill_s" in out and "decode_s" in out:
+        out["inference_s"] = out["prefill_s"] + out["decode_s"]
+    if "queue_s" in out and "prefill_s" in out:
+        out["ttft_s"] = out["queue_s"] + out["prefill_s"]
+    return out
+
+
 def parse_completion(data: dict[str, Any], url: str = "", latency_s: float = 0.0) -> Completion:
     """A :class:`Completion` from a /v1/completions response body (``n=1``)."""
     try:
@@ -145,6 +181,7 @@ def parse_completion(data: dict[str, Any], url: str = "", latency_s: float = 0.0
         request_id=str(data.get("id", "")),
         server=url,
         latency_s=latency_s,
+        timings={**server_timings(data.get("metrics")), **({"e2e_s": latency_s} if latency_s > 0 else {})},
     )
 
 

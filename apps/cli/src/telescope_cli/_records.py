@@ -1,0 +1,375 @@
+"""The run's record (docs/records.md): the rows ``telescope train`` writes, and when.
+
+:class:`RunRecords` holds the run's :class:`telescope_records.RecordWriter` and the orchestrator's
+event log. The loop calls :meth:`RunRecords.write_step` once a step is trained (its samples, kept,
+discarded and cancelled, their turns, tool calls and rollout events, the trainer ranks' spans,
+and the orchestrator events since the last step), :meth:`RunRecords.write_eval` when an eval
+ends, and :meth:`RunRecords.close` at the end (events after the last step).
+
+The row builders below are pure: a scored sample (``telescope_rollout.engine.ScoredSample``) in,
+rows of one table out. Fields a sample lacks (an older engine, a fake) are left null.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Generator, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+__all__ = [
+    "RunRecords",
+    "eval_sample_row",
+    "rollout_event_rows",
+    "sample_row",
+    "tool_call_rows",
+    "turn_rows",
+]
+
+log = structlog.get_logger()
+
+Decode = Callable[[list[int]], str]
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    value = getattr(obj, name, default)
+    return default if value is None else value
+
+
+def _timing(s: Any, key: str) -> float | None:
+    timings = _get(s, "timings", {})
+    return timings.get(key) if isinstance(timings, dict) else None
+
+
+def _common(s: Any) -> dict[str, Any]:
+    """The columns samples and eval samples share."""
+    return {
+        "sample_id": _get(s, "sample_id"),
+        "prompt": _get(s, "prompt_text"),
+        "system_prompt": _get(s, "system_prompt"),
+        "prompt_tokens": len(_get(s, "prompt_ids", ())),
+        "completion": _get(s, "completion_text"),
+        "completion_tokens": len(_get(s, "completion_ids", ())),
+        "num_turns": _get(s, "num_turns"),
+        "stop_reason": _get(s, "finish_reason"),
+        "truncated": _get(s, "is_truncated"),
+        "metrics": _get(s, "metrics", {}),
+        "golden_answers": _get(s, "golden_answers", {}),
+        "tags": _get(s, "sample_tags", {}),
+        "info": _get(s, "info_turns", []),
+        "server": _get(s, "server"),
+        "error": getattr(s, "error", None),
+        "error_detail": _get(s, "error_detail") or None,
+        "queue_s": _timing(s, "queue_s"),
+        "generation_s": _timing(s, "generation_s"),
+        "reward_s": _timing(s, "reward_s"),
+        "dispatched_at": _get(s, "dispatched_at"),
+        "finished_at": _get(s, "finished_at"),
+    }
+
+
+def sample_row(
+    step: int, status: str, reason: str | None, s: Any, *, decode: Decode | None = None
+) -> dict[str, Any]:
+    """One row of ``samples``; ``decode`` (kept samples) fills ``trainer_input``."""
+    row = _common(s)
+    trainer_input = None
+    if decode is not None and status == "kept":
+        trainer_input = decode(list(_get(s, "prompt_ids", ())) + list(_get(s, "completion_ids", ())))
+    row.update(
+        step=step,
+        status=status,
+        reason=reason,
+        env=_get(s, "env_name"),
+        group_id=_get(s, "group_id"),
+        sample_index=_get(s, "sample_index"),
+        model_tokens=sum(_get(s, "completion_mask", ())),
+        reward=_get(s, "reward"),
+        advantage=_get(s, "advantage"),
+        version_start=_get(s, "version_start"),
+        version_end=_get(s, "version_end"),
+        off_policy_steps=_get(s, "off_policy_steps"),
+        lane=_get(s, "lane"),
+        trainer_input=trainer_input,
+    )
+    return row
+
+
+def eval_sample_row(
+    step: int, eval_name: str, sample_index: int, completion_idx: int, s: Any
+) -> dict[str, Any]:
+    """One row of ``eval_samples`` (metrics with the pass@k / pass^k of its prompt)."""
+    row = _common(s)
+    for drop in ("queue_s", "generation_s"):
+        row.pop(drop)
+    row.update(
+        step=step,
+        eval=eval_name,
+        env=_get(s, "env_name"),
+        sample_index=sample_index,
+        completion_idx=completion_idx,
+    )
+    return row
+
+
+def _turn_row(step: int, source: str, sample_id: int, t: Any) -> dict[str, Any]:
+    timings = _get(t, "timings", {})
+    return {
+        "step": step,
+        "source": source,
+        "sample_id": sample_id,
+        "turn_index": _get(t, "index"),
+        "role": _get(t, "role"),
+        "turn_type": _get(t, "turn_type"),
+        "text": _get(t, "text"),
+        "tokens": _get(t, "tokens"),
+        "prompt_tokens": _get(t, "prompt_tokens"),
+        "stop_reason": _get(t, "stop_reason"),
+        "server": _get(t, "server"),
+        "version_start": _get(t, "version_start"),
+        "version_end": _get(t, "version_end"),
+        "start": _get(t, "start"),
+        "end": _get(t, "end"),
+        "request_id": _get(t, "request_id"),
+        **{k: timings.get(k) for k in ("queue_s", "ttft_s", "prefill_s", "decode_s", "e2e_s")},
+    }
+
+
+def turn_rows(step: int, source: str, s: Any) -> list[dict[str, Any]]:
+    """Rows of ``turns``: every model turn and environment response of ``s``."""
+    return [_turn_row(step, source, _get(s, "sample_id"), t) for t in _get(s, "turns", [])]
+
+
+def tool_call_rows(step: int, source: str, s: Any) -> list[dict[str, Any]]:
+    """Rows of ``tool_calls``: every tool call of ``s``."""
+    rows = []
+    for i, c in enumerate(_get(s, "tool_calls", [])):
+        rows.append(
+            {
+                "step": step,
+                "source": source,
+                "sample_id": _get(s, "sample_id"),
+                "turn_index": c.get("generation_idx"),
+                "call_index": c.get("tool_call_idx", i),
+                "name": c.get("tool_name"),
+                "arguments": c.get("arguments"),
+                "raw_text": c.get("raw_text"),
+                "result": c.get("result"),
+                "success": c.get("success"),
+                "error": c.get("error"),
+                "exit_code": c.get("exit_code"),
+                "start": c.get("start"),
+                "duration_s": c.get("duration_s"),
+                "sandbox": c.get("sandbox"),
+                "truncated": c.get("truncated"),
+            }
+        )
+    return rows
+
+
+def _event(step: int, source: str, s: Any, event: str, start: Any, end: Any, **more: Any) -> dict[str, Any]:
+    return {
+        "step": step,
+        "source": source,
+        "sample_id": _get(s, "sample_id"),
+        "group_id": _get(s, "group_id", -1) if source == "train" else -1,
+        "event": event,
+        "start": start,
+        "end": end,
+        "lane": _get(s, "lane", -1),
+        "turn_index": more.pop("turn_index", -1),
+        **more,
+    }
+
+
+def rollout_event_rows(
+    step: int, source: str, s: Any, *, final: str, detail: str | None = None, at: float | None = None
+) -> list[dict[str, Any]]:
+    """Rows of ``rollout_events`` for one sample: dispatched, each turn, each tool call, the reward,
+    then ``final`` (kept, discarded, cancelled; ``detail`` = the reason) at its finish time (or ``at``)."""
+    rows: list[dict[str, Any]] = []
+    dispatched = _get(s, "dispatched_at")
+    if dispatched is not None:
+        rows.append(_event(step, source, s, "dispatched", dispatched, dispatched))
+    for t in _get(s, "turns", []):
+        model = _get(t, "role") == "model"
+        kind, server = ("generation", _get(t, "server")) if model else ("env_response", None)
+        rows.append(_event(step, source, s, kind, _get(t, "start"), _get(t, "end"), server=server,
+                           turn_index=_get(t, "index")))  # fmt: skip
+    for i, c in enumerate(_get(s, "tool_calls", [])):
+        start, duration = c.get("start"), c.get("duration_s")
+        end = start + duration if start is not None and duration is not None else None
+        rows.append(
+            _event(step, source, s, "tool_execution", start, end, turn_index=i, detail=c.get("tool_name"))
+        )
+    reward_start = _get(s, "reward_start")
+    if reward_start is not None:
+        rows.append(_event(step, source, s, "reward", reward_start, _get(s, "reward_end")))
+    end = _get(s, "finished_at", at)
+    rows.append(_event(step, source, s, final, end, end, detail=detail))
+    return rows
+
+
+class RunRecords:
+    """The run's record writer and the orchestrator's event log (see the module docstring)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self._writer: Any = None
+        self.events: list[dict[str, Any]] = []
+        self.last_step = 0
+        """The last step written (events without a step are filed under it)."""
+        self._closes = 0
+
+    def open(self, resume_from: int | None) -> None:
+        """Start this attempt's files; a resume from step N first drops the record's later steps.
+        Nothing touches the disk before (start-up events wait in memory)."""
+        from telescope_records import RecordWriter
+
+        if self._writer is None:
+            self._writer = RecordWriter(self.run_dir, resume_from=resume_from)
+            self.last_step = resume_from or 0
+
+    @property
+    def writer(self) -> Any:
+        """The :class:`telescope_records.RecordWriter` (opened as a fresh attempt if not yet)."""
+        self.open(None)
+        return self._writer
+
+    @property
+    def attempt(self) -> int:
+        return int(self.writer.attempt)
+
+    # ----------------------------------------------------------------------- events
+    def event(self, event: str, step: int | None, *, duration_s: float | None = None, at: float | None = None,
+              **detail: Any) -> None:  # fmt: skip
+        """Log one orchestrator event (written with the step's records); ``step`` None: the step
+        the events are next written under."""
+        self.events.append(
+            {"step": step, "time": time.time() if at is None else at, "event": event,
+             "duration_s": duration_s, "detail": detail or None}
+        )  # fmt: skip
+
+    @contextlib.contextmanager
+    def phase(self, event: str, step: int | None, **detail: Any) -> Generator[dict[str, Any]]:
+        """Log ``event`` with the block's duration; the yielded dict adds to its detail."""
+        t0, m0 = time.time(), time.monotonic()
+        extra: dict[str, Any] = {}
+        try:
+            yield extra
+        finally:
+            self.event(event, step, duration_s=time.monotonic() - m0, at=t0, **detail, **extra)
+
+    def engine_event(self, e: Any) -> None:
+        """The rollout engine's ``on_event`` callback: its events join the log."""
+        self.event(str(e.kind), int(e.step), at=float(e.time), **dict(e.detail or {}))
+
+    def flush_events(self, step: int | None = None, tag: str = "") -> None:
+        """Write the logged events into ``step``'s file (default: the last step written)."""
+        step = self.last_step if step is None else step
+        events, self.events = self.events, []
+        for e in events:
+            e["step"] = step if e["step"] is None else e["step"]
+        self.writer.write_step("orchestrator_events", step, events, tag=tag)
+
+    # ----------------------------------------------------------------------- writing
+    def write_step(
+        self, step: int, batch: Any, *, decode: Decode | None, spans: Sequence[dict[str, Any]]
+    ) -> None:
+        """Every record of one trained step (see the module docstring)."""
+        samples, turns, calls, events = [], [], [], []
+        now = time.time()
+        for status, reason, group in _groups(batch):
+            for s in group.samples:
+                row = sample_row(step, status, reason, s, decode=decode)
+                if row["sample_index"] is None:
+                    row["sample_index"] = getattr(group, "sample_index", None)
+                samples.append(row)
+                turns += turn_rows(step, "train", s)
+                calls += tool_call_rows(step, "train", s)
+                events += rollout_event_rows(step, "train", s, final=status, detail=reason, at=now)
+        w = self.writer
+        w.write_step("samples", step, samples)
+        w.write_step("turns", step, turns)
+        w.write_step("tool_calls", step, calls)
+        w.write_step("rollout_events", step, events)
+        w.write_step("trainer_spans", step, spans)
+        self.last_step = step
+        self.flush_events(step)
+
+    def write_eval(self, result: Any) -> None:
+        """The rows of one eval at one step (``eval_samples``, turns, tool calls, rollout events)."""
+        step, name = int(result.step), str(result.name)
+        source = f"eval:{name}"
+        rows, turns, calls, events = [], [], [], []
+        samples = list(_get(result, "samples", []))
+        for i, row in enumerate(result.rows):
+            s = samples[i] if i < len(samples) else None
+            r = eval_sample_row(
+                step, name, int(row.get("sample_index", -1)), int(row.get("completion_index", 0)), s
+            )
+            if s is None:  # a runner that gives rows only
+                r.update(_from_eval_row(row))
+            r["metrics"] = {**(r["metrics"] or {}), **_pass_metrics(row)}
+            rows.append(r)
+            if s is None:
+                continue
+            turns += turn_rows(step, source, s)
+            calls += tool_call_rows(step, source, s)
+            events += rollout_event_rows(step, source, s, final="evaluated")
+        w = self.writer
+        w.write_step("eval_samples", step, rows, tag=name)
+        w.write_step("turns", step, turns, tag=f"eval-{name}")
+        w.write_step("tool_calls", step, calls, tag=f"eval-{name}")
+        w.write_step("rollout_events", step, events, tag=f"eval-{name}")
+
+    def write_once(self, table: str, rows: Iterable[dict[str, Any]], tag: str = "") -> None:
+        """Rows of an attempt table (environments, setup, model)."""
+        try:
+            self.writer.write_attempt(table, list(rows), tag=tag)
+        except Exception as exc:  # a record must never stop a run
+            log.warning("could not record the run's setup", table=table, error=repr(exc))
+
+    def close(self) -> None:
+        """Write the events logged since the last step, and flush the time tables (idempotent)."""
+        self._closes += 1
+        self.flush_events(tag=f"end-a{self.attempt:03d}-{self._closes}")
+        self.writer.close()
+
+
+def _json_numbers(text: Any) -> dict[str, float]:
+    import json
+
+    try:
+        return {str(k): float(v) for k, v in json.loads(text or "{}").items()}
+    except (TypeError, ValueError, AttributeError):
+        return {}
+
+
+def _pass_metrics(row: dict[str, Any]) -> dict[str, float]:
+    return _json_numbers(row.get("pass_json"))
+
+
+def _from_eval_row(row: dict[str, Any]) -> dict[str, Any]:
+    """``eval_samples`` columns from an eval runner's row (``EvalResult.rows``) alone."""
+    return {
+        "prompt": row.get("prompt"),
+        "completion": row.get("completion"),
+        "completion_tokens": row.get("completion_tokens"),
+        "stop_reason": row.get("finish_reason"),
+        "num_turns": row.get("num_turns"),
+        "server": row.get("server"),
+        "error": row.get("error") or None,
+        "metrics": _json_numbers(row.get("metrics_json")),
+    }
+
+
+def _groups(batch: Any) -> Iterable[tuple[str, str | None, Any]]:
+    for g in batch.groups:
+        yield "kept", None, g
+    for status in ("discarded", "cancelled"):
+        for dropped in getattr(batch, status, []):
+            yield status, dropped.reason, dropped.group
