@@ -221,6 +221,7 @@ def test_the_run_record_holds_every_table(tmp_path, tiny_model_dir):
     run = train(
         tmp_path / "run", *base_args(tiny_model_dir), *SCALE_DOWN, "--environments", envs,
         "--evals", f'[{{"name": "{DIGITS_NAME}", "num_samples": 2, "pass_k": [2]}}]',
+        "--eval_after_training", "true",
     )  # fmt: skip
     lines = check_finished(run, 2)
     con = tr.connect(run.run_dir)
@@ -276,7 +277,7 @@ def _check_turns_and_tools(con):
     assert per_sample
     assert all(turns == n for _, n, turns in per_sample)
     tools = con.sql(
-        "select name, success, start, duration_s from tool_calls where source = 'train'"
+        "select name, success, started_at, duration_s from tool_calls where source = 'train'"
     ).fetchall()
     assert tools
     assert all(name == "echo" and ok and start > 0 and d >= 0 for name, ok, start, d in tools)
@@ -287,7 +288,7 @@ def _check_spans_nest(con):
         "select c.rank, c.step, c.name from trainer_spans c where c.parent <> '' and not exists ("
         " select 1 from trainer_spans p where p.attempt = c.attempt and p.rank = c.rank and p.step = c.step"
         " and p.name = c.parent"
-        " and p.start <= c.start + 1e-3 and c.end <= p.end + 1e-3)"
+        " and p.started_at <= c.started_at + 1e-3 and c.ended_at <= p.ended_at + 1e-3)"
     ).fetchall()
     assert orphans == []
     names = {n for (n,) in con.sql("select distinct name from trainer_spans").fetchall()}
@@ -303,7 +304,8 @@ def _check_rollout_events(con):
         "join rollout_events f using (attempt, step, source, sample_id) "
         "where g.event = 'generation' and d.event = 'dispatched' "
         "and f.event in ('kept', 'discarded', 'cancelled')"
-        " and (g.server is null or g.server = '' or g.start < d.start - 1e-3 or g.end > f.end + 1e-3)"
+        " and (g.server is null or g.server = '' or g.started_at < d.started_at - 1e-3"
+        " or g.ended_at > f.ended_at + 1e-3)"
     ).fetchall()
     assert outside == []
     assert con.sql("select count(*) from rollout_events where event = 'generation'").fetchone()[0] > 0

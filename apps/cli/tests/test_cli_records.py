@@ -78,10 +78,10 @@ def test_rollout_events_lie_within_the_samples_lifetime():
         "reward",
         "kept",
     ]
-    assert all(100.0 <= e["start"] <= e["end"] <= 103.25 for e in events)
+    assert all(100.0 <= e["started_at"] <= e["ended_at"] <= 103.25 for e in events)
     assert {e["server"] for e in events if e["event"] == "generation"} == {"http://a"}
     tool = events[4]
-    assert (tool["start"], tool["end"], tool["detail"]) == (101.1, 101.35, "add")
+    assert (tool["started_at"], tool["ended_at"], tool["detail"]) == (101.1, 101.35, "add")
 
 
 def _batch(step):
@@ -147,3 +147,24 @@ def test_an_eval_result_with_samples_writes_eval_rows_and_their_turns(tmp_path):
     assert dict(got[0]["metrics"]) == {"correct": 1.0, "pass@2/correct": 1.0}
     turns = _read(run, "turns", "step_000002-eval-quiz.parquet")
     assert {t["source"] for t in turns} == {"eval:quiz"}
+
+
+def test_what_an_environment_returns_that_cannot_be_stored_is_recorded_marked(tmp_path):
+    from telescope_records import REPR_MARK, TRUNCATION_MARK
+
+    class Opaque:
+        def __repr__(self) -> str:
+            return "<Opaque>"
+
+    huge = "y" * 1_000_000
+    calls = [{"generation_idx": 0, "tool_call_idx": 0, "tool_name": "cat", "result": huge, "success": True}]
+    sample = _sample(info_turns=[{"info_key": "obj", "info_value": Opaque()}], tool_calls=calls,
+                     metrics={"correct": "not a number"})  # fmt: skip
+    run = RunDir(tmp_path / "r")
+    batch = SimpleNamespace(groups=[SimpleNamespace(samples=[sample])], discarded=[], cancelled=[])
+    run.records.write_step(1, batch, decode=None, spans=[])
+    (row,) = _read(run, "samples", "step_000001.parquet")
+    assert f'"{REPR_MARK}<Opaque>"' in row["info"]
+    assert dict(row["metrics"]) == {"correct": None}
+    (call,) = _read(run, "tool_calls", "step_000001.parquet")
+    assert call["result"] == "y" * 65_536 + f"{TRUNCATION_MARK}{1_000_000 - 65_536} chars]"

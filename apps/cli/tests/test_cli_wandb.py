@@ -48,6 +48,10 @@ def test_offline_run_records_metrics_in_the_run_directory(monkeypatch, tmp_path)
         [upload] = [e for e in logs if e["event"] == "wandb code upload"]
         assert upload["files"] == 3  # train.py, pkg/env.py, conf/run.yaml: not big.bin, .git, data, the run
         assert wb.settings.mode == "offline"
+        assert any(t.startswith("version:") for t in wb.tags)
+        assert "records_format:1" in wb.tags
+        assert wb.summary["setup"]["role"] == "driver"
+        assert "use_wandb" in wb.config["_user_keys"]
         wb.log({"reward/mean": 0.25, "loss": 0.5}, step=1)
     finally:
         _finish_wandb(wb, resolved.config, run)

@@ -43,7 +43,7 @@ def test_server_command_carries_the_config_options():
         "--model /m", "--port 9001", "--max-model-len 512", "--tensor-parallel-size 2",
         "--gpu-memory-utilization 0.5", "--max-num-seqs 4", "--max-num-batched-tokens 1024",
         "--scheduling-policy fcfs", "--worker-extension-cls pkg.Ext", "--no-enable-prefix-caching",
-        "--dtype auto", "--logprobs-mode processed_logprobs",
+        "--dtype auto", "--logprobs-mode processed_logprobs", "--enable-per-request-metrics",
     ]:  # fmt: skip
         assert part in line
     assert "--enforce-eager" not in cmd

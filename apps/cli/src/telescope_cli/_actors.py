@@ -64,8 +64,16 @@ def _span(
     step: int, name: str, parent: str, depth: int, start: float, end: float, **labels: Any
 ) -> dict[str, Any]:
     """A ``trainer_spans`` row the actor measures itself (weight sync)."""
-    return {"step": step, "name": name, "parent": parent, "depth": depth, "start": start, "end": end,
+    return {"step": step, "name": name, "parent": parent, "depth": depth, "started_at": start,
+            "ended_at": end,
             "microbatch": -1, "minibatch": -1, "server": labels.get("server", "")}  # fmt: skip
+
+
+def _span_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``telescope_algos.Span`` row in the record's column names (``started_at``/``ended_at``)."""
+    out = dict(row)
+    out["started_at"], out["ended_at"] = out.pop("start", None), out.pop("end", None)
+    return out
 
 
 def _free_port() -> int:
@@ -252,7 +260,7 @@ class TrainerActor:
     def drain_spans(self) -> list[dict[str, Any]]:
         """This rank's spans since the last call (rows of the ``trainer_spans`` record table)."""
         timeline = getattr(self.trainer, "timeline", None)
-        rows = [span.to_row() for span in timeline.drain()] if timeline is not None else []
+        rows = [_span_row(span.to_row()) for span in timeline.drain()] if timeline is not None else []
         rows += self._spans
         self._spans = []
         node = socket.gethostname()

@@ -247,7 +247,10 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
         _write_step(ctx, step, batch, metrics, spans=[])
         raise
     metrics.update(_derived(batch, metrics))
-    _write_step(ctx, step, batch, metrics, spans=await _spans(ctx))
+    t3 = time.monotonic()
+    spans = await _spans(ctx)
+    metrics["timing/records_s"] = time.monotonic() - t3  # _write_step adds the writing
+    _write_step(ctx, step, batch, metrics, spans=spans)
     if _should_checkpoint(ctx.config, step):
         with records.phase("checkpoint", step):
             await save_checkpoint(ctx, step)
@@ -283,11 +286,13 @@ async def _spans(ctx: LoopContext) -> list[dict[str, Any]]:
 def _write_step(
     ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any], *, spans: list[dict[str, Any]]
 ) -> None:
+    t0 = time.monotonic()
     try:
         decode = getattr(getattr(ctx.engine, "tokenizer", None), "decode", None)
         ctx.run.records.write_step(step, batch, decode=decode, spans=spans)
     except Exception as exc:  # the record of a step must never cost the step
         log.warning("step records not written", step=step, error=repr(exc))
+    metrics["timing/records_s"] = metrics.get("timing/records_s", 0.0) + time.monotonic() - t0
     ctx.run.append_metrics(metrics)
     if ctx.wandb is not None:
         ctx.wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=step)

@@ -131,8 +131,8 @@ def _turn_row(step: int, source: str, sample_id: int, t: Any) -> dict[str, Any]:
         "server": _get(t, "server"),
         "version_start": _get(t, "version_start"),
         "version_end": _get(t, "version_end"),
-        "start": _get(t, "start"),
-        "end": _get(t, "end"),
+        "started_at": _get(t, "start"),
+        "ended_at": _get(t, "end"),
         "request_id": _get(t, "request_id"),
         **{k: timings.get(k) for k in ("queue_s", "ttft_s", "prefill_s", "decode_s", "e2e_s")},
     }
@@ -161,7 +161,7 @@ def tool_call_rows(step: int, source: str, s: Any) -> list[dict[str, Any]]:
                 "success": c.get("success"),
                 "error": c.get("error"),
                 "exit_code": c.get("exit_code"),
-                "start": c.get("start"),
+                "started_at": c.get("start"),
                 "duration_s": c.get("duration_s"),
                 "sandbox": c.get("sandbox"),
                 "truncated": c.get("truncated"),
@@ -177,8 +177,8 @@ def _event(step: int, source: str, s: Any, event: str, start: Any, end: Any, **m
         "sample_id": _get(s, "sample_id"),
         "group_id": _get(s, "group_id", -1) if source == "train" else -1,
         "event": event,
-        "start": start,
-        "end": end,
+        "started_at": start,
+        "ended_at": end,
         "lane": _get(s, "lane", -1),
         "turn_index": more.pop("turn_index", -1),
         **more,
@@ -264,8 +264,9 @@ class RunRecords:
             self.event(event, step, duration_s=time.monotonic() - m0, at=t0, **detail, **extra)
 
     def engine_event(self, e: Any) -> None:
-        """The rollout engine's ``on_event`` callback: its events join the log."""
-        self.event(str(e.kind), int(e.step), at=float(e.time), **dict(e.detail or {}))
+        """The rollout engine's ``on_event`` callback: its events join the log. The engine counts
+        batches from 0, training steps count from 1: its batch ``s`` is step ``s + 1``."""
+        self.event(str(e.kind), int(e.step) + 1, at=float(e.time), **dict(e.detail or {}))
 
     def flush_events(self, step: int | None = None, tag: str = "") -> None:
         """Write the logged events into ``step``'s file (default: the last step written)."""

@@ -415,16 +415,22 @@ def _start_wandb(cfg: TelescopeConfig, resolved: ResolvedConfig, run: RunDir) ->
         raise TrainError(
             "use_wandb is true but wandb is not installed: pip install 'telescope-cli[wandb]'"
         ) from exc
+    from telescope_cli._setup_info import process_setup
+
     mode = _wandb_mode()
     log.info("wandb", mode=mode, dir=str(run.path / "wandb"))
+    setup = process_setup("driver")
+    tags = os.environ["WANDB_TAGS"].split(",") if os.environ.get("WANDB_TAGS") else list(cfg.wandb_tags)
+    tags += _version_tags(setup)
     wb = wandb.init(
         project=os.environ.get("WANDB_PROJECT", cfg.wandb_project),
         name=os.environ.get("WANDB_RUN_NAME", cfg.wandb_run_name),
-        tags=os.environ["WANDB_TAGS"].split(",") if os.environ.get("WANDB_TAGS") else list(cfg.wandb_tags),
-        config=resolved.to_dict(),
+        tags=tags,
+        config={**resolved.to_dict(), "_user_keys": sorted(resolved.user_keys)},
         dir=str(run.path),
         mode=mode,
     )
+    wb.summary["setup"] = setup  # the driver's hardware and software; every process: records/setup
     # periodic evals end steps after the weights they measured: chart them against eval/step
     wb.define_metric("eval/step")
     wb.define_metric("eval/*", step_metric="eval/step")
@@ -436,6 +442,17 @@ def _start_wandb(cfg: TelescopeConfig, resolved: ResolvedConfig, run: RunDir) ->
         except Exception as exc:  # the metrics matter more than the code snapshot
             log.warning("wandb code upload failed", error=f"{type(exc).__name__}: {exc}")
     return wb
+
+
+def _version_tags(setup: dict[str, Any]) -> list[str]:
+    """``version:<telescope-cli version>``, ``commit:<sha>`` (when known) and the record format."""
+    from telescope_records import FORMAT_VERSION
+
+    versions = setup.get("versions") or {}
+    tags = [f"version:{versions.get('telescope-cli', '')}", f"records_format:{FORMAT_VERSION}"]
+    if setup.get("git_commit"):
+        tags.append(f"commit:{str(setup['git_commit'])[:12]}")
+    return [t[:64] for t in tags]  # W&B's tag length limit
 
 
 def _finish_wandb(wb: Any, cfg: TelescopeConfig, run: RunDir) -> None:

@@ -204,6 +204,8 @@ def server_command(
         # logprobs of the distribution tokens are sampled from (after temperature, top-k, top-p),
         # the one the trainer computes with its logits divided by the temperature
         "--logprobs-mode", LOGPROBS_MODE,
+        # each answer carries the request's queue, prefill and decode times (the record's turns)
+        "--enable-per-request-metrics",
     ]  # fmt: skip
     if not cpu:
         cmd += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]

