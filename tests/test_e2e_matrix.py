@@ -270,9 +270,9 @@ def _check_samples(con, lines, *, group_size):
 
 def _check_turns_and_tools(con):
     per_sample = con.sql(
-        "select s.env, s.num_turns, count(*) filter (where t.role = 'model') from samples s "
+        "select s.sample_id, s.num_turns, count(*) filter (where t.role = 'model') from samples s "
         "join turns t using (attempt, step, sample_id) "
-        "where t.source = 'train' and s.error is null group by all"
+        "where t.source = 'train' and s.error is null group by s.attempt, s.step, s.sample_id, s.num_turns"
     ).fetchall()
     assert per_sample
     assert all(turns == n for _, n, turns in per_sample)

@@ -272,7 +272,8 @@ class InfraSampler:
             self._http = None
 
     def _run(self, stop: threading.Event) -> None:
-        next_at = time.monotonic() + self._interval_s
+        """A sample at once (a short run has one too), then one every ``interval_s``."""
+        next_at = time.monotonic()
         while not stop.wait(max(0.0, next_at - time.monotonic())):
             next_at = max(next_at + self._interval_s, time.monotonic())
             rows = self.tick()
