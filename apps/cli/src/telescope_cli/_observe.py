@@ -20,9 +20,6 @@ __all__ = ["environment_rows", "record_setup", "start_infra"]
 
 log = structlog.get_logger()
 
-INFRA_INTERVAL_S = 5.0
-"""Seconds between infrastructure samples."""
-
 
 def _environment_row(role: str, name: str, env: Any) -> dict[str, Any]:
     try:
@@ -82,9 +79,10 @@ def record_setup(run: RunDir, cfg: Any, *, servers: Sequence[Any], trainers: Seq
     return pids
 
 
-def start_infra(run: RunDir, *, pids: dict[str, int], urls: Sequence[str]) -> Any:
+def start_infra(run: RunDir, *, pids: dict[str, int], urls: Sequence[str], interval_s: float) -> Any:
     """Start the driver's infrastructure sampler (its node's system and GPUs, every process of
-    the run on it, every server's vLLM metrics); returns it (``stop()`` at the end) or None."""
+    the run on it, every server's vLLM metrics) every ``interval_s`` (the config's
+    ``system_metrics_collection_interval_seconds``); returns it (``stop()`` at the end) or None."""
     from telescope_cli._infra import InfraSampler, node_name
 
     records = run.records
@@ -92,7 +90,7 @@ def start_infra(run: RunDir, *, pids: dict[str, int], urls: Sequence[str]) -> An
         sampler = InfraSampler(
             lambda rows: records.writer.append("infra", rows),
             node=node_name(),
-            interval_s=INFRA_INTERVAL_S,
+            interval_s=interval_s,
             pids=lambda: dict(pids),
             vllm_urls=list(urls),
             attempt=records.attempt,

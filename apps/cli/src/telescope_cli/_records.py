@@ -227,13 +227,14 @@ class RunRecords:
         """tools/bench_records.py's baseline: no per-step or eval records (never set it otherwise)."""
         self._closes = 0
 
-    def open(self, resume_from: int | None) -> None:
+    def open(self, resume_from: int | None, *, flush_every_s: float = 5.0) -> None:
         """Start this attempt's files; a resume from step N first drops the record's later steps.
-        Nothing touches the disk before (start-up events wait in memory)."""
+        Nothing touches the disk before (start-up events wait in memory). ``flush_every_s``: how
+        often the time tables are flushed (the config's ``event_upload_interval_seconds``)."""
         from telescope_records import RecordWriter
 
         if self._writer is None:
-            self._writer = RecordWriter(self.run_dir, resume_from=resume_from)
+            self._writer = RecordWriter(self.run_dir, resume_from=resume_from, flush_every_s=flush_every_s)
             self.last_step = resume_from or 0
 
     @property

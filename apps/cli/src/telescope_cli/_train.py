@@ -129,7 +129,10 @@ def _start(state: _Run) -> Any:
     resolved, run, console = state.resolved, state.run, state.console
     cfg = resolved.config
     inputs = _prepare_inputs(cfg, run, console, state.sandboxes)
-    run.records.open(resume_from=int(inputs.resume[1]["step"]) if inputs.resume is not None else None)
+    run.records.open(
+        resume_from=int(inputs.resume[1]["step"]) if inputs.resume is not None else None,
+        flush_every_s=float(cfg.event_upload_interval_seconds),
+    )
     env_for_actors = {
         "TELESCOPE_RUN_DIR": str(run.path) if cfg.ray_propagate_run_dir else "",
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", ""),
@@ -153,7 +156,9 @@ def _start(state: _Run) -> Any:
 
     pids = record_setup(run, cfg, servers=[s["actor"] for s in servers], trainers=trainers,
                         built=inputs.built, evals=evals)  # fmt: skip
-    state.infra = start_infra(run, pids=pids, urls=urls)
+    state.infra = start_infra(
+        run, pids=pids, urls=urls, interval_s=float(cfg.system_metrics_collection_interval_seconds)
+    )
     _connect_weights(resolved, trainers, urls, console)
     start_step = 0
     if inputs.resume is not None:

@@ -688,7 +688,8 @@ class TelescopeConfig(BaseModel):
     )
     system_metrics_collection_interval_seconds: float = Field(
         gt=0,
-        description=_NO_EFFECT + "Seconds between samples of GPU and CPU metrics on the driver node, > 0.",
+        description="Seconds between infrastructure samples (CPU, memory, GPUs, the run's processes, each "
+        "vLLM server's /metrics) on the driver node, written to the run record's infra table, > 0.",
     )
     torch_memory_sample_interval_seconds: float = Field(
         gt=0, description=_NO_EFFECT + "Seconds between samples of the trainer's torch allocator memory, > 0."
@@ -700,7 +701,9 @@ class TelescopeConfig(BaseModel):
         ge=1, description=_NO_EFFECT + "Seconds of timeline events per archived block, >= 1."
     )
     event_upload_interval_seconds: int = Field(
-        ge=1, description=_NO_EFFECT + "Seconds between event uploads, >= 1."
+        ge=1,
+        description="Seconds between flushes of the run record's time tables (infra) to disk, >= 1; the "
+        "tables of a step are written once per step.",
     )
     metrics_logger_interval_seconds: float = Field(
         gt=0, description=_NO_EFFECT + "Seconds between polls of the cluster-wide Ray node metrics, > 0."
@@ -714,8 +717,8 @@ class TelescopeConfig(BaseModel):
         ge=1, description=_NO_EFFECT + "Training steps per archived block of samples, >= 1."
     )
     track_gpu_events: bool = Field(
-        description=_NO_EFFECT
-        + "Record trainer timeline events (forward, backward, optimizer step, weight sync)."
+        description="Record every trainer rank's spans (forward, backward, optimizer step, weight sync, "
+        "checkpoints) in the run record's trainer_spans table; on GPU timed with CUDA events."
     )
 
     # Evals and tracing
