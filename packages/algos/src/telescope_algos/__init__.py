@@ -4,8 +4,9 @@ Advantages (``compute_advantages`` and one function per estimator), the policy l
 algorithm with its modifiers (``compute_loss(LossInputs, LossOptions)`` and one function per policy
 term and modifier), chunked token log-probabilities and entropy, sequence packing into
 micro-batches, the context-parallel split and attention both trainers share, the backend-neutral
-pieces of a train step, and output filters. Depends on torch and numpy only; imports no other
-telescope package. The formulas, in words and with their papers: docs/algorithms.md.
+pieces of a train step and its timeline of spans (``Timeline``), and output filters. Depends on
+torch and numpy only; imports no other telescope package. The formulas, in words and with their
+papers: docs/algorithms.md.
 
 Every per-token tensor is ``[rows, seq]`` and aligned with ``input_ids``: the value at position t
 describes token t, predicted from positions < t (see ``token_logprobs_and_entropy``).
@@ -71,6 +72,7 @@ from telescope_algos._step import (
     set_rng_state,
     step_counts,
 )
+from telescope_algos._timeline import Span, Timeline, nesting_problems
 from telescope_algos._tokens import (
     align_to_inputs,
     label_logprobs_and_entropy,
@@ -167,5 +169,7 @@ __all__ += [
     "set_rng_state",
     "step_counts",
 ]
+# the step timeline
+__all__ += ["Span", "Timeline", "nesting_problems"]
 # protocol
 __all__ += ["TrainerBackend"]

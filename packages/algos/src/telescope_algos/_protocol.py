@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from telescope_algos._packing import MicroBatch
+from telescope_algos._timeline import Timeline
 
 
 @runtime_checkable
@@ -38,6 +39,9 @@ class TrainerBackend(Protocol):
     row_multiple: int
     """Packed rows must be a multiple of this length (``row_multiple`` of the parallel layout); the
     caller pads to ``pad_multiple(config.pad_to_multiple_of, row_multiple)``."""
+    timeline: Timeline
+    """Spans of every step on this rank (``train_step`` and its phases, checkpoints, weight export;
+    docs/algorithms.md#step-timeline); the caller drains it (``timeline.drain()``)."""
 
     @property
     def is_broadcast_rank(self) -> bool:

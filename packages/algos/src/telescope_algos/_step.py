@@ -8,7 +8,8 @@
   optimizer updates, and :func:`step_counts`, each group's loss tokens and samples over the ranks
   (the ``num_tokens`` / ``num_samples`` of :class:`LossInputs`);
 - :func:`micro_batch_loss`: ``compute_loss`` of one packed micro-batch of such a group;
-- :class:`StepLog`: the grad norms, skipped updates and timings of a step, as its metrics;
+- :class:`StepLog`: the grad norms, skipped updates and timings of a step, as its metrics (and its
+  timed blocks as spans of a :class:`~telescope_algos.Timeline`);
 - :func:`row_multiple`: the length every packed row must be a multiple of for a parallel layout,
   and :func:`pad_multiple`, what the loop pads rows to;
 - :func:`seed_everything`, and :func:`rng_state` / :func:`set_rng_state`: Python, NumPy, torch
@@ -36,6 +37,7 @@ import torch.distributed as dist
 from telescope_algos._objective import LossInputs, LossOptions, compute_loss
 from telescope_algos._packing import MicroBatch
 from telescope_algos._schedule import lr_multiplier
+from telescope_algos._timeline import Label, Timeline
 
 _RATIO_ALGORITHMS = ("cispo", "gspo", "sapo")
 
@@ -219,19 +221,26 @@ def micro_batch_loss(
 @dataclass
 class StepLog:
     """What a train step records besides the loss metrics: one grad norm per optimizer update, the
-    updates skipped for a non-finite norm, and timings (seconds, summed per name)."""
+    updates skipped for a non-finite norm, and timings (seconds, summed per name). With a
+    ``timeline``, each :meth:`timed` block is also a span of it."""
 
     norms: list[float] = field(default_factory=list[float])
     skipped: int = 0
     timings: dict[str, float] = field(default_factory=dict[str, float])
     started: float = field(default_factory=time.perf_counter)
+    timeline: Timeline | None = None
 
     @contextlib.contextmanager
-    def timed(self, name: str) -> Generator[None]:
-        """Add the time spent in the block to ``timing/<name>``."""
+    def timed(self, name: str, *, span: bool = True, **labels: Label) -> Generator[None]:
+        """Add the time spent in the block to ``timing/<name>``; with a timeline (and ``span``), also
+        record the block as the span ``name`` with ``labels``."""
         t0 = time.perf_counter()
         try:
-            yield
+            if span and self.timeline is not None:
+                with self.timeline.span(name, **labels):
+                    yield
+            else:
+                yield
         finally:
             key = f"timing/{name}"
             self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - t0

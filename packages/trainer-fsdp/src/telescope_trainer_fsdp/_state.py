@@ -3,7 +3,9 @@
 Model and optimizer are saved sharded (each rank writes its shards, no gather), so a checkpoint can
 be loaded at another world size. The LR scheduler and counters go to ``trainer_state.pt`` (rank 0)
 and each rank's RNG to ``rng_state_rank_<r>.pt``; all of it, the scheduler's position included, is
-restored on load.
+restored on load. With a ``timeline`` each phase is a span: on save ``get_state_dict``,
+``dcp_save``, ``rng_state``, ``trainer_state``, ``hf_meta`` (rank 0) and ``barrier``; on load
+``get_state_dict``, ``dcp_load``, ``set_state_dict``, ``trainer_state`` and ``barrier``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from telescope_algos import rng_state, set_rng_state
+from telescope_algos import Timeline, rng_state, set_rng_state
 from telescope_trainer_fsdp import _checkpoint as ck
 
 __all__ = ["load_state", "save_state"]
@@ -38,25 +40,33 @@ def save_state(
     trainer_state: Mapping[str, Any],
     training_state: bool,
     write_hf_meta: Callable[[Path], None],
+    timeline: Timeline | None = None,
 ) -> None:
     """Write the trainer's state into exactly ``directory`` (layout: ``_checkpoint``). Every rank calls it."""
     directory = Path(directory)
     rank = dist.get_rank()
+    tl = timeline if timeline is not None else Timeline(enabled=False)
     if not directory.is_dir():  # every rank sees the same (shared) folder: all raise, none waits
         raise FileNotFoundError(f"checkpoint folder {directory} does not exist (the caller makes it, empty)")
+    with tl.span("get_state_dict"):
+        if training_state:
+            model_sd, optim_sd = get_state_dict(model, [optimizer])
+            state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
+        else:
+            state = {"model": get_model_state_dict(model)}
+    with tl.span("dcp_save"):
+        dcp_save(state, checkpoint_id=str(directory))
     if training_state:
-        model_sd, optim_sd = get_state_dict(model, [optimizer])
-        state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
-    else:
-        state = {"model": get_model_state_dict(model)}
-    dcp_save(state, checkpoint_id=str(directory))
-    if training_state:
-        torch.save(rng_state(), directory / ck.rng_file(rank))
+        with tl.span("rng_state"):
+            torch.save(rng_state(), directory / ck.rng_file(rank))
     if rank == 0:
         if training_state:
-            torch.save(dict(trainer_state), directory / ck.TRAINER_STATE_FILE)
-        write_hf_meta(directory / ck.HF_META_DIR)
-    dist.barrier()
+            with tl.span("trainer_state"):
+                torch.save(dict(trainer_state), directory / ck.TRAINER_STATE_FILE)
+        with tl.span("hf_meta"):
+            write_hf_meta(directory / ck.HF_META_DIR)
+    with tl.span("barrier"):
+        dist.barrier()
 
 
 def load_state(
@@ -65,6 +75,7 @@ def load_state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     weights_only: bool = False,
+    timeline: Timeline | None = None,
 ) -> dict[str, Any] | None:
     """Restore ``directory`` into ``model`` (and ``optimizer``, RNG unless weights-only). Every rank calls it.
 
@@ -77,22 +88,30 @@ def load_state(
             f"{checkpoint} holds weights only (saved with training_state=False): load it with "
             "weights_only=True, or resume from a checkpoint saved with its training state"
         )
-    if has_training and not weights_only:
-        model_sd, optim_sd = get_state_dict(model, [optimizer])
-        state = {"model": model_sd, "optimizer": optim_sd}
+    tl = timeline if timeline is not None else Timeline(enabled=False)
+    full = has_training and not weights_only
+    with tl.span("get_state_dict"):
+        if full:
+            model_sd, optim_sd = get_state_dict(model, [optimizer])
+            state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
+        else:
+            state = {"model": get_model_state_dict(model)}
+    with tl.span("dcp_load"):
         dcp_load(state, checkpoint_id=str(checkpoint))
-        set_state_dict(
-            model, [optimizer], model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-        )
-    else:
-        state = {"model": get_model_state_dict(model)}
-        dcp_load(state, checkpoint_id=str(checkpoint))
-        set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
+    with tl.span("set_state_dict"):
+        if full:
+            set_state_dict(
+                model, [optimizer], model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            )
+        else:
+            set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
     trainer_state = None
-    if has_training and not weights_only:
-        trainer_state = torch.load(checkpoint / ck.TRAINER_STATE_FILE, weights_only=False)
-        rng_path = checkpoint / ck.rng_file(dist.get_rank())
-        if rng_path.is_file():  # absent when loading at a larger world size than saved
-            set_rng_state(torch.load(rng_path, weights_only=False))
-    dist.barrier()
+    if full:
+        with tl.span("trainer_state"):
+            trainer_state = torch.load(checkpoint / ck.TRAINER_STATE_FILE, weights_only=False)
+            rng_path = checkpoint / ck.rng_file(dist.get_rank())
+            if rng_path.is_file():  # absent when loading at a larger world size than saved
+                set_rng_state(torch.load(rng_path, weights_only=False))
+    with tl.span("barrier"):
+        dist.barrier()
     return trainer_state

@@ -15,6 +15,14 @@ helpers, the ones the Megatron backend uses too):
 
 With ``fsdp_context_parallel_size`` > 1 each row is split over the context-parallel ranks of its
 replica (``_context_parallel``); the counts and sums above then count each replica once.
+
+Spans (``FSDPTrainer.timeline``, a ``telescope_algos.Timeline``; the caller drains it): every step
+is ``train_step`` with ``prepare`` (padding, the counts), ``old_logprobs`` (a ``forward`` per
+micro-batch), per group ``minibatch`` (label ``minibatch``) with per micro-batch ``microbatch``
+(label ``microbatch``: its index in the step) holding ``forward``, ``loss`` and ``backward``, then
+``optimizer`` with ``grad_norm`` and ``update``; and ``metrics`` (the reduction over ranks).
+Checkpoints are ``checkpoint/save`` and ``checkpoint/load`` with their phases (``_state``), and a
+weight export is ``hf_weights``, from the first tensor asked for to the last.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from telescope_algos import (
     MicroBatch,
     StepCounts,
     StepLog,
+    Timeline,
     check_micro_batches,
     loss_options,
     micro_batch_loss,
@@ -109,6 +118,8 @@ class FSDPTrainer:
         self.row_multiple = row_multiple(context_parallel=self.cp_size)
         self.skipped_steps_total = 0
         self.steps_done = 0
+        self.timeline = Timeline(self.device)
+        """Spans of every step, checkpoint and weight export on this rank; the caller drains it."""
         self._closed = False
 
     # -- protocol --------------------------------------------------------------------------------
@@ -119,29 +130,39 @@ class FSDPTrainer:
 
     def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
         """One optimizer step (per minibatch group) on this rank's micro-batches; see the module docstring."""
-        log = StepLog()
-        check_micro_batches(micro_batches)
-        mbs = [pad_micro_batch(mb, self.row_multiple).to(self.device) for mb in micro_batches]
-        groups = minibatch_groups(len(mbs), self.config.number_of_minibatches)
-        counts = step_counts(mbs, groups, device=self.device, copies=self.cp_size)
+        self.timeline.set_step(step)
+        with self.timeline.span("train_step"):
+            return self._train_step(micro_batches, step)
+
+    def _train_step(self, micro_batches: Sequence[MicroBatch], step: int) -> dict[str, float]:
+        tl = self.timeline
+        log = StepLog(timeline=tl)
+        with tl.span("prepare"):
+            check_micro_batches(micro_batches)
+            mbs = [pad_micro_batch(mb, self.row_multiple).to(self.device) for mb in micro_batches]
+            groups = minibatch_groups(len(mbs), self.config.number_of_minibatches)
+            counts = step_counts(mbs, groups, device=self.device, copies=self.cp_size)
         metrics = StepMetrics()
         self.model.train()
         old = self._old_logprobs(mbs, log)
         lr = float(self.optimizer.param_groups[0]["lr"])
         for g, indices in enumerate(groups):
-            self.optimizer.zero_grad(set_to_none=True)
-            with log.timed("forward_backward"):
-                for j, i in enumerate(indices):
-                    last = j == len(indices) - 1
-                    self._forward_backward(mbs[i], old[i], counts, g, metrics, sync=last)
-            with log.timed("optimizer"):
-                self._optimizer_step(log, step)
+            with tl.span("minibatch", minibatch=g):
+                self.optimizer.zero_grad(set_to_none=True)
+                with log.timed("forward_backward", span=False):
+                    for j, i in enumerate(indices):
+                        last = j == len(indices) - 1
+                        with tl.span("microbatch", microbatch=i):
+                            self._forward_backward(mbs[i], old[i], counts, g, metrics, sync=last)
+                with log.timed("optimizer"):
+                    self._optimizer_step(log, step)
         self._step_scheduler()
         self.skipped_steps_total += log.skipped
         self.steps_done += 1
-        for name, seconds in log.timing_metrics().items():
-            metrics.set_rank_mean(name, seconds)
-        out = metrics.reduce(device=self.device, copies=self.cp_size)
+        with tl.span("metrics"):
+            for name, seconds in log.timing_metrics().items():
+                metrics.set_rank_mean(name, seconds)
+            out = metrics.reduce(device=self.device, copies=self.cp_size)
         group_losses = [out.pop(f"_group_loss/{g}") for g in range(len(groups))]
         out["loss"] = sum(group_losses) / len(group_losses)
         out["num_tokens"] = float(sum(counts.tokens))
@@ -150,23 +171,26 @@ class FSDPTrainer:
         return out
 
     def hf_weights(self, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """The model in Hugging Face names, one gathered parameter at a time (every rank must exhaust it)."""
-        return _export.iter_hf_weights(self.model, dtype=dtype)
+        """The model in Hugging Face names, one gathered parameter at a time (every rank must exhaust it);
+        the whole export is the span ``hf_weights``."""
+        return self.timeline.span_iter("hf_weights", _export.iter_hf_weights(self.model, dtype=dtype))
 
     def save_checkpoint(self, directory: str | Path, *, training_state: bool = True) -> dict[str, Any]:
         """Write this rank's part into exactly ``directory`` (layout: ``_checkpoint``); see the protocol."""
-        _state.save_state(
-            directory,
-            model=self.model,
-            optimizer=self.optimizer,
-            trainer_state={
-                "scheduler": self.scheduler.state_dict(),
-                "skipped_steps_total": self.skipped_steps_total,
-                "steps_done": self.steps_done,
-            },
-            training_state=training_state,
-            write_hf_meta=self._write_hf_meta,
-        )
+        with self.timeline.span("checkpoint/save"):
+            _state.save_state(
+                directory,
+                model=self.model,
+                optimizer=self.optimizer,
+                trainer_state={
+                    "scheduler": self.scheduler.state_dict(),
+                    "skipped_steps_total": self.skipped_steps_total,
+                    "steps_done": self.steps_done,
+                },
+                training_state=training_state,
+                write_hf_meta=self._write_hf_meta,
+                timeline=self.timeline,
+            )
         return {
             "backend": "fsdp",
             "world_size": self.world_size,
@@ -180,9 +204,14 @@ class FSDPTrainer:
         ``weights_only`` restores the model alone; optimizer, scheduler, RNG and counters keep their
         current values.
         """
-        trainer_state = _state.load_state(
-            directory, model=self.model, optimizer=self.optimizer, weights_only=weights_only
-        )
+        with self.timeline.span("checkpoint/load"):
+            trainer_state = _state.load_state(
+                directory,
+                model=self.model,
+                optimizer=self.optimizer,
+                weights_only=weights_only,
+                timeline=self.timeline,
+            )
         if trainer_state is not None:
             self.scheduler.load_state_dict(trainer_state["scheduler"])
             self.skipped_steps_total = int(trainer_state["skipped_steps_total"])
@@ -206,10 +235,13 @@ class FSDPTrainer:
         """π_old of every micro-batch when the loss needs it (without dropout), else Nones."""
         if not self._needs_old:
             return [None] * len(mbs)
+        old: list[torch.Tensor | None] = []
         with log.timed("old_logprobs"):
             self.model.eval()
             with torch.no_grad():
-                old: list[torch.Tensor | None] = [self._logprobs(mb)[0].detach() for mb in mbs]
+                for i, mb in enumerate(mbs):
+                    with self.timeline.span("forward", microbatch=i):
+                        old.append(self._logprobs(mb)[0].detach())
             self.model.train()
         return old
 
@@ -225,36 +257,42 @@ class FSDPTrainer:
     ) -> None:
         """Forward and backward of one micro-batch of minibatch group ``group`` (gradients are
         reduce-scattered with ``sync``, the group's last)."""
+        tl = self.timeline
         cast(FSDPModule, self.model).set_requires_gradient_sync(sync)
-        logprobs, entropy = self._logprobs(mb)
-        loss, mb_metrics = micro_batch_loss(
-            mb,
-            logprobs,
-            entropy,
-            old_logprobs=old,
-            counts=counts,
-            group=group,
-            max_len=self.config.max_tokens,
-            options=self._loss_options,
-        )
+        with tl.span("forward"):
+            logprobs, entropy = self._logprobs(mb)
+        with tl.span("loss"):
+            loss, mb_metrics = micro_batch_loss(
+                mb,
+                logprobs,
+                entropy,
+                old_logprobs=old,
+                counts=counts,
+                group=group,
+                max_len=self.config.max_tokens,
+                options=self._loss_options,
+            )
         # FSDP averages gradients over ranks; the loss is already the replica's share of the
         # sum, and context-parallel ranks each hold the part of the gradient through their tokens.
-        (loss * self.world_size).backward()
+        with tl.span("backward"):  # the group's last micro-batch also reduce-scatters the gradients
+            (loss * self.world_size).backward()
         metrics.add_micro_batch(mb_metrics, input_tokens=mb.num_tokens)
         metrics.add_sum(f"_group_loss/{group}", float(mb_metrics["loss"]))
 
     def _optimizer_step(self, log: StepLog, step: int) -> None:
         """Clip and apply this group's update, or skip it when the gradient norm is not finite."""
-        norm = _grad_norm(self._params)
-        value = float(norm)
+        with self.timeline.span("grad_norm"):
+            norm = _grad_norm(self._params)
+            value = float(norm)
         finite = math.isfinite(value)
-        if finite:
-            if self.config.grad_clip > 0:
-                torch.nn.utils.clip_grads_with_norm_(self._params, self.config.grad_clip, norm)
-            self.optimizer.step()
-        else:
-            _log.warning("non-finite gradient norm: optimizer update skipped", step=step, norm=value)
-        self.optimizer.zero_grad(set_to_none=True)
+        with self.timeline.span("update"):
+            if finite:
+                if self.config.grad_clip > 0:
+                    torch.nn.utils.clip_grads_with_norm_(self._params, self.config.grad_clip, norm)
+                self.optimizer.step()
+            else:
+                _log.warning("non-finite gradient norm: optimizer update skipped", step=step, norm=value)
+            self.optimizer.zero_grad(set_to_none=True)
         log.update(value, applied=finite)
 
     def _step_scheduler(self) -> None:

@@ -49,6 +49,16 @@ of the data-parallel ranks) and megatron-core's ``alltoall`` token dispatcher se
 the rank of its experts and back; it takes a different token count from every rank, so packed
 micro-batches need no common length (on the CPU it runs through ``_cpu_shim``). Every rank must run
 the same number of micro-batches, which each step checks first.
+
+Spans (``MegatronTrainer.timeline``, a ``telescope_algos.Timeline``; the caller drains it): every
+step is ``train_step`` with ``prepare`` (the count check, padding, the counts), ``old_logprobs``,
+per group ``minibatch`` (label ``minibatch``) with the micro-batches of Megatron's schedule
+(``_spans``: without pipeline parallelism ``microbatch`` holding ``forward``, ``loss`` and
+``backward``; with it ``forward`` and ``loss`` alone), ``grad_sync`` (``finalize_model_grads``) and
+``optimizer``; and ``metrics``. Checkpoints are ``checkpoint/save`` (``hf_save``, ``get_state_dict``,
+``rng_state``, ``shard_save``, ``layout``, ``barrier``) and ``checkpoint/load`` (``shard_load``,
+``set_state_dict``, ``rng_state``, ``barrier``; weights only: ``load_hf``, ``reload_model_params``,
+``barrier``), and a weight export is ``hf_weights``.
 """
 
 from __future__ import annotations
@@ -67,6 +77,7 @@ from telescope_algos import (
     MicroBatch,
     StepCounts,
     StepLog,
+    Timeline,
     align_to_inputs,
     check_micro_batches,
     cu_seqlens,
@@ -110,6 +121,7 @@ from telescope_trainer_megatron._setup import (
     sequence_parallel,
     wrap_ddp,
 )
+from telescope_trainer_megatron._spans import MicroBatchSpans
 from telescope_trainer_megatron._vocab_parallel import vocab_parallel_label_logprobs_and_entropy
 
 __all__ = ["MegatronTrainer", "create_trainer"]
@@ -192,6 +204,9 @@ class MegatronTrainer:
         self._plan: ExportPlan | None = None
         self._loss_options = loss_options(config)
         self._lr_multiplier = lr_schedule(config)  # a bad schedule fails here, with its message
+        self.timeline = Timeline(self._device)
+        """Spans of every step, checkpoint and weight export on this rank; the caller drains it."""
+        self._micro: MicroBatchSpans | None = None
         self._build(self.seed, (adam_beta1, adam_beta2), adam_eps)
 
     # ------------------------------------------------------------------ setup
@@ -216,6 +231,9 @@ class MegatronTrainer:
             module.cuda(torch.cuda.current_device())
         load_hf_weights(module, self.arch, str(self.model_path), padded_vocab=self.padded_vocab)
         self.model = wrap_ddp(cfg, self.tf_config, module)
+        self.tf_config.finalize_model_grads_func = self._timed_finalize(
+            self.tf_config.finalize_model_grads_func
+        )
         self.optimizer = build_optimizer(
             cfg, self.model, params_dtype=self.params_dtype, betas=betas, eps=eps
         )
@@ -257,46 +275,57 @@ class MegatronTrainer:
     def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
         """One training step on this data-parallel rank's micro-batches; returns the step metrics.
 
-        ``step`` (the caller's count) only labels logs: the learning rate follows ``scheduler_step``.
+        ``step`` (the caller's count) only labels logs and spans: the learning rate follows
+        ``scheduler_step``.
         """
-        log = StepLog()
-        self._check_same_micro_batch_count(len(micro_batches))
-        check_micro_batches(micro_batches)
-        batches = [self._prepare(mb) for mb in micro_batches]
+        self.timeline.set_step(step)
+        with self.timeline.span("train_step"):
+            return self._train_step(micro_batches, step)
+
+    def _train_step(self, micro_batches: Sequence[MicroBatch], step: int) -> dict[str, float]:
+        tl = self.timeline
+        log = StepLog(timeline=tl)
+        with tl.span("prepare"):
+            self._check_same_micro_batch_count(len(micro_batches))
+            check_micro_batches(micro_batches)
+            batches = [self._prepare(mb) for mb in micro_batches]
+            groups = minibatch_groups(len(batches), self.config.number_of_minibatches)
+            # each group's loss tokens and samples over the data-parallel ranks (CP ranks share theirs)
+            counts = step_counts(micro_batches, groups, device=self._device, group=self.dp_group)
         if needs_old_logprobs(self.config):
             with log.timed("old_logprobs"):
                 for b, lp in zip(batches, self._forward_logprobs(batches), strict=True):
                     b.old_logprobs = lp
         lr = self._set_learning_rate()
-        groups = minibatch_groups(len(batches), self.config.number_of_minibatches)
-        # each group's loss tokens and samples over the data-parallel ranks (CP ranks share theirs)
-        counts = step_counts(micro_batches, groups, device=self._device, group=self.dp_group)
         sums: dict[str, float] = {}
         for g, indices in enumerate(groups):
-            with log.timed("forward_backward"):
-                outputs = self._forward_backward([batches[i] for i in indices], counts, g)
-            with log.timed("optimizer"):
-                norm, applied = self._optimizer_step(step)
+            with tl.span("minibatch", minibatch=g):
+                with log.timed("forward_backward", span=False):
+                    outputs = self._forward_backward(batches, indices, counts, g)
+                with log.timed("optimizer"):
+                    norm, applied = self._optimizer_step(step)
             log.update(norm, applied=applied)
             _accumulate(sums, outputs)
         self.scheduler_step += 1
         self.skipped_steps_total += log.skipped
         sums["num_samples"] = float(sum(mb.num_samples for mb in micro_batches))
-        metrics = self._reduce_metrics(sums, len(groups))
-        metrics.update(
-            log.metrics(learning_rate=lr, skipped_total=self.skipped_steps_total, device=self._device)
-        )
-        metrics.update(log.timing_metrics())
-        box = [metrics]
-        dist.broadcast_object_list(box, src=self._metrics_src)
+        with tl.span("metrics"):
+            metrics = self._reduce_metrics(sums, len(groups))
+            metrics.update(
+                log.metrics(learning_rate=lr, skipped_total=self.skipped_steps_total, device=self._device)
+            )
+            metrics.update(log.timing_metrics())
+            box = [metrics]
+            dist.broadcast_object_list(box, src=self._metrics_src)
         return box[0]
 
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The full model in Hugging Face names, one parameter at a time (collective; every rank)."""
+        """The full model in Hugging Face names, one parameter at a time (collective; every rank); the
+        whole export, from the first tensor asked for to the last, is the span ``hf_weights``."""
         params = {self._global_names[n]: p for n, p in self.model.module.named_parameters()}
         if self._plan is None:
             self._plan = export_plan(params, self.arch, self.layout.tp)
-        return iter_hf_weights(
+        weights = iter_hf_weights(
             params,
             self._plan,
             self.arch,
@@ -306,6 +335,7 @@ class MegatronTrainer:
             cpu_staging=bool(self.config.weight_broadcast_cpu_staging),
             pin_memory=bool(self.config.weight_broadcast_pin_memory),
         )
+        return self.timeline.span_iter("hf_weights", weights)
 
     def save_checkpoint(self, directory: str | Path, *, training_state: bool = True) -> dict[str, Any]:
         """Write this trainer into exactly ``directory`` (made, empty, by the caller); see ``_checkpoint``.
@@ -315,32 +345,48 @@ class MegatronTrainer:
         ``skipped_steps_total``, RNG states). Returns the layout facts, identical on every rank.
         """
         path = Path(directory)
-        self._raise_on_any_rank(
-            None if path.is_dir() else f"checkpoint folder {path} does not exist (the caller makes it, empty)"
-        )
-        facts = {**self._layout_facts(), "training_state": bool(training_state)}
-        weights = self.hf_weights()
-        if self.rank == 0:
-            save_hf_weights(((n, t.clone()) for n, t in weights), path / ckpt.HF_DIR)
-            ckpt.copy_hf_meta(self.model_path, path / ckpt.HF_DIR)
-        else:
-            for _ in weights:
-                pass
-        if training_state:
-            shard = ckpt.shard_path(path, self.rank)
-            shard.parent.mkdir(parents=True, exist_ok=True)
+        tl = self.timeline
+        with tl.span("checkpoint/save"):
+            self._raise_on_any_rank(
+                None
+                if path.is_dir()
+                else f"checkpoint folder {path} does not exist (the caller makes it, empty)"
+            )
+            facts = {**self._layout_facts(), "training_state": bool(training_state)}
+            with tl.span("hf_save"):
+                weights = self.hf_weights()
+                if self.rank == 0:
+                    save_hf_weights(((n, t.clone()) for n, t in weights), path / ckpt.HF_DIR)
+                    ckpt.copy_hf_meta(self.model_path, path / ckpt.HF_DIR)
+                else:
+                    for _ in weights:
+                        pass
+            if training_state:
+                self._save_shard(path)
+            if self.rank == 0:
+                with tl.span("layout"):
+                    ckpt.write_layout(path, facts)
+            with tl.span("barrier"):
+                dist.barrier()
+        return facts
+
+    def _save_shard(self, path: Path) -> None:
+        """This rank's training state into ``shards/rank_R.pt`` (spans ``get_state_dict``,
+        ``rng_state``, ``shard_save``)."""
+        tl = self.timeline
+        shard = ckpt.shard_path(path, self.rank)
+        shard.parent.mkdir(parents=True, exist_ok=True)
+        with tl.span("get_state_dict"):
             state = {
                 "model": self.model.module.state_dict(),
                 "optimizer": ckpt.optimizer_state(self.optimizer),
                 "scheduler_step": self.scheduler_step,
                 "skipped_steps_total": self.skipped_steps_total,
-                "rng": ckpt.rng_state(),
             }
+        with tl.span("rng_state"):
+            state["rng"] = ckpt.rng_state()
+        with tl.span("shard_save"):
             torch.save(state, shard)
-        if self.rank == 0:
-            ckpt.write_layout(path, facts)
-        dist.barrier()
-        return facts
 
     def load_checkpoint(self, directory: str | Path, *, weights_only: bool = False) -> None:
         """Restore what :meth:`save_checkpoint` wrote into ``directory``.
@@ -350,16 +396,21 @@ class MegatronTrainer:
         ``weights_only``: the model alone, from ``hf/`` (any layout); optimizer moments, schedule,
         counters and RNG keep their current values (fp32 main parameters are refreshed from the model).
         """
-        path = Path(directory)
+        with self.timeline.span("checkpoint/load"):
+            self._load_checkpoint(Path(directory), weights_only=weights_only)
+
+    def _load_checkpoint(self, path: Path, *, weights_only: bool) -> None:
+        tl = self.timeline
         saved = ckpt.read_layout(path)
         if weights_only:
-            with torch.no_grad():
+            with tl.span("load_hf"), torch.no_grad():
                 load_hf_weights(
                     self.model.module, self.arch, str(path / ckpt.HF_DIR), padded_vocab=self.padded_vocab
                 )
-            with cuda_type_names():
+            with tl.span("reload_model_params"), cuda_type_names():
                 self.optimizer.reload_model_params()
-            dist.barrier()
+            with tl.span("barrier"):
+                dist.barrier()
             return
         if not saved.get("training_state", True):
             raise ValueError(
@@ -373,14 +424,18 @@ class MegatronTrainer:
                 "same parallel sizes and params dtype, or load the weights alone (weights_only=True), or "
                 f"start a new run with model: {path / ckpt.HF_DIR}"
             )
-        state = torch.load(ckpt.shard_path(path, self.rank), map_location="cpu", weights_only=False)
-        with torch.no_grad():
-            self.model.module.load_state_dict(state["model"], strict=True)
-        ckpt.set_optimizer_state(self.optimizer, state["optimizer"])
+        with tl.span("shard_load"):
+            state = torch.load(ckpt.shard_path(path, self.rank), map_location="cpu", weights_only=False)
+        with tl.span("set_state_dict"):
+            with torch.no_grad():
+                self.model.module.load_state_dict(state["model"], strict=True)
+            ckpt.set_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler_step = int(state["scheduler_step"])
         self.skipped_steps_total = int(state.get("skipped_steps_total", 0))
-        ckpt.set_rng_state(state["rng"])
-        dist.barrier()
+        with tl.span("rng_state"):
+            ckpt.set_rng_state(state["rng"])
+        with tl.span("barrier"):
+            dist.barrier()
 
     def close(self) -> None:
         """Leave the model-parallel groups and, if this trainer created it, the process group."""
@@ -490,23 +545,55 @@ class MegatronTrainer:
             lp, ent = gather_replicated(lp, 1, self.cp_group), gather_replicated(ent, 1, self.cp_group)
         return align_to_inputs(lp), align_to_inputs(ent)
 
-    def _run_schedule(self, batches: list[_Batch], loss_func: Any, *, forward_only: bool) -> list[Any]:
+    def _run_schedule(
+        self, batches: list[_Batch], indices: Sequence[int], loss_func: Any, *, forward_only: bool
+    ) -> list[Any]:
+        """Megatron's forward-backward schedule over ``batches`` (the step's micro-batches ``indices``),
+        each micro-batch's forward and loss (and backward) a span (``_spans``)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        spans = MicroBatchSpans(
+            self.timeline, indices, backward=not forward_only, pipelined=self.layout.pp > 1
+        )
+
+        def timed_loss(b: _Batch, logits: torch.Tensor) -> Any:
+            with spans.loss():
+                return loss_func(b, logits)
 
         def forward_step(data_iterator: Iterator[_Batch], model: Any) -> tuple[torch.Tensor, Any]:
             b = next(data_iterator)
-            out = model(b.model_ids, b.model_positions, None, packed_seq_params=b.packed)
-            return out, functools.partial(loss_func, b)
+            with spans.forward():
+                out = model(b.model_ids, b.model_positions, None, packed_seq_params=b.packed)
+            return out, functools.partial(timed_loss, b)
 
-        return get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(batches),
-            model=[self.model],
-            num_microbatches=len(batches),
-            seq_length=max(b.model_ids.shape[1] for b in batches),
-            micro_batch_size=1,
-            forward_only=forward_only,
-        )
+        self._micro = spans
+        try:
+            return get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(batches),
+                model=[self.model],
+                num_microbatches=len(batches),
+                seq_length=max(b.model_ids.shape[1] for b in batches),
+                micro_batch_size=1,
+                forward_only=forward_only,
+            )
+        finally:
+            spans.finish()
+            self._micro = None
+
+    def _timed_finalize(self, finalize: Any) -> Any:
+        """Megatron's ``finalize_model_grads`` (the gradient reduction after the last backward) as the
+        span ``grad_sync``, after the last micro-batch's spans."""
+        if finalize is None:
+            return None
+
+        def finalize_with_span(*args: Any, **kwargs: Any) -> Any:
+            if self._micro is not None:
+                self._micro.finish()
+            with self.timeline.span("grad_sync"):
+                return finalize(*args, **kwargs)
+
+        return finalize_with_span
 
     @torch.no_grad()
     def _forward_logprobs(self, batches: list[_Batch]) -> list[torch.Tensor | None]:
@@ -518,15 +605,16 @@ class MegatronTrainer:
 
         self.model.eval()
         try:
-            out = self._run_schedule(batches, loss_func, forward_only=True)
+            out = self._run_schedule(batches, range(len(batches)), loss_func, forward_only=True)
         finally:
             self.model.train()
         return [o["logprobs"] for o in out] if self._is_last_stage else [None] * len(batches)
 
     def _forward_backward(
-        self, group: list[_Batch], counts: StepCounts, index: int
+        self, batches: list[_Batch], indices: list[int], counts: StepCounts, index: int
     ) -> list[dict[str, torch.Tensor]]:
-        """Forward and backward of minibatch group ``index``; ``counts`` are the totals over the DP ranks."""
+        """Forward and backward of minibatch group ``index`` (the micro-batches ``indices`` of
+        ``batches``); ``counts`` are the totals over the DP ranks."""
 
         def loss_func(b: _Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
             lp, ent = self._logprobs(logits, b)
@@ -544,7 +632,8 @@ class MegatronTrainer:
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        return self._run_schedule(group, loss_func, forward_only=False)
+        group = [batches[i] for i in indices]
+        return self._run_schedule(group, indices, loss_func, forward_only=False)
 
     def _set_learning_rate(self) -> float:
         """The learning rate of this step (``scheduler_step`` done so far), set on every param group."""
@@ -558,16 +647,19 @@ class MegatronTrainer:
 
     @torch.no_grad()
     def _optimizer_step(self, step: int) -> tuple[float, bool]:
-        found_inf = self.optimizer.prepare_grads()
-        norm = float(self.optimizer.get_grad_norm())
-        if found_inf or not torch.isfinite(torch.tensor(norm)):
-            log.warning("megatron.step_skipped", step=step, grad_norm=norm)
-            self.optimizer.zero_grad()
-            return norm, False
-        if self.config.grad_clip > 0:
-            with cuda_type_names():
-                self._clip(norm)
-        return norm, bool(self.optimizer.step_with_ready_grads())
+        """Clip and apply the update (spans ``grad_norm``, ``update``), or skip a non-finite one."""
+        with self.timeline.span("grad_norm"):
+            found_inf = self.optimizer.prepare_grads()
+            norm = float(self.optimizer.get_grad_norm())
+        with self.timeline.span("update"):
+            if found_inf or not torch.isfinite(torch.tensor(norm)):
+                log.warning("megatron.step_skipped", step=step, grad_norm=norm)
+                self.optimizer.zero_grad()
+                return norm, False
+            if self.config.grad_clip > 0:
+                with cuda_type_names():
+                    self._clip(norm)
+            return norm, bool(self.optimizer.step_with_ready_grads())
 
     def _clip(self, norm: float) -> None:
         from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32

@@ -17,7 +17,7 @@ from telescope_weightsync._errors import (
     WeightSyncError,
 )
 from telescope_weightsync._protocol import plan_buckets
-from telescope_weightsync._publisher import WeightPublisher
+from telescope_weightsync._publisher import PublishSpan, ServerUpdate, WeightPublisher
 from telescope_weightsync._settings import PublisherConfig, PublisherSettings
 from telescope_weightsync._version import BASE_VERSION, WeightVersion
 
@@ -25,6 +25,8 @@ __all__ = [
     # Publishing (trainer side)
     "PublisherConfig",
     "PublisherSettings",
+    "PublishSpan",
+    "ServerUpdate",
     "WeightPublisher",
     "plan_buckets",
     # Versions

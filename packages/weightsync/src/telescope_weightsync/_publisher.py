@@ -6,6 +6,12 @@ server ``i``'s TP worker ``j`` = ``1 + sum(tp of servers before i) + j``). ``pub
 ``telescope_receive`` on every server of a group over HTTP, streams the buckets, and returns
 once every server reports the new version, or raises a ``WeightSyncError`` naming the server
 (docs/weightsync.md describes the whole protocol).
+
+After each successful ``publish`` the publisher keeps its timeline, in unix seconds:
+``last_update``, one :class:`ServerUpdate` per server of the group (when its request went out, when
+its answer came back, and the slowest TP worker's apply and wait times), and ``publish_spans``, the
+sender's own phases as :class:`PublishSpan` (``publish`` and inside it ``publish/trigger``,
+``publish/stream``, ``publish/wait``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import concurrent.futures as cf
 import ipaddress
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -27,7 +34,7 @@ from telescope_weightsync._settings import PublisherSettings
 from telescope_weightsync._stream import Scratch, StreamStats, send_update
 from telescope_weightsync._transport import Group, make_group, open_store, resolve_backend
 
-__all__ = ["DEFAULT_GROUP", "WeightPublisher"]
+__all__ = ["DEFAULT_GROUP", "PublishSpan", "ServerUpdate", "WeightPublisher"]
 
 log = structlog.get_logger()
 
@@ -39,6 +46,60 @@ Results = list[Any]
 """One JSON result per tensor-parallel worker of a server."""
 Calls = dict[cf.Future[Results], str]
 """Calls in flight, each with the URL of the server it went to."""
+
+
+@dataclass(frozen=True)
+class ServerUpdate:
+    """One server's part of an update, as the publisher saw it (wall clock: unix seconds)."""
+
+    server: str
+    """The server's URL."""
+    group: str
+    version: int
+    start: float
+    """When the ``telescope_receive`` request was sent."""
+    end: float
+    """When that server's answer arrived (every TP worker applied the update)."""
+    apply_s: float
+    """The slowest TP worker's apply time (its ``seconds``)."""
+    wait_s: float
+    """The longest a TP worker waited before applying (its ``wait_s``)."""
+
+
+@dataclass(frozen=True)
+class PublishSpan:
+    """One phase of the sender's side of an update (wall clock: unix seconds).
+
+    ``publish`` (the whole call) holds ``publish/trigger`` (the requests sent to every server),
+    ``publish/stream`` (the buckets broadcast; the weight iterator runs inside it, between broadcasts)
+    and ``publish/wait`` (the stream is done; waiting for the servers' answers).
+    """
+
+    name: str
+    start: float
+    end: float
+
+
+def _server_updates(
+    results: dict[str, Results],
+    sent: Mapping[str, float],
+    answered: Mapping[str, float],
+    group: str,
+    version: int,
+) -> list[ServerUpdate]:
+    """The :class:`ServerUpdate` of every server that answered, in ``results`` order."""
+    return [
+        ServerUpdate(
+            server=url,
+            group=group,
+            version=version,
+            start=sent[url],
+            end=answered[url],
+            apply_s=max((float(r.get("seconds", 0.0)) for r in res), default=0.0),
+            wait_s=max((float(r.get("wait_s", 0.0)) for r in res), default=0.0),
+        )
+        for url, res in results.items()
+    ]
 
 
 def _is_loopback(host: str) -> bool:
@@ -70,6 +131,16 @@ def _check_versions(results: dict[str, Results], version: int) -> None:
     if wrong:
         url = next(iter(wrong))
         raise ServerError(url, f"servers report versions {wrong} after publishing version {version}")
+
+
+def _publish_spans(began: float, triggered: float, streamed: float, done: float) -> list[PublishSpan]:
+    """The sender's phases from its clock marks: start, requests sent, stream done, answers in."""
+    return [
+        PublishSpan("publish/trigger", began, triggered),
+        PublishSpan("publish/stream", triggered, streamed),
+        PublishSpan("publish/wait", streamed, done),
+        PublishSpan("publish", began, done),
+    ]
 
 
 def _update_metrics(stats: StreamStats, results: dict[str, Results], seconds: float) -> dict[str, float]:
@@ -118,6 +189,10 @@ class WeightPublisher:
         self._pool: cf.ThreadPoolExecutor | None = cf.ThreadPoolExecutor(
             max_workers=max(4, 2 * len(urls)), thread_name_prefix="weightsync"
         )
+        self.last_update: list[ServerUpdate] = []
+        """Each server's part of the last successful ``publish`` (empty before one, and after a failure)."""
+        self.publish_spans: list[PublishSpan] = []
+        """The sender's phases of the last successful ``publish`` (empty before one, and after a failure)."""
 
     # ----------------------------------------------------------------------------- connect
     def connect(self, groups: dict[str, list[str]] | None = None) -> None:
@@ -194,22 +269,29 @@ class WeightPublisher:
         Raises ``ServerError`` naming the server that failed or answered a wrong version,
         ``UpdateError`` when the update failed with no server to blame, ``GroupError`` when
         ``group`` is not connected, and whatever the weight iterator raised. A failed update
-        drops its group: call ``connect`` again before the next one.
+        drops its group: call ``connect`` again before the next one. A successful one leaves its
+        timeline in ``last_update`` and ``publish_spans``.
         """
+        self.last_update, self.publish_spans = [], []
         handle = self._group(group)
         members = self._members[group]
-        start = time.perf_counter()
+        start, began = time.perf_counter(), time.time()
         payload = {"group": group, "version": int(version)}
+        sent: dict[str, float] = {}
+        answered: dict[str, float] = {}
         calls: Calls = {
-            self._submit(url, "telescope_receive", payload, self.settings.timeout_s): url for url in members
+            self._executor().submit(self._timed_receive, url, payload, sent, answered): url for url in members
         }
         buckets = plan_buckets(
             self._staged(named_tensors), mode=self.settings.mode, bucket_bytes=self.settings.bucket_bytes
         )
+        triggered = time.time()
         try:
             scratch = self._scratch.setdefault(group, Scratch(handle.device))
             stats = send_update(handle, buckets, self._layouts[group], scratch)
+            streamed = time.time()
             results = self._applied(calls, version)
+            done = time.time()
         except BaseException as exc:
             self._drop_group(group)  # the stream's position is unknown: the group is unusable
             if isinstance(exc, WeightSyncError) and not isinstance(exc, ServerError):
@@ -218,6 +300,8 @@ class WeightPublisher:
             raise
         seconds = time.perf_counter() - start
         _check_versions(results, version)
+        self.last_update = _server_updates(results, sent, answered, group, int(version))
+        self.publish_spans = _publish_spans(began, triggered, streamed, done)
         metrics = _update_metrics(stats, results, seconds)
         log.info(
             "weightsync.published",
@@ -226,6 +310,21 @@ class WeightPublisher:
             **{k: round(v, 4) for k, v in metrics.items()},
         )
         return metrics
+
+    def _timed_receive(
+        self, url: str, payload: dict[str, Any], sent: dict[str, float], answered: dict[str, float]
+    ) -> Results:
+        """``telescope_receive`` on ``url`` (in the pool), noting when it was sent and answered.
+
+        The answer's time is taken here, before the future completes, rather than in a done-callback:
+        ``concurrent.futures`` wakes the waiters before it runs the callbacks, so a callback's time
+        could still be missing when ``publish`` reads it.
+        """
+        sent[url] = time.time()
+        try:
+            return self._rpc(url, "telescope_receive", payload, self.settings.timeout_s)
+        finally:
+            answered[url] = time.time()
 
     def _applied(self, calls: Calls, version: int) -> dict[str, Results]:
         """Each server's results once all of them applied ``version``; raise if one failed or is late."""

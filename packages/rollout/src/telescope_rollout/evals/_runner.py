@@ -466,5 +466,4 @@ def aggregate(
     }
     metrics.update({k: sums[k] / counts[k] for k in sorted(sums)})
     metrics.update({k: pass_sums[k] / pass_counts[k] for k in sorted(pass_sums)})
-    samples = [o for p_i in range(len(prompts)) for o in outs[p_i * per_sample : (p_i + 1) * per_sample]]
-    return EvalResult(spec.name, step, metrics, rows, main_metric(sums), samples=samples)
+    return EvalResult(spec.name, step, metrics, rows, main_metric(sums), samples=list(outs[:n_all]))
