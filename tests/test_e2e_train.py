@@ -94,6 +94,7 @@ def test_kill_resume_and_finish(args, tmp_path: Path, tiny_model_dir: Path):
         meta = json.loads((run / "checkpoints" / f"step_{step}" / "meta.json").read_text())
         assert meta["step"] == step
     check_record_after_resume(run, resumed_from=2, steps=4)
+    check_standalone_eval(run)
 
     # `telescope convert` turns the last checkpoint into a folder transformers loads, with trained weights
     out = tmp_path / "hf"
@@ -154,3 +155,27 @@ def check_record_after_resume(run: Path, *, resumed_from: int, steps: int) -> No
     assert attempts == {s: (0 if s <= resumed_from else 1) for s in range(1, steps + 1)}
     spans = con.sql("select distinct step from trainer_spans where attempt = 1 order by step").fetchall()
     assert [s for (s,) in spans if s > resumed_from] == list(range(resumed_from + 1, steps + 1))
+
+
+def check_standalone_eval(run: Path) -> None:
+    """`telescope eval <run>/checkpoints`: an eval record per checkpoint, beside the run's own."""
+    cmd = [sys.executable, "-m", "telescope_cli", "eval", str(run / "checkpoints"), "--quiet",
+           "--inference_base_port", str(free_port())]  # fmt: skip
+    done = subprocess.run(cmd, env=run_env(), capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder = run / "records" / "eval_samples"
+    mine = sorted(p.name for p in folder.glob("*-a002.parquet"))  # attempt 2: after the run and its resume
+    assert mine == [
+        "step_000002-e2e_envs_DigitsEnv-a002.parquet",
+        "step_000004-e2e_envs_DigitsEnv-a002.parquet",
+    ]
+    assert (folder / "step_000004-e2e_envs_DigitsEnv.parquet").is_file()  # the run's final eval is kept
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    standalone = [m for m in lines if m.get("eval/standalone")]
+    assert [m["eval/step"] for m in standalone] == [2, 4]
+    assert all(0.0 <= m[f"eval/{ENV}/pass@2/digits"] <= 1.0 for m in standalone)
+    bad = subprocess.run([sys.executable, "-m", "telescope_cli", "eval", str(run / "logs")], env=run_env(),
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert bad.returncode == 1
+    assert "holds no checkpoint" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -256,6 +256,10 @@ class TrainerActor:
                             version, "weight_sync/server", "weight_sync", 1, u.start, u.end, server=u.server
                         )
                     )
+            for p in getattr(self.publisher, "publish_spans", None) or []:  # publish, publish/stream, ...
+                parent = f"weight_sync/{p.name.rpartition('/')[0]}".rstrip("/")
+                depth = p.name.count("/") + 1
+                self._spans.append(_span(version, f"weight_sync/{p.name}", parent, depth, p.start, p.end))
 
     def drain_spans(self) -> list[dict[str, Any]]:
         """This rank's spans since the last call (rows of the ``trainer_spans`` record table)."""

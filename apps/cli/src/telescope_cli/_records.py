@@ -226,6 +226,9 @@ class RunRecords:
         self.steps_off = os.environ.get("TELESCOPE_BENCH_NO_STEP_RECORDS") == "1"
         """tools/bench_records.py's baseline: no per-step or eval records (never set it otherwise)."""
         self._closes = 0
+        self.eval_tag = ""
+        """Added to the file tags of eval records (``telescope eval``: its attempt, so that an
+        in-training eval of the same step is kept)."""
 
     def open(self, resume_from: int | None, *, flush_every_s: float = 5.0) -> None:
         """Start this attempt's files; a resume from step N first drops the record's later steps.
@@ -344,10 +347,11 @@ class RunRecords:
             calls += tool_call_rows(step, source, s)
             events += rollout_event_rows(step, source, s, final="evaluated")
         w = self.writer
-        w.write_step("eval_samples", step, rows, tag=name)
-        w.write_step("turns", step, turns, tag=f"eval-{name}")
-        w.write_step("tool_calls", step, calls, tag=f"eval-{name}")
-        w.write_step("rollout_events", step, events, tag=f"eval-{name}")
+        tag = f"{name}-{self.eval_tag}" if self.eval_tag else name
+        w.write_step("eval_samples", step, rows, tag=tag)
+        w.write_step("turns", step, turns, tag=f"eval-{tag}")
+        w.write_step("tool_calls", step, calls, tag=f"eval-{tag}")
+        w.write_step("rollout_events", step, events, tag=f"eval-{tag}")
 
     def write_once(self, table: str, rows: Iterable[dict[str, Any]], tag: str = "") -> None:
         """Rows of an attempt table (environments, setup, model)."""

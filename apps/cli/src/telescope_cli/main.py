@@ -103,6 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("checkpoint", help="a checkpoint folder (…/checkpoints/step_N)")
     convert.add_argument("output", help="the folder to write (config, safetensors, tokenizer)")
 
+    ev = sub.add_parser(
+        "eval", help="evaluate checkpoints with the config's evals, into the run's record", allow_abbrev=False
+    )
+    ev.add_argument(
+        "checkpoints", nargs="+", help="checkpoint folders (…/step_N), their folder, or HF folders"
+    )
+    ev.add_argument(
+        "--config", default=None, help="run YAML (default: the config.yaml of the checkpoints' run)"
+    )
+    ev.add_argument("--run-dir", default=None, help="where the results go (default: the checkpoints' run)")
+    ev.add_argument("--quiet", action="store_true", help="no phase lines")
+    ev.set_defaults(takes_overrides=True)
+
     envs = sub.add_parser("envs", help="the environments Telescope can train on", allow_abbrev=False)
     envs_sub = envs.add_subparsers(dest="envs_command", metavar="ACTION")
     envs_sub.add_parser("list", help="every registered environment, its kind and what it needs")
@@ -116,7 +129,7 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.config_command is None:
             parser.parse_args(["config", "--help"])
         return config_cmd.run(args)
-    if args.command in ("train", "doctor", "convert"):
+    if args.command in ("train", "doctor", "convert", "eval"):
         import importlib
 
         return importlib.import_module(f"telescope_cli.commands.{args.command}").run(args)
