@@ -417,7 +417,7 @@ class InfraSampler:
         except httpx.HTTPError as exc:
             if url not in self._down:
                 self._down.add(url)
-                log.debug("vLLM metrics not answered", url=url, error=f"{type(exc).__name__}: {exc}")
+                log.info("vLLM metrics not answered", url=url, error=f"{type(exc).__name__}: {exc}")
             return []
         self._down.discard(url)
         values = parse_vllm_metrics(response.text)

@@ -54,6 +54,22 @@ def _add_config_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     cfg_sub.add_parser("schema", help="print the JSON Schema of run YAML files (for editors)")
 
 
+def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``telescope eval CHECKPOINT ... [--config] [--run-dir] [FIELD overrides]``."""
+    ev = sub.add_parser(
+        "eval", help="evaluate checkpoints with the config's evals, into the run's record", allow_abbrev=False
+    )
+    ev.add_argument(
+        "checkpoints", nargs="+", help="checkpoint folders (…/step_N), their folder, or HF folders"
+    )
+    ev.add_argument(
+        "--config", default=None, help="run YAML (default: the config.yaml of the checkpoints' run)"
+    )
+    ev.add_argument("--run-dir", default=None, help="where the results go (default: the checkpoints' run)")
+    ev.add_argument("--quiet", action="store_true", help="no phase lines")
+    ev.set_defaults(takes_overrides=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full command tree (cheap: no heavy imports)."""
     parser = argparse.ArgumentParser(
@@ -103,18 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("checkpoint", help="a checkpoint folder (…/checkpoints/step_N)")
     convert.add_argument("output", help="the folder to write (config, safetensors, tokenizer)")
 
-    ev = sub.add_parser(
-        "eval", help="evaluate checkpoints with the config's evals, into the run's record", allow_abbrev=False
-    )
-    ev.add_argument(
-        "checkpoints", nargs="+", help="checkpoint folders (…/step_N), their folder, or HF folders"
-    )
-    ev.add_argument(
-        "--config", default=None, help="run YAML (default: the config.yaml of the checkpoints' run)"
-    )
-    ev.add_argument("--run-dir", default=None, help="where the results go (default: the checkpoints' run)")
-    ev.add_argument("--quiet", action="store_true", help="no phase lines")
-    ev.set_defaults(takes_overrides=True)
+    _add_eval_command(sub)
 
     envs = sub.add_parser("envs", help="the environments Telescope can train on", allow_abbrev=False)
     envs_sub = envs.add_subparsers(dest="envs_command", metavar="ACTION")
