@@ -173,12 +173,12 @@ async def training_loop(ctx: LoopContext) -> None:
     evals = ctx.eval_schedule = InTrainingEvals(ctx)
     records = ctx.run.records
     ctx.wandb_step = ctx.start_step
-    records.event("training_start", ctx.start_step)
-    records.flush_events(ctx.start_step, tag=f"startup-a{records.attempt:03d}")
     ctx.console.start_training(ctx.start_step)
     if ctx.start_step:
         ctx.engine.weights_updated(ctx.start_step)  # resumed: the servers hold that step's weights
     try:
+        records.event("training_start", ctx.start_step)
+        records.flush_events(ctx.start_step, tag=f"startup-a{records.attempt:03d}")
         async with ctx.client:
             await evals.before_training()
             async with ctx.engine:
@@ -190,9 +190,11 @@ async def training_loop(ctx: LoopContext) -> None:
     finally:
         from telescope_cli._sandboxes import close_sandboxes
 
-        await close_sandboxes(ctx.sandboxes)
-        await _records_written(ctx)
-        records.close()
+        try:
+            await _records_written(ctx)
+        finally:
+            await close_sandboxes(ctx.sandboxes)
+            records.close()
 
 
 async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[str, float]]:
@@ -252,7 +254,11 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
         raise
     metrics.update(_derived(batch, metrics))
     t3 = time.monotonic()
-    await _records_written(ctx)  # the previous step's, if still being written
+    try:
+        await _records_written(ctx)  # the previous step's, if still being written
+    except asyncio.CancelledError:  # Ctrl-C: this step trained and published, keep its records
+        _write_step(ctx, step, batch, metrics, spans=[])
+        raise
     metrics["timing/records_wait_s"] = time.monotonic() - t3
     ctx.records_task = asyncio.create_task(_record_step(ctx, step, batch), name=f"records-step-{step}")
     _write_step(ctx, step, batch, metrics, spans=None)
@@ -260,14 +266,23 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
         await _records_written(ctx)  # a checkpoint's step has its whole record
         with records.phase("checkpoint", step):
             await save_checkpoint(ctx, step)
+        # its spans and event, filed with its step (a resume from it keeps them)
+        spans = await _spans(ctx)
+        await asyncio.to_thread(records.write_checkpoint, step, spans, records.take_events())
     await evals.after_step(step)
 
 
 async def _records_written(ctx: LoopContext) -> None:
-    """Wait for the step record being written in the background (see :func:`_record_step`)."""
-    task, ctx.records_task = ctx.records_task, None
-    if task is not None:
-        await task
+    """Wait for the step record being written in the background (see :func:`_record_step`);
+    cancelling the wait (Ctrl-C) does not cancel the writing, which the loop's end waits for."""
+    task = ctx.records_task
+    if task is None:
+        return
+    try:
+        await asyncio.shield(task)
+    finally:
+        if task.done():
+            ctx.records_task = None
 
 
 async def _record_step(ctx: LoopContext, step: int, batch: Any) -> None:

@@ -93,7 +93,7 @@ def sample_row(
         version_start=_get(s, "version_start"),
         version_end=_get(s, "version_end"),
         off_policy_steps=_get(s, "off_policy_steps"),
-        lane=_get(s, "lane"),
+        lane=_get(s, "lane", -1),
         trainer_input=trainer_input,
     )
     return row
@@ -104,8 +104,6 @@ def eval_sample_row(
 ) -> dict[str, Any]:
     """One row of ``eval_samples`` (metrics with the pass@k / pass^k of its prompt)."""
     row = _common(s)
-    for drop in ("queue_s", "generation_s"):
-        row.pop(drop)
     row.update(
         step=step,
         eval=eval_name,
@@ -360,11 +358,29 @@ class RunRecords:
         except Exception as exc:  # a record must never stop a run
             log.warning("could not record the run's setup", table=table, error=repr(exc))
 
+    def write_checkpoint(
+        self, step: int, spans: Sequence[dict[str, Any]], events: list[dict[str, Any]]
+    ) -> None:
+        """A checkpoint's trainer spans and orchestrator events, filed with its step (``-checkpoint``)."""
+        try:
+            self.writer.write_step("trainer_spans", step, spans, tag="checkpoint")
+            self.flush_events(step, tag="checkpoint", events=events)
+        except Exception as exc:  # a record must never stop a run
+            log.warning("checkpoint records not written", step=step, error=repr(exc))
+
     def close(self) -> None:
-        """Write the events logged since the last step, and flush the time tables (idempotent)."""
+        """Write the events logged since the last step, and flush the time tables (idempotent).
+
+        Nothing happens before :meth:`open` (a run that stopped before its record began writes
+        none, rather than a record of an attempt that never was); never raises (logged)."""
+        if self._writer is None:
+            return
         self._closes += 1
-        self.flush_events(tag=f"end-a{self.attempt:03d}-{self._closes}")
-        self.writer.close()
+        try:
+            self.flush_events(tag=f"end-a{self.attempt:03d}-{self._closes}")
+            self.writer.close()
+        except Exception as exc:
+            log.warning("the run's last records not written", error=repr(exc))
 
 
 def _json_numbers(text: Any) -> dict[str, float]:

@@ -97,11 +97,17 @@ def _hf_folder(ckpt: Checkpoint, scratch: Path) -> Path:
 
     from telescope_cli._checkpoints import read_meta
 
-    backend = read_meta(ckpt.path).get("backend", "fsdp")
+    try:
+        backend = read_meta(ckpt.path).get("backend", "fsdp")
+    except ValueError as err:  # CheckpointError, or a meta.json that is not JSON
+        raise EvalError(f"{ckpt.path}: {err}") from None
     found = {ep.name: ep for ep in entry_points(group="telescope.trainers")}
     if backend not in found:
         raise EvalError(f"{ckpt.path} was written by the {backend!r} backend, which is not installed")
-    return Path(found[backend].load().convert_checkpoint(ckpt.path, scratch / f"step_{ckpt.step}"))
+    try:
+        return Path(found[backend].load().convert_checkpoint(ckpt.path, scratch / f"step_{ckpt.step}"))
+    except (FileNotFoundError, ValueError) as err:
+        raise EvalError(f"{ckpt.path} could not be converted: {err}") from None
 
 
 async def _evaluate(
@@ -130,13 +136,21 @@ def _serve(cfg: Any, model: Path, run: RunDir, step: int) -> Any:
         cfg, model=str(model), device=device, seed=cfg.seed, host="127.0.0.1"
     )
     log_path = run.path / "logs" / "inference" / f"eval_step_{step}.log"
-    handle = launch_server(settings, port=int(cfg.inference_base_port), log_path=log_path)
+    handle = launch_server(settings, port=_free_port(), log_path=log_path)  # beside a training run too
     try:
         handle.wait_healthy(float(cfg.ray_placement_timeout_s))
     except BaseException:
         handle.stop()
         raise
     return handle
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _has_cuda() -> bool:

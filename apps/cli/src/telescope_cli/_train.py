@@ -197,7 +197,7 @@ def _stop(state: _Run) -> None:
     if state.infra is not None:
         state.infra.stop()
     state.run.records.event("stop", None, reason=_stop_reason())
-    state.run.records.close()
+    state.run.records.close()  # never raises
     if state.sandboxes and not state.loop_started:
         from telescope_cli._sandboxes import close_sandboxes
 

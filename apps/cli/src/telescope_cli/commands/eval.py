@@ -39,13 +39,16 @@ def run(args: argparse.Namespace) -> int:
     from telescope_cli._progress import Console
     from telescope_cli._rundir import RunDir
     from telescope_cli._standalone_eval import standalone_eval
+    from telescope_cli._train import _sigterm_to_interrupt
     from telescope_cli._vllm import ServerStartError
+    from telescope_records import RecordError
 
+    _sigterm_to_interrupt()  # SIGTERM stops the eval's vLLM server too
     console = Console(0, enabled=not args.quiet)
     console.info(f"{len(checkpoints)} checkpoint(s) -> {Path(run_dir)}")
     try:
         standalone_eval(resolved.config, checkpoints, RunDir(run_dir), console)
-    except (EvalError, ServerStartError) as err:
+    except (EvalError, ServerStartError, RecordError) as err:
         print(f"telescope eval: {err}", file=sys.stderr)
         return EXIT_INVALID
     return EXIT_OK

@@ -51,10 +51,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     from telescope_cli._rundir import RunDirError
     from telescope_cli._train import TrainError, train
+    from telescope_records import RecordError
 
     try:
         train(resolved, run_dir=args.run_dir, debug=debug, quiet=args.quiet)
-    except (RunDirError, TrainError) as err:
+    except (RunDirError, TrainError, RecordError) as err:
         print(f"telescope train: {err}", file=sys.stderr)
         return EXIT_INVALID
     return EXIT_OK
