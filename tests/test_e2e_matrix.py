@@ -177,7 +177,7 @@ def test_a_periodic_eval_on_a_drained_server_while_training_goes_on(tmp_path, ti
     # step 3 trained while the eval of step 2 held the second server
     assert steps[2]["weight_sync/training_only"] == 1.0, steps[2]
     assert steps[3]["weight_sync/training_only"] == 0.0  # the last step waits and syncs every server
-    assert (run.run_dir / "evals" / "e2e_envs_SlowDigitsEnv" / "step_000002.parquet").is_file()
+    assert (run.run_dir / "records" / "eval_samples" / "step_000002-e2e_envs_SlowDigitsEnv.parquet").is_file()
 
 
 @pytest.mark.xdist_group("e2e_b")
@@ -226,14 +226,14 @@ def test_the_run_record_holds_every_table(tmp_path, tiny_model_dir):
     lines = check_finished(run, 2)
     con = tr.connect(run.run_dir)
     for name, table in tr.TABLES.items():
-        columns = [d[0] for d in con.sql(f"select * from {name} limit 0").description]
+        columns = [d[0] for d in con.execute(f"select * from {name} limit 0").description]
         assert columns == [c.name for c in table.columns] + ["run"], name
-        assert con.sql(f"select count(*) from {name}").fetchone()[0] > 0, f"{name} is empty"
+        assert con.execute(f"select count(*) from {name}").fetchone()[0] > 0, f"{name} is empty"
     _check_samples(con, lines, group_size=4)
     _check_turns_and_tools(con)
     _check_spans_nest(con)
     _check_rollout_events(con)
-    events = {e for (e,) in con.sql("select distinct event from orchestrator_events").fetchall()}
+    events = {e for (e,) in con.execute("select distinct event from orchestrator_events").fetchall()}
     assert {
         "startup",
         "training_start",
@@ -243,18 +243,18 @@ def test_the_run_record_holds_every_table(tmp_path, tiny_model_dir):
         "eval",
         "stop",
     } <= events
-    assert con.sql("select count(distinct role) from setup").fetchone()[0] >= 3  # driver, trainer, vllm
-    assert con.sql("select parameters from model").fetchone()[0] > 0
-    assert {m for (m,) in con.sql("select distinct source from infra").fetchall()} >= {
+    assert con.execute("select count(distinct role) from setup").fetchone()[0] >= 3  # driver, trainer, vllm
+    assert con.execute("select parameters from model").fetchone()[0] > 0
+    assert {m for (m,) in con.execute("select distinct source from infra").fetchall()} >= {
         "system",
         "process",
         "vllm",
     }
-    envs_rows = con.sql("select role, name, multi_turn from environments order by role, name").fetchall()
+    envs_rows = con.execute("select role, name, multi_turn from environments order by role, name").fetchall()
     assert ("train", "e2e_envs:EchoToolEnv", True) in envs_rows
     assert ("eval", DIGITS_NAME, False) in envs_rows
     assert all("derived/reward_mean" in m for m in lines)
-    evals = con.sql("select sample_index, count(*) from eval_samples group by 1 order by 1").fetchall()
+    evals = con.execute("select sample_index, count(*) from eval_samples group by 1 order by 1").fetchall()
     assert evals == [(0, 2), (1, 2)]  # pass@2: two completions per prompt
 
 
@@ -262,21 +262,23 @@ def _check_samples(con, lines, *, group_size):
     for m in lines:
         groups = m["groups/kept"] + m["groups/discarded"] + m["groups/cancelled"]
         if not m.get("rollout/discarded_unrecorded") and not m.get("rollout/cancelled_unrecorded"):
-            count = con.sql(f"select count(*) from samples where step = {m['step']}").fetchone()[0]
+            count = con.execute(f"select count(*) from samples where step = {m['step']}").fetchone()[0]
             assert count == groups * group_size, (m["step"], count, groups)
-    kept = con.sql("select count(*) from samples where status = 'kept' and trainer_input is null").fetchone()
+    kept = con.execute(
+        "select count(*) from samples where status = 'kept' and trainer_input is null"
+    ).fetchone()
     assert kept == (0,)
 
 
 def _check_turns_and_tools(con):
-    per_sample = con.sql(
+    per_sample = con.execute(
         "select s.sample_id, s.num_turns, count(*) filter (where t.role = 'model') from samples s "
         "join turns t using (attempt, step, sample_id) "
         "where t.source = 'train' and s.error is null group by s.attempt, s.step, s.sample_id, s.num_turns"
     ).fetchall()
     assert per_sample
     assert all(turns == n for _, n, turns in per_sample)
-    tools = con.sql(
+    tools = con.execute(
         "select name, success, started_at, duration_s from tool_calls where source = 'train'"
     ).fetchall()
     assert tools
@@ -284,21 +286,21 @@ def _check_turns_and_tools(con):
 
 
 def _check_spans_nest(con):
-    orphans = con.sql(
+    orphans = con.execute(
         "select c.rank, c.step, c.name from trainer_spans c where c.parent <> '' and not exists ("
         " select 1 from trainer_spans p where p.attempt = c.attempt and p.rank = c.rank and p.step = c.step"
         " and p.name = c.parent"
         " and p.started_at <= c.started_at + 1e-3 and c.ended_at <= p.ended_at + 1e-3)"
     ).fetchall()
     assert orphans == []
-    names = {n for (n,) in con.sql("select distinct name from trainer_spans").fetchall()}
+    names = {n for (n,) in con.execute("select distinct name from trainer_spans").fetchall()}
     assert {"train_step", "weight_sync", "weight_sync/server"} <= names, names
     assert any(n.endswith("forward") for n in names), names
     assert any(n.endswith("backward") for n in names), names
 
 
 def _check_rollout_events(con):
-    outside = con.sql(
+    outside = con.execute(
         "select g.sample_id from rollout_events g "
         "join rollout_events d using (attempt, step, source, sample_id) "
         "join rollout_events f using (attempt, step, source, sample_id) "
@@ -308,4 +310,4 @@ def _check_rollout_events(con):
         " or g.ended_at > f.ended_at + 1e-3)"
     ).fetchall()
     assert outside == []
-    assert con.sql("select count(*) from rollout_events where event = 'generation'").fetchone()[0] > 0
+    assert con.execute("select count(*) from rollout_events where event = 'generation'").fetchone()[0] > 0

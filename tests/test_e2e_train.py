@@ -145,15 +145,17 @@ def check_record_after_resume(run: Path, *, resumed_from: int, steps: int) -> No
     manifest = tr.read_manifest(run)
     assert [a["resumed_from"] for a in manifest["attempts"]] == [None, resumed_from]
     con = tr.connect(run)
-    per_step = con.sql(
+    per_step = con.execute(
         "select step, count(distinct attempt) from samples group by step order by step"
     ).fetchall()
     assert per_step == [(s, 1) for s in range(1, steps + 1)]  # the redone steps appear once
-    dupes = con.sql("select attempt, sample_id, count(*) c from samples group by all having c > 1").fetchall()
+    dupes = con.execute(
+        "select attempt, sample_id, count(*) c from samples group by all having c > 1"
+    ).fetchall()
     assert dupes == []
-    attempts = dict(con.sql("select step, min(attempt) from samples group by step").fetchall())
+    attempts = dict(con.execute("select step, min(attempt) from samples group by step").fetchall())
     assert attempts == {s: (0 if s <= resumed_from else 1) for s in range(1, steps + 1)}
-    spans = con.sql("select distinct step from trainer_spans where attempt = 1 order by step").fetchall()
+    spans = con.execute("select distinct step from trainer_spans where attempt = 1 order by step").fetchall()
     assert [s for (s,) in spans if s > resumed_from] == list(range(resumed_from + 1, steps + 1))
 
 

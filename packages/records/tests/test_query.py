@@ -26,13 +26,13 @@ def test_one_run_one_glob_per_table_with_the_run_name(tmp_path):
     _run(run, [0.0, 0.5, 1.0])
     assert table_glob(run, "samples") == f"{run}/records/samples/*.parquet"
     con = connect(run)
-    assert con.sql("select step, reward, run from samples order by step").fetchall() == [
+    assert con.execute("select step, reward, run from samples order by step").fetchall() == [
         (1, 0.0, "a"),
         (2, 0.5, "a"),
         (3, 1.0, "a"),
     ]
-    assert con.sql("select count(*) from metrics where loss is not null").fetchone() == (3,)
-    assert con.sql('select "eval/quiz/correct" from metrics where "eval/step" = 3').fetchone() == (0.5,)
+    assert con.execute("select count(*) from metrics where loss is not null").fetchone() == (3,)
+    assert con.execute('select "eval/quiz/correct" from metrics where "eval/step" = 3').fetchone() == (0.5,)
 
 
 def test_a_folder_of_runs_reads_every_run(tmp_path):
@@ -40,9 +40,9 @@ def test_a_folder_of_runs_reads_every_run(tmp_path):
     _run(runs / "a", [0.0, 1.0])
     _run(runs / "b", [0.25])
     con = connect(runs)
-    got = con.sql("select run, count(*), sum(reward) from samples group by run order by run").fetchall()
+    got = con.execute("select run, count(*), sum(reward) from samples group by run order by run").fetchall()
     assert got == [("a", 2, 1.0), ("b", 1, 0.25)]
-    assert con.sql("select run, max(step) from metrics group by run order by run").fetchall() == [
+    assert con.execute("select run, max(step) from metrics group by run order by run").fetchall() == [
         ("a", 2),
         ("b", 1),
     ]
@@ -52,10 +52,10 @@ def test_tables_with_no_file_yet_are_empty_views_of_their_schema(tmp_path):
     RecordWriter(tmp_path)
     con = connect(tmp_path)
     for name, t in TABLES.items():
-        columns = [d[0] for d in con.sql(f"select * from {name}").description]
+        columns = [d[0] for d in con.execute(f"select * from {name}").description]
         assert columns == [c.name for c in t.columns] + ["run"], name
-        assert con.sql(f"select count(*) from {name}").fetchone() == (0,)
-    assert con.sql("select count(*) from metrics").fetchone() == (0,)
+        assert con.execute(f"select count(*) from {name}").fetchone() == (0,)
+    assert con.execute("select count(*) from metrics").fetchone() == (0,)
 
 
 def test_a_path_that_is_not_a_folder_is_an_error(tmp_path):
