@@ -195,6 +195,35 @@ def test_rows_have_the_record_shape(tmp_path: Path) -> None:
     assert node_name()
 
 
+def test_ticks_at_once_all_hold_the_node_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick from outside while the thread ticks: both sample the node (they once raced for the
+    lock, and the loser returned no rows). A slow ``flock`` widens the window the race needs."""
+    import fcntl
+
+    from telescope_cli import _infra
+
+    def slow_flock(fd: int, op: int) -> None:
+        time.sleep(0.05)
+        fcntl.flock(fd, op)
+
+    monkeypatch.setattr(_infra, "fcntl", SimpleNamespace(flock=slow_flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB))
+    sampler = InfraSampler(lambda rows: None, node="n", lock_path=tmp_path / "infra.lock")
+    barrier = threading.Barrier(6)
+    results: list[set[str]] = []
+
+    def tick() -> None:
+        barrier.wait()
+        results.append({r["source"] for r in sampler.tick()})
+
+    threads = [threading.Thread(target=tick) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sampler.stop()
+    assert results == [{"system"}] * 6
+
+
 def test_process_rows_sum_the_vllm_tree_and_skip_gone_processes() -> None:
     tree = subprocess.Popen(
         [

@@ -232,6 +232,7 @@ class InfraSampler:
         self._lock = _NodeLock(lock_path)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._tick_lock = threading.Lock()
         self._procs: dict[int, Any] = {}
         self._down: set[str] = set()
         self._warned: set[str] = set()
@@ -281,18 +282,20 @@ class InfraSampler:
                 self._guard("sink", lambda rows=rows: self._sink(rows))
 
     def tick(self) -> list[Row]:
-        """One sample of every source; never raises."""
-        now = time.time()
-        rows: list[Row] = []
-        node_wide = bool(self._guard("lock", self._lock.held))
-        if node_wide:
-            self._guard("system", lambda: rows.extend(self._system(now)))
-            self._guard("gpu", lambda: rows.extend(self._gpus(now)))
-        if self._pids is not None:
-            self._guard("process", lambda: rows.extend(self._processes(now)))
-        for url in self._vllm_urls:
-            self._guard("vllm", lambda url=url: rows.extend(self._vllm(now, url)))
-        return rows
+        """One sample of every source; never raises. Ticks run one at a time: a call from outside
+        waits for the thread's tick (both would otherwise race for the node lock, and lose it)."""
+        with self._tick_lock:
+            now = time.time()
+            rows: list[Row] = []
+            node_wide = bool(self._guard("lock", self._lock.held))
+            if node_wide:
+                self._guard("system", lambda: rows.extend(self._system(now)))
+                self._guard("gpu", lambda: rows.extend(self._gpus(now)))
+            if self._pids is not None:
+                self._guard("process", lambda: rows.extend(self._processes(now)))
+            for url in self._vllm_urls:
+                self._guard("vllm", lambda url=url: rows.extend(self._vllm(now, url)))
+            return rows
 
     def _guard(self, kind: str, fn: Callable[[], Any]) -> Any:
         try:
