@@ -206,7 +206,9 @@ def test_ticks_at_once_all_hold_the_node_lock(tmp_path: Path, monkeypatch: pytes
         time.sleep(0.05)
         fcntl.flock(fd, op)
 
-    monkeypatch.setattr(_infra, "fcntl", SimpleNamespace(flock=slow_flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB))
+    monkeypatch.setattr(
+        _infra, "fcntl", SimpleNamespace(flock=slow_flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB)
+    )
     sampler = InfraSampler(lambda rows: None, node="n", lock_path=tmp_path / "infra.lock")
     barrier = threading.Barrier(6)
     results: list[set[str]] = []
