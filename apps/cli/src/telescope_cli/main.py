@@ -70,6 +70,26 @@ def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     ev.set_defaults(takes_overrides=True)
 
 
+def _add_ui_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``telescope ui [RUN_DIR_OR_RUNS_DIR ...] [--host] [--port] [--token] [--open]``."""
+    ui = sub.add_parser(
+        "ui",
+        help="the web inspector over run directories (rollouts, metrics, timeline, ...)",
+        allow_abbrev=False,
+    )
+    ui.add_argument("runs", nargs="*", help="run directories or folders of runs (default: ./runs)")
+    ui.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    ui.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free port)")
+    ui.add_argument(
+        "--token",
+        default=None,
+        help="the token every request must carry (made and printed for a --host beyond this machine)",
+    )
+    ui.add_argument("--open", action="store_true", help="open the inspector in a browser")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full command tree (cheap: no heavy imports)."""
     parser = argparse.ArgumentParser(
@@ -121,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_eval_command(sub)
 
+    _add_ui_command(sub)
+
     envs = sub.add_parser("envs", help="the environments Telescope can train on", allow_abbrev=False)
     envs_sub = envs.add_subparsers(dest="envs_command", metavar="ACTION")
     envs_sub.add_parser("list", help="every registered environment, its kind and what it needs")
@@ -134,7 +156,7 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.config_command is None:
             parser.parse_args(["config", "--help"])
         return config_cmd.run(args)
-    if args.command in ("train", "doctor", "convert", "eval"):
+    if args.command in ("train", "doctor", "convert", "eval", "ui"):
         import importlib
 
         return importlib.import_module(f"telescope_cli.commands.{args.command}").run(args)

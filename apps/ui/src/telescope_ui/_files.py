@@ -1,0 +1,104 @@
+"""The record's files: those of one step, and the time range each file covers.
+
+A table's files are named by step, attempt or flush (docs/records.md, "Files, versions,
+attempts"). :func:`step_files` lists those of one step; :class:`TimeIndex` knows the time range of
+every file from its Parquet column statistics (no row is read), cached per file by size and
+modification time, so a window of the timeline reads only the files that overlap it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+__all__ = ["TimeIndex", "step_files"]
+
+_TIME_COLUMNS = {
+    "rollout_events": ("started_at", "ended_at", None),
+    "trainer_spans": ("started_at", "ended_at", None),
+    "orchestrator_events": ("time", "time", "duration_s"),
+    "infra": ("time", "time", None),
+}
+
+
+def _parquet(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        return [e for e in os.scandir(folder) if e.name.endswith(".parquet") and not e.name.startswith(".")]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def step_files(run: Path, table: str, step: int | None) -> list[str]:
+    """The files of ``table`` for ``step`` (every tag), or all its files when ``step`` is None."""
+    entries = _parquet(run / "records" / table)
+    if step is None:
+        return sorted(e.path for e in entries)
+    exact, prefix = f"step_{step:06d}.parquet", f"step_{step:06d}-"
+    return sorted(e.path for e in entries if e.name == exact or e.name.startswith(prefix))
+
+
+def _range(path: str, table: str) -> tuple[float, float] | None:
+    """(earliest start, latest end) of a file from its statistics; None when it has no rows."""
+    first, last, duration = _TIME_COLUMNS[table]
+    meta = pq.ParquetFile(path).metadata
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    lo, hi, extra = float("inf"), float("-inf"), 0.0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for name, pick in ((first, "min"), (last, "max"), (duration, "dur")):
+            if name is None or name not in names:
+                continue
+            stats = group.column(names.index(name)).statistics
+            if stats is None or not stats.has_min_max:
+                continue
+            if pick == "min":
+                lo = min(lo, float(stats.min))
+            elif pick == "max":
+                hi = max(hi, float(stats.max))
+            else:
+                extra = max(extra, float(stats.max))
+    return (lo, hi + extra) if lo <= hi else None
+
+
+class TimeIndex:
+    """The time range of each file of the time-bearing tables, cached by (size, mtime)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[tuple[int, int], tuple[float, float] | None]] = {}
+        self._lock = threading.Lock()
+
+    def ranges(self, run: Path, table: str) -> list[tuple[str, float, float]]:
+        out = []
+        for e in _parquet(run / "records" / table):
+            st = e.stat()
+            key = (st.st_size, st.st_mtime_ns)
+            with self._lock:
+                cached = self._cache.get(e.path)
+            if cached is None or cached[0] != key:
+                try:
+                    cached = (key, _range(e.path, table))
+                except OSError:  # replaced while read: the next call sees the new file
+                    continue
+                with self._lock:
+                    self._cache[e.path] = cached
+            if cached[1] is not None:
+                out.append((e.path, *cached[1]))
+        return out
+
+    def files(self, run: Path, table: str, start: float, end: float) -> list[str]:
+        """The files of ``table`` with a row in [start, end]."""
+        return sorted(p for p, lo, hi in self.ranges(run, table) if hi >= start and lo <= end)
+
+    def span(self, run: Path) -> tuple[float | None, float | None]:
+        """The earliest and latest time of the run's timeline tables."""
+        bounds = [
+            (lo, hi)
+            for t in ("rollout_events", "trainer_spans", "orchestrator_events")
+            for _, lo, hi in self.ranges(run, t)
+        ]
+        if not bounds:
+            return None, None
+        return min(b[0] for b in bounds), max(b[1] for b in bounds)

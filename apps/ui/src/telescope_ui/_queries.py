@@ -1,0 +1,334 @@
+"""What each page asks of a run's record, answered by DuckDB over its Parquet files in place.
+
+Every function takes a DuckDB cursor and a run directory and returns plain JSON-able data. The
+format is docs/records.md; paths go into SQL only as bound parameters. Queries about one step
+read that step's files alone (``records/<table>/step_NNNNNN*.parquet``), so they cost the same
+at step 3 and at step 3,000; the timeline reads only the files whose time range (from their
+Parquet statistics, cached by :class:`TimeIndex`) overlaps the window asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from telescope_ui._files import TimeIndex, step_files
+
+__all__ = [
+    "attempt_table",
+    "eval_items",
+    "eval_list",
+    "group_list",
+    "infra_series",
+    "sample_detail",
+    "sample_list",
+    "step_list",
+    "timeline",
+]
+
+SAMPLE_BRIEF = (
+    "status, reason, env, group_id, sample_id, sample_index, reward, advantage, completion_tokens, "
+    "num_turns, stop_reason, truncated, error, left(completion, 160) as preview"
+)
+MAX_BARS = 4000
+"""Above this many generations in a window the timeline answers with busy lanes per time bucket."""
+
+
+def rows(cursor: Any, sql: str, params: list[Any] | dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The result as a list of dicts, NaN and infinities as None (JSON has neither)."""
+    result = cursor.execute(sql, params or [])
+    names = [d[0] for d in result.description]
+    return [{n: _clean(v) for n, v in zip(names, row, strict=True)} for row in result.fetchall()]
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    return value
+
+
+def step_list(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per training step from ``metrics.jsonl``: counts of groups and the mean reward."""
+    keys = ("groups/kept", "groups/discarded", "groups/cancelled", "reward/mean", "derived/reward_mean")
+    out = []
+    for m in metrics:
+        if "eval/step" in m or not isinstance(m.get("step"), int):
+            continue
+        out.append({"step": m["step"], "time": m.get("time"), **{k: m.get(k) for k in keys}})
+    return out
+
+
+def _filters(
+    q: str | None, env: str | None, tag: str | None, lo: float | None, hi: float | None
+) -> tuple[str, list[Any]]:
+    where, params = [], []
+    if q:
+        where.append("(contains(lower(completion), lower(?)) or contains(lower(prompt), lower(?)))")
+        params += [q, q]
+    if env:
+        where.append("env = ?")
+        params.append(env)
+    if tag:
+        key, _, value = tag.partition("=")
+        where.append("tags[?] = ?")
+        params += [key, value]
+    if lo is not None:
+        where.append("reward >= ?")
+        params.append(lo)
+    if hi is not None:
+        where.append("reward <= ?")
+        params.append(hi)
+    return (" and " + " and ".join(where)) if where else "", params
+
+
+def group_list(cursor: Any, run: Path, step: int, *, kept: bool) -> list[dict[str, Any]]:
+    """The groups of one step (kept, or discarded and cancelled), each with its reward at a glance."""
+    files = step_files(run, "samples", step)
+    if not files:
+        return []
+    status = "status = 'kept'" if kept else "status <> 'kept'"
+    return rows(
+        cursor,
+        "select group_id, any_value(env) as env, any_value(sample_index) as sample_index, "
+        "any_value(status) as status, any_value(reason) as reason, count(*) as samples, "
+        "avg(reward) as reward_mean, min(reward) as reward_min, max(reward) as reward_max, "
+        "max(abs(advantage)) as advantage_abs_max, left(any_value(prompt), 160) as prompt "
+        f"from read_parquet(?, union_by_name = true) where {status} group by group_id order by group_id",
+        [files],
+    )
+
+
+def sample_list(
+    cursor: Any,
+    run: Path,
+    step: int,
+    *,
+    kept: bool | None = None,
+    group: int | None = None,
+    q: str | None = None,
+    env: str | None = None,
+    tag: str | None = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    limit: int = 500,
+) -> list[dict[str, Any]]:
+    """Samples of one step, filtered (text in prompt or completion, environment, tag, reward)."""
+    files = step_files(run, "samples", step)
+    if not files:
+        return []
+    extra, params = _filters(q, env, tag, min_reward, max_reward)
+    if kept is not None:
+        extra += " and status = 'kept'" if kept else " and status <> 'kept'"
+    if group is not None:
+        extra += " and group_id = ?"
+        params.append(group)
+    return rows(
+        cursor,
+        f"select {SAMPLE_BRIEF} from read_parquet(?, union_by_name = true) where true {extra} "
+        "order by group_id, sample_id limit ?",
+        [files, *params, limit],
+    )
+
+
+def sample_detail(
+    cursor: Any, run: Path, step: int, sample_id: int, *, source: str = "train"
+) -> dict[str, Any] | None:
+    """One sample whole: its row, turns, tool calls, lifecycle events and its environment's ranges."""
+    table = "samples" if source == "train" else "eval_samples"
+    files = step_files(run, table, step)
+    if not files:
+        return None
+    found = rows(
+        cursor,
+        "select * from read_parquet(?, union_by_name = true) where sample_id = ? limit 1",
+        [files, sample_id],
+    )
+    if not found:
+        return None
+    sample = found[0]
+    sample["info"] = _json_or_text(sample.get("info"))
+
+    def part(name: str, order: str) -> list[dict[str, Any]]:
+        paths = step_files(run, name, step)
+        if not paths:
+            return []
+        return rows(
+            cursor,
+            f"select * exclude (attempt, step) from read_parquet(?, union_by_name = true) "
+            f"where sample_id = ? and source = ? and attempt = ? order by {order}",
+            [paths, sample_id, source, sample["attempt"]],
+        )
+
+    sample["turns"] = part("turns", "turn_index")
+    sample["tool_calls"] = part("tool_calls", "call_index")
+    sample["events"] = part("rollout_events", "started_at")
+    sample["environment"] = _environment(cursor, run, sample.get("env"))
+    return sample
+
+
+def _json_or_text(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _environment(cursor: Any, run: Path, env: Any) -> dict[str, Any] | None:
+    files = step_files(run, "environments", None)
+    if not files or env is None:
+        return None
+    found = rows(
+        cursor,
+        "select * exclude (attempt) from read_parquet(?, union_by_name = true) where name = ? "
+        "order by attempt desc limit 1",
+        [files, env],
+    )
+    if not found:
+        return None
+    out = found[0]
+    out["metrics_ranges"] = _json_or_text(out.get("metrics_ranges"))
+    out["tags_options"] = _json_or_text(out.get("tags_options"))
+    return out
+
+
+def eval_list(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every eval line of ``metrics.jsonl``: the evaluated step and its ``eval/*`` metrics."""
+    return [
+        {
+            "step": m["eval/step"],
+            **{k[5:]: v for k, v in m.items() if k.startswith("eval/") and k != "eval/step"},
+        }
+        for m in metrics
+        if "eval/step" in m
+    ]
+
+
+def eval_items(cursor: Any, run: Path, step: int, eval_name: str | None) -> list[dict[str, Any]]:
+    """The items of the evals at one step, each with its completions (the pass@k group)."""
+    files = step_files(run, "eval_samples", step)
+    if not files:
+        return []
+    where, params = ("where eval = ?", [eval_name]) if eval_name else ("", [])
+    return rows(
+        cursor,
+        "select eval, sample_index, any_value(env) as env, any_value(prompt) as prompt, "
+        "list({'sample_id': sample_id, 'completion_idx': completion_idx, 'completion': completion, "
+        "'metrics': metrics, 'error': error, 'attempt': attempt} order by attempt, completion_idx) "
+        f"as completions from read_parquet(?, union_by_name = true) {where} "
+        "group by eval, sample_index order by eval, sample_index",
+        [files, *params],
+    )
+
+
+def timeline(
+    cursor: Any, run: Path, index: TimeIndex, start: float | None, end: float | None
+) -> dict[str, Any]:
+    """Generations per server and lane, trainer spans per rank and the driver's events in a window.
+
+    Without a window: the run's whole span. Past :data:`MAX_BARS` generations the bars become
+    ``busy`` buckets: per server and bucket (1/400 of the window), the generations starting in it.
+    """
+    lo, hi = index.span(run)
+    start = lo if start is None else start
+    end = hi if end is None else end
+    out: dict[str, Any] = {"run_start": lo, "run_end": hi, "start": start, "end": end}
+    if start is None or end is None:
+        return {**out, "servers": [], "bars": [], "busy": None, "spans": [], "events": []}
+    events = index.files(run, "rollout_events", start, end)
+    out.update(_generations(cursor, events, start, end))
+    spans = index.files(run, "trainer_spans", start, end)
+    out["spans"] = (
+        rows(
+            cursor,
+            "select rank, depth, name, started_at, ended_at, step, microbatch, minibatch, server "
+            "from read_parquet(?, union_by_name = true) where ended_at >= ? and started_at <= ? "
+            "order by rank, started_at limit 20000",
+            [spans, start, end],
+        )
+        if spans
+        else []
+    )
+    orch = index.files(run, "orchestrator_events", start, end)
+    out["events"] = (
+        rows(
+            cursor,
+            "select step, time, event, duration_s, detail from read_parquet(?, union_by_name = true) "
+            "where time <= ? and time + coalesce(duration_s, 0) >= ? order by time limit 5000",
+            [orch, end, start],
+        )
+        if orch
+        else []
+    )
+    return out
+
+
+def _generations(cursor: Any, files: list[str], start: float, end: float) -> dict[str, Any]:
+    if not files:
+        return {"servers": [], "bars": [], "busy": None}
+    gen = (
+        "select server, lane, started_at, ended_at, source, sample_id, step, attempt "
+        "from read_parquet($files, union_by_name = true) "
+        "where event = 'generation' and ended_at >= $start and started_at <= $end"
+    )
+    params = {"files": files, "start": start, "end": end}
+    count = cursor.execute(f"select count(*) from ({gen})", params).fetchone()[0]
+    servers = [r["server"] for r in rows(cursor, f"select distinct server from ({gen}) order by 1", params)]
+    if count <= MAX_BARS:
+        final = (
+            "select source, sample_id, attempt, step, event as status "
+            "from read_parquet($files, union_by_name = true) "
+            "where event in ('kept', 'discarded', 'cancelled', 'evaluated')"
+        )
+        bars = rows(
+            cursor,
+            f"select g.*, coalesce(f.status, 'running') as status from ({gen}) g "
+            f"left join ({final}) f using (source, sample_id, attempt, step) order by g.started_at",
+            params,
+        )
+        return {"servers": servers, "bars": bars, "busy": None}
+    width = (end - start) / 400 or 1.0
+    busy = rows(
+        cursor,
+        f"select server, cast(floor((greatest(started_at, $start) - $start) / $w) as int) as bucket, "
+        f"count(*) as n from ({gen}) group by all order by all",
+        {**params, "w": width},
+    )
+    return {"servers": servers, "bars": [], "busy": {"width": width, "buckets": busy}}
+
+
+def infra_series(
+    cursor: Any, run: Path, index: TimeIndex, start: float | None, end: float | None, points: int = 600
+) -> list[dict[str, Any]]:
+    """Every infra series (source, target, metric) in a window, averaged into at most ``points`` buckets."""
+    ranges = index.ranges(run, "infra")
+    if not ranges:
+        return []
+    start = min(r[1] for r in ranges) if start is None else start
+    end = max(r[2] for r in ranges) if end is None else end
+    files = index.files(run, "infra", start, end)
+    if not files:
+        return []
+    width = max((end - start) / points, 1e-3)
+    return rows(
+        cursor,
+        "select node, source, target, metric, list(t order by t) as t, list(v order by t) as v from ("
+        " select node, source, target, metric, avg(value) as v,"
+        " $start + (floor((time - $start) / $w) + 0.5) * $w as t"
+        " from read_parquet($files, union_by_name = true) where time between $start and $end group by all"
+        ") group by all order by all",
+        {"files": files, "start": start, "end": end, "w": width},
+    )
+
+
+def attempt_table(cursor: Any, run: Path, table: str) -> list[dict[str, Any]]:
+    """Every row of a table written once per attempt (setup, model, environments)."""
+    files = step_files(run, table, None)
+    if not files:
+        return []
+    return rows(cursor, "select * from read_parquet(?, union_by_name = true) order by attempt", [files])

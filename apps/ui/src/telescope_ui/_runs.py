@@ -1,0 +1,200 @@
+"""The runs the inspector serves: found under the folders it was given, named, and described.
+
+A run directory (docs/records.md) holds ``config.yaml``, ``metrics.jsonl`` and ``records/``; a
+folder of runs holds run directories. :class:`RunIndex` maps each run's *name* to its path; the
+web API only ever takes names, so nothing outside the given folders can be asked for. Runs are
+looked up again on every listing, so a run that starts while the inspector is open shows up.
+
+A run's status comes from its record: the last attempt's ``stop`` event says ``finished`` (or the
+error it failed with); without one the run is ``running`` while the process that samples its
+infrastructure (its driver, named in the ``infra`` file names) is alive on this machine or its
+files changed in the last :data:`LIVE_WINDOW_S` seconds, and ``killed`` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["RunIndex", "config_diff", "log_tail", "read_config", "read_metrics"]
+
+LIVE_WINDOW_S = 120.0
+USER_MARK = "# set by you"
+"""How ``config.yaml`` marks the keys the user's run YAML or command line set (docs/config.md)."""
+_INFRA_FILE = re.compile(r"^a(\d{3})-(.+)-(\d+)-\d+\.parquet$")
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _is_run(path: Path) -> bool:
+    return path.is_dir() and any((path / n).exists() for n in ("metrics.jsonl", "records", "config.yaml"))
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    path: Path
+
+
+class RunIndex:
+    """The run directories under ``roots`` (each a run directory or a folder of runs), by name."""
+
+    def __init__(self, roots: Sequence[str | Path]) -> None:
+        self.roots = [Path(r).expanduser().resolve() for r in roots]
+
+    def runs(self) -> list[Run]:
+        """Every run found now, sorted by name; a name taken twice gets its parent's name before it."""
+        found: list[Path] = []
+        for root in self.roots:
+            if _is_run(root):
+                found.append(root)
+            elif root.is_dir():
+                found += sorted(p for p in root.iterdir() if _is_run(p))
+        names = [p.name for p in found]
+        out = [Run(f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name, p) for p in found]
+        return sorted(out, key=lambda r: r.name)
+
+    def get(self, name: str) -> Run | None:
+        return next((r for r in self.runs() if r.name == name), None)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every line of ``metrics.jsonl`` that parses (a line being written is skipped)."""
+    file = path / "metrics.jsonl"
+    if not file.is_file():
+        return []
+    out = []
+    for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            out.append(row)
+    return out
+
+
+def read_config(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """The resolved config of a run and the keys the user set (marked in ``config.yaml``)."""
+    file = path / "config.yaml"
+    if not file.is_file():
+        return {}, []
+    text = file.read_text(encoding="utf-8", errors="replace")
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return {}, []
+    user: list[str] = []
+    mark_above = False
+    for line in text.splitlines():
+        if line.strip() == USER_MARK:
+            mark_above = True
+            continue
+        key = re.match(r"^([A-Za-z_][A-Za-z0-9_]*):", line)
+        if key and (mark_above or line.rstrip().endswith(USER_MARK)):
+            user.append(key.group(1))
+        mark_above = False
+    return (data if isinstance(data, dict) else {}), user
+
+
+def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """The top-level keys whose values differ between two configs, with both values."""
+    keys = list(dict.fromkeys([*a, *b]))
+    return [{"key": k, "a": a.get(k), "b": b.get(k)} for k in keys if a.get(k) != b.get(k)]
+
+
+def log_tail(path: Path, *, lines: int = 200, level: str | None = None) -> list[dict[str, Any]]:
+    """The last ``lines`` entries of the driver's log (``logs/telescope.jsonl``) at ``level`` or above."""
+    file = path / "logs" / "telescope.jsonl"
+    if not file.is_file():
+        return []
+    floor = _LOG_LEVELS.index(level) if level in _LOG_LEVELS else 0
+    out: list[dict[str, Any]] = []
+    for raw in _last_lines(file, 20 * lines):
+        try:
+            entry = json.loads(raw)
+        except json.JSONDecodeError:
+            entry = {"event": raw, "level": "info"}
+        lvl = str(entry.get("level", entry.get("log_level", "info"))).lower()
+        if (_LOG_LEVELS.index(lvl) if lvl in _LOG_LEVELS else 1) >= floor:
+            out.append(entry)
+    return out[-lines:]
+
+
+def _last_lines(file: Path, n: int, block: int = 1 << 16) -> list[str]:
+    """The last ``n`` lines of a file without reading all of it."""
+    with file.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        end = fh.tell()
+        data = b""
+        while end > 0 and data.count(b"\n") <= n:
+            start = max(0, end - block)
+            fh.seek(start)
+            data = fh.read(end - start) + data
+            end = start
+    return [line for line in data.decode("utf-8", errors="replace").splitlines() if line][-n:]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _driver_alive(path: Path, attempt: int) -> bool:
+    """Whether a process of this attempt that writes ``infra`` files is alive on this machine."""
+    folder = path / "records" / "infra"
+    if not folder.is_dir():
+        return False
+    host = socket.gethostname()
+    pids = set()
+    for name in os.listdir(folder):
+        m = _INFRA_FILE.match(name)
+        if m and int(m.group(1)) == attempt and m.group(2) == host:
+            pids.add(int(m.group(3)))
+    return any(_pid_alive(p) for p in pids)
+
+
+def _last_change(path: Path) -> float:
+    times = [
+        p.stat().st_mtime for p in (path / "metrics.jsonl", path / "records" / "manifest.json") if p.exists()
+    ]
+    infra = path / "records" / "infra"
+    if infra.is_dir():
+        times.append(infra.stat().st_mtime)
+    return max(times, default=0.0)
+
+
+def status(path: Path, stop: dict[str, Any] | None, attempt: int) -> dict[str, Any]:
+    """``{"status": running|finished|failed|killed, "reason": ...}`` (see the module docstring)."""
+    if stop is not None:
+        reason = str(stop.get("reason") or "")
+        return {"status": "finished" if reason == "finished" else "failed", "reason": reason}
+    if _driver_alive(path, attempt) or time.time() - _last_change(path) < LIVE_WINDOW_S:
+        return {"status": "running", "reason": ""}
+    return {"status": "killed", "reason": "the run stopped without recording its end"}
+
+
+def progress(metrics: Iterable[dict[str, Any]], total_steps: int | None, running: bool) -> dict[str, Any]:
+    """Steps done, the total, and (while running) the ETA from the mean time of the last steps."""
+    steps = [m for m in metrics if "eval/step" not in m and isinstance(m.get("step"), int)]
+    done = max((m["step"] for m in steps), default=0)
+    times = [
+        float(m["timing/step_s"]) for m in steps[-10:] if isinstance(m.get("timing/step_s"), (int, float))
+    ]
+    eta = None
+    if running and total_steps and times and done < total_steps:
+        eta = (total_steps - done) * sum(times) / len(times)
+    return {"step": done, "total_steps": total_steps, "eta_s": eta}

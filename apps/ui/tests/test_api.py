@@ -1,0 +1,201 @@
+"""The inspector's JSON API over a synthetic run, checked against the Parquet files read directly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from fastapi.testclient import TestClient
+
+from telescope_ui import _queries, create_app
+from telescope_ui.testing import synthetic_run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    synthetic_run(root / "demo", steps=3, samples=16, group_size=4, turns=2)
+    synthetic_run(root / "other", steps=2, samples=8, group_size=4, finished=False)
+    (root / "other" / "config.yaml").write_text(
+        (root / "demo" / "config.yaml").read_text().replace("3.0e-05", "1.0e-06")
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def client(runs: Path) -> Iterator[TestClient]:
+    with TestClient(create_app([runs])) as c:
+        yield c
+
+
+def get(client: TestClient, path: str, **params: Any) -> Any:
+    response = client.get(path, params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _table(runs: Path, table: str, step: int) -> list[dict[str, Any]]:
+    return pq.read_table(runs / "demo" / "records" / table / f"step_{step:06d}.parquet").to_pylist()
+
+
+def test_runs_page_lists_status_progress_and_config_facts(client: TestClient) -> None:
+    runs = {r["name"]: r for r in get(client, "/api/runs")}
+    assert runs["demo"]["status"] == "finished"
+    assert (runs["demo"]["step"], runs["demo"]["total_steps"]) == (3, 3)
+    assert runs["demo"]["environments"] == ["countdown", "wordle"]
+    assert runs["other"]["status"] == "running"  # no stop event, files just written
+    assert runs["other"]["eta_s"] == pytest.approx(10.0)  # one step left at 10 s a step
+
+
+def test_overview_and_config_diff(client: TestClient) -> None:
+    o = get(client, "/api/overview", run="demo")
+    assert o["user_keys"] == ["model", "learning_rate", "number_of_steps", "environments"]
+    assert {e["name"] for e in o["environment_rows"]} == {"countdown", "wordle"}
+    assert o["manifest"]["attempts"][0]["attempt"] == 0
+    assert get(client, "/api/diff", a="demo", b="other") == [{"key": "learning_rate", "a": 3e-5, "b": 1e-6}]
+
+
+def test_groups_of_a_step_match_the_samples_file(client: TestClient, runs: Path) -> None:
+    rows = _table(runs, "samples", 2)
+    kept = get(client, "/api/groups", run="demo", step=2)
+    dropped = get(client, "/api/groups", run="demo", step=2, kept="false")
+    # 16 samples in groups of 4: the synthetic run discards every fourth group
+    assert [g["group_id"] for g in dropped] == sorted({r["group_id"] for r in rows if r["status"] != "kept"})
+    assert len(kept) == 3
+    assert len(dropped) == 1
+    assert dropped[0]["reason"] == "zero_advantage"
+    for g in kept:
+        rewards = [r["reward"] for r in rows if r["group_id"] == g["group_id"]]
+        assert g["reward_mean"] == pytest.approx(sum(rewards) / 4)
+        assert (g["reward_min"], g["reward_max"]) == (min(rewards), max(rewards))
+
+
+def test_sample_filters(client: TestClient, runs: Path) -> None:
+    rows = _table(runs, "samples", 1)
+    found = get(client, "/api/samples", run="demo", step=1, q="ANSWER IS 1", env="countdown")
+    want = [
+        r["sample_id"] for r in rows if "answer is 1" in r["completion"].lower() and r["env"] == "countdown"
+    ]
+    assert want
+    assert [s["sample_id"] for s in found] == sorted(want)
+    hard = get(
+        client, "/api/samples", run="demo", step=1, tag="difficulty=hard", min_reward=0.2, max_reward=0.9
+    )
+    want = [
+        r["sample_id"] for r in rows if dict(r["tags"])["difficulty"] == "hard" and 0.2 <= r["reward"] <= 0.9
+    ]
+    assert sorted(s["sample_id"] for s in hard) == sorted(want)
+    assert get(client, "/api/samples", run="demo", step=99) == []
+
+
+def test_a_sample_whole(client: TestClient, runs: Path) -> None:
+    row = next(r for r in _table(runs, "samples", 3) if r["status"] == "kept")
+    s = get(client, "/api/sample", run="demo", step=3, id=row["sample_id"])
+    assert (s["reward"], s["completion"], s["golden_answers"]) == (
+        row["reward"],
+        row["completion"],
+        {"correct": row["golden_answers"][0][1]},
+    )
+    assert [(t["turn_index"], t["role"]) for t in s["turns"]] == [(0, "model"), (1, "env"), (2, "model")]
+    assert [(c["name"], c["turn_index"]) for c in s["tool_calls"]] == [("echo", 0)]
+    assert [e["event"] for e in s["events"]] == [
+        "dispatched",
+        "generation",
+        "tool_execution",
+        "generation",
+        "reward",
+        "kept",
+    ]
+    assert s["environment"]["metrics_ranges"] == {"correct": {"min": 0.0, "max": 1.0, "invert": False}}
+    missing = client.get("/api/sample", params={"run": "demo", "step": 3, "id": 10**9})
+    assert missing.status_code == 404
+    assert "no sample" in missing.json()["detail"]
+
+
+def test_timeline_window_and_buckets(client: TestClient, runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = get(client, "/api/timeline", run="demo")
+    generations = [
+        e for step in (1, 2, 3) for e in _table(runs, "rollout_events", step) if e["event"] == "generation"
+    ]
+    assert len(whole["bars"]) == len(generations)
+    assert sorted(whole["servers"]) == ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
+    assert {b["status"] for b in whole["bars"]} == {"kept", "discarded"}
+    assert {(s["rank"], s["depth"]) for s in whole["spans"]} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert {e["event"] for e in whole["events"]} >= {"train_step", "weights_published", "stop"}
+    # a window over the second step only: its generations, from its file alone
+    step2 = [g for g in generations if g["step"] == 2]
+    lo, hi = min(g["started_at"] for g in step2), max(g["ended_at"] for g in step2)
+    part = get(client, "/api/timeline", run="demo", start=lo, end=hi)
+    assert {b["step"] for b in part["bars"]} == {2}
+    assert len(part["bars"]) == len(step2)
+    monkeypatch.setattr(_queries, "MAX_BARS", 10)
+    busy = get(client, "/api/timeline", run="demo")
+    assert busy["bars"] == []
+    assert sum(b["n"] for b in busy["busy"]["buckets"]) == len(generations)
+
+
+def test_infra_setup_model_and_evals(client: TestClient, runs: Path) -> None:
+    d = get(client, "/api/infra", run="demo")
+    series = {(s["source"], s["metric"]): s for s in d["series"]}
+    raw = pq.read_table(next((runs / "demo" / "records" / "infra").glob("*.parquet")))
+    cpu = raw.filter(pc.equal(raw["metric"], "cpu_utilization_percent"))
+    got = series[("system", "cpu_utilization_percent")]
+    assert len(got["t"]) == len(got["v"]) <= 600
+    # the bucket means average to the mean of the samples when every bucket holds one sample
+    assert sum(got["v"]) / len(got["v"]) == pytest.approx(pc.mean(cpu["value"]).as_py())
+    assert d["setup"][0]["cpu_model"] == "Test CPU"
+    assert d["model"][0]["parameters"] == 1234
+    evals = get(client, "/api/evals", run="demo")
+    assert evals == [{"step": 3, "digits/correct": 0.5, "digits/pass@2/correct": 1.0}]
+    items = get(client, "/api/eval_items", run="demo", step=3)
+    assert [len(i["completions"]) for i in items] == [2, 2, 2]  # pass@2: two completions per item
+    assert [c["completion_idx"] for c in items[0]["completions"]] == [0, 1]
+
+
+def test_metrics_since_a_line(client: TestClient) -> None:
+    full = get(client, "/api/metrics", run="demo")
+    assert full["count"] == 4  # three steps and one eval line
+    assert full["columns"]["step"] == [1, 2, 3]
+    tail = get(client, "/api/metrics", run="demo", since=2)
+    assert tail["columns"]["step"] == [3]
+
+
+def test_unknown_runs_and_paths_outside_the_runs(client: TestClient) -> None:
+    unknown = client.get("/api/overview", params={"run": "../../etc"})
+    assert unknown.status_code == 404
+    assert "the runs are: demo, other" in unknown.json()["detail"]
+    for path in (
+        "/static/../_app.py",
+        "/static/%2e%2e/_app.py",
+        "/static/..%2f_app.py",
+        "/static//etc/passwd",
+        "/etc/passwd",
+    ):
+        response = client.get(path)
+        assert response.status_code == 404, path
+        assert "import" not in response.text
+    assert client.get("/static/app.js").status_code == 200
+
+
+def test_pages_carry_a_content_security_policy(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert page.headers["x-content-type-options"] == "nosniff"
+
+
+def test_a_token_guards_every_request(runs: Path) -> None:
+    with TestClient(create_app([runs], token="s3cret")) as c:
+        assert c.get("/").status_code == 401
+        assert c.get("/api/runs").status_code == 401
+        assert c.get("/api/runs", params={"token": "wrong"}).status_code == 401
+        first = c.get("/", params={"token": "s3cret"})
+        assert first.status_code == 200
+        assert "telescope_token" in first.headers["set-cookie"]
+        assert c.get("/api/runs").status_code == 200  # the cookie from the first visit
+    with TestClient(create_app([runs], token="s3cret")) as c:
+        assert c.get("/api/runs", headers={"X-Telescope-Token": "s3cret"}).status_code == 200

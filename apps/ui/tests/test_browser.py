@@ -1,0 +1,123 @@
+"""The inspector in a real browser (Debian's chromium through Playwright) over synthetic runs.
+
+The same pages over a real ``telescope train`` run are checked in tests/test_e2e_ui.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from telescope_ui.testing import serve_in_thread, synthetic_run
+
+pytestmark = pytest.mark.browser
+
+EVIL = (
+    "<think>secret plan</think>Final answer:\n\n```python\nprint(1)\n```\n\n"
+    '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2"><b>bold?</b>'
+)
+PAGES = ["overview", "metrics", "rollouts", "discarded", "timeline", "infra", "evals"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    synthetic_run(root / "demo", steps=3, samples=16, completion=EVIL)
+    synthetic_run(root / "live", steps=2, finished=False)
+    return root
+
+
+@pytest.fixture
+def page(chromium: Any, runs: Path) -> Iterator[Any]:
+    with serve_in_thread([runs]) as url:
+        page = chromium.new_page(viewport={"width": 1400, "height": 900})
+        page.errors = []
+        page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        page.base = url
+        yield page
+        page.close()
+
+
+def ready(page: Any, name: str) -> None:
+    page.wait_for_function(f"() => document.body.dataset.ready === '{name}'", timeout=15_000)
+
+
+def navigate(page: Any, click: Any, name: str) -> None:
+    page.evaluate("delete document.body.dataset.ready")
+    click()
+    ready(page, name)
+
+
+def test_every_page_from_a_click_path_to_a_sample(page: Any, runs: Path, tmp_path: Path) -> None:
+    page.goto(page.base)
+    ready(page, "runs")
+    page.screenshot(path=str(tmp_path / "runs.png"))
+    assert page.locator("text=finished").count() >= 1
+    navigate(page, lambda: page.click("a:text-is('demo')"), "overview")
+    page.screenshot(path=str(tmp_path / "overview.png"))
+    for name in PAGES[1:]:
+        navigate(page, lambda name=name: page.click(f"nav a:text-is('{name}')"), name)
+        assert page.locator("#error").is_hidden(), page.locator("#error").text_content()
+        page.screenshot(path=str(tmp_path / f"{name}.png"))
+    # rollouts: step 2 -> its first kept group -> its first sample; prompt and reward on screen
+    navigate(page, lambda: page.click("nav a:text-is('rollouts')"), "rollouts")
+    navigate(page, lambda: page.click("#steps-panel tr[data-key='2']"), "rollouts")
+    rows = pq.read_table(runs / "demo" / "records" / "samples" / "step_000002.parquet").to_pylist()
+    first_group = min(r["group_id"] for r in rows if r["status"] == "kept")
+    navigate(
+        page,
+        lambda: page.click(f"#groups-panel tr[data-key='{first_group}']"),
+        "rollouts",
+    )
+    sample = min((r for r in rows if r["group_id"] == first_group), key=lambda r: r["sample_id"])
+    navigate(page, lambda: page.click(f"#groups-panel tr[data-key='{sample['sample_id']}']"), "rollouts")
+    assert page.text_content("#sample-prompt") == sample["prompt"]
+    assert f"{sample['reward']:.4f}" in page.text_content("#sample-reward")
+    assert f"sample={sample['sample_id']}" in page.url  # a link to the sample can be shared
+    page.screenshot(path=str(tmp_path / "sample.png"), full_page=True)
+    assert page.errors == []
+
+
+def test_model_output_is_text_and_the_render_toggles(page: Any, tmp_path: Path) -> None:
+    page.goto(f"{page.base}#/r/demo/discarded?step=1&sample=16")  # sample 16 holds EVIL
+    ready(page, "discarded")
+    panel = page.locator("#sample-panel")
+    # markdown: the code fence is a code block, the reasoning folded
+    assert panel.locator("pre code").first.text_content() == "print(1)\n"
+    assert panel.locator("details.reasoning").count() == 1
+    assert panel.locator("details.reasoning").get_attribute("open") is None
+    assert not panel.get_by_text("secret plan").is_visible()
+    assert page.is_checked("#fold-reasoning")
+    page.uncheck("#fold-reasoning")
+    assert panel.get_by_text("secret plan").first.is_visible()
+    page.select_option("#render-mode", "raw")
+    assert panel.get_by_text("<think>secret plan</think>Final answer:", exact=False).count() == 1
+    # HTML in model output stays text: no script ran, no element was made from it
+    assert page.evaluate("window.__xss") is None
+    assert panel.locator("img").count() == 0
+    assert panel.locator("script").count() == 0
+    assert panel.locator("b:text-is('bold?')").count() == 0
+    assert "<script>window.__xss = 1</script>" in panel.text_content()
+    page.screenshot(path=str(tmp_path / "raw.png"), full_page=True)
+    page.select_option("#render-mode", "markdown")  # leave the stored choice as it was
+    assert page.errors == []
+
+
+def test_a_new_step_appears_on_the_metrics_page(page: Any, runs: Path) -> None:
+    page.goto(f"{page.base}#/r/live/metrics")
+    ready(page, "metrics")
+    assert page.text_content("#metrics-last-step") == "last step 2"
+    line = {"step": 3, "time": 1.0, "loss": 0.1, "reward/mean": 0.9, "timing/step_s": 10.0}
+    with (runs / "live" / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps(line) + "\n")
+    # the page polls every 2 s: the step shows within a few seconds of its line
+    page.wait_for_function(
+        "() => document.getElementById('metrics-last-step').textContent === 'last step 3'", timeout=6_000
+    )
+    assert page.errors == []
