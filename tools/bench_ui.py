@@ -36,23 +36,25 @@ from typing import Any
 import httpx
 
 
-def _write_part(args: tuple[str, int, int, int, int, int]) -> None:
-    path, first, last, samples, turns, steps = args
+def _write_part(args: tuple[str, int, int, int, int, int, float]) -> None:
+    path, first, last, samples, turns, steps, started = args
     from telescope_ui import testing
 
-    testing.synthetic_run(path, steps=steps, samples=samples, turns=turns, step_range=(first, last))
+    part = (first, last)
+    testing.synthetic_run(path, steps=steps, samples=samples, turns=turns, started=started, step_range=part)
 
 
 def build(run: Path, steps: int, samples: int, turns: int) -> float:
     """Write the synthetic run with every core; returns the seconds it took."""
     t0 = time.perf_counter()
     workers = max(1, os.cpu_count() or 1)
-    bounds = [(1 + i * steps // workers, (i + 1) * steps // workers) for i in range(workers)]
+    started = time.time() - steps * 10.0 - 60  # synthetic steps last 10 s
+    chunks = [(1 + i * steps // 50, (i + 1) * steps // 50) for i in range(50)]
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        pool.map(_write_part, [(str(run), a, b, samples, turns, steps) for a, b in bounds if a <= b])
+        pool.map(_write_part, [(str(run), a, b, samples, turns, steps, started) for a, b in chunks if a <= b])
     from telescope_ui import testing
 
-    testing.synthetic_run(run, steps=steps, samples=samples, turns=turns, step_range=(0, 0))  # the rest
+    testing.synthetic_run(run, steps=steps, samples=samples, turns=turns, started=started, step_range=(0, 0))
     return time.perf_counter() - t0
 
 

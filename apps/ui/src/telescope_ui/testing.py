@@ -247,7 +247,7 @@ def synthetic_run(
     run.mkdir(parents=True, exist_ok=True)
     start = started if started is not None else time.time() - steps * step_s - 60
     first, last = step_range or (1, steps)
-    lines = [_step(folder, s, start + (s - 1) * step_s, args) for s in range(first, last + 1)]
+    lines = [_step(folder, s, start + (s - 1) * step_s, args) for s in range(max(first, 1), last + 1)]
     if step_range not in (None, (0, 0)):
         (run / f".metrics-{first:06d}.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
         return run
