@@ -199,3 +199,41 @@ def test_a_token_guards_every_request(runs: Path) -> None:
         assert c.get("/api/runs").status_code == 200  # the cookie from the first visit
     with TestClient(create_app([runs], token="s3cret")) as c:
         assert c.get("/api/runs", headers={"X-Telescope-Token": "s3cret"}).status_code == 200
+
+
+def test_the_overview_of_a_long_window_comes_from_facts_per_file(
+    client: TestClient, runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generations = [
+        e for step in (1, 2, 3) for e in _table(runs, "rollout_events", step) if e["event"] == "generation"
+    ]
+    monkeypatch.setattr(_queries, "WIDE_FILES", 1)  # three steps count as a long run
+    wide = get(client, "/api/timeline", run="demo")
+    assert wide["bars"] == []
+    # each file's count is spread over its time range, all of which lies in the whole-run window
+    assert sum(b["n"] for b in wide["busy"]["buckets"]) == pytest.approx(len(generations))
+    per_server = {}
+    for b in wide["busy"]["buckets"]:
+        per_server[b["server"]] = per_server.get(b["server"], 0) + b["n"]
+    want = {}
+    for g in generations:
+        want[g["server"]] = want.get(g["server"], 0) + 1
+    assert per_server == pytest.approx(want)
+    assert {s["depth"] for s in wide["spans"]} == {0}  # the top-level spans only
+    assert len(wide["spans"]) == 3 * 2  # a train_step per step and rank
+    assert {e["event"] for e in wide["events"]} >= {"train_step", "weights_published", "stop"}
+    # a step written after the first look shows up (facts are per file)
+    lo = wide["run_end"] + 1
+    step4 = [{**e, "step": 4, "started_at": e["started_at"] + lo, "ended_at": e["ended_at"] + lo}
+             for e in _table(runs, "rollout_events", 3)]  # fmt: skip
+    import pyarrow as pa
+
+    table = pq.read_table(runs / "demo" / "records" / "rollout_events" / "step_000003.parquet")
+    path = runs / "demo" / "records" / "rollout_events" / "step_000004.parquet"
+    pq.write_table(pa.Table.from_pylist(step4, schema=table.schema), path)
+    try:
+        later = get(client, "/api/timeline", run="demo")
+        total = sum(b["n"] for b in later["busy"]["buckets"])
+        assert total == pytest.approx(len(generations) + sum(1 for e in step4 if e["event"] == "generation"))
+    finally:
+        path.unlink()

@@ -3,14 +3,18 @@
 A table's files are named by step, attempt or flush (docs/records.md, "Files, versions,
 attempts"). :func:`step_files` lists those of one step; :class:`TimeIndex` knows the time range of
 every file from its Parquet column statistics (no row is read), cached per file by size and
-modification time, so a window of the timeline reads only the files that overlap it.
+modification time, so a window of the timeline reads only the files that overlap it. It also
+keeps small per-file facts (:meth:`TimeIndex.facts`), computed once per file, for views of a
+whole long run that would otherwise read every row of every file.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -68,7 +72,29 @@ class TimeIndex:
 
     def __init__(self) -> None:
         self._cache: dict[str, tuple[tuple[int, int], tuple[float, float] | None]] = {}
+        self._facts: dict[tuple[str, str], tuple[tuple[int, int], Any]] = {}
         self._lock = threading.Lock()
+
+    def facts(
+        self, files: list[str], kind: str, compute: Callable[[list[str]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """``{file: fact}`` for ``files``, where ``compute(missing_files)`` gives the facts of the
+        files not seen yet (or changed since); cached per (file, kind) by size and mtime."""
+        keys: dict[str, tuple[int, int]] = {}
+        for path in files:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            keys[path] = (st.st_size, st.st_mtime_ns)
+        with self._lock:
+            known = {p: self._facts.get((p, kind)) for p in keys}
+        missing = [p for p, hit in known.items() if hit is None or hit[0] != keys[p]]
+        fresh = compute(missing) if missing else {}
+        with self._lock:
+            for path in missing:
+                self._facts[(path, kind)] = (keys[path], fresh.get(path))
+            return {p: self._facts[(p, kind)][1] for p in keys}
 
     def ranges(self, run: Path, table: str) -> list[tuple[str, float, float]]:
         out = []

@@ -226,13 +226,21 @@ def eval_items(cursor: Any, run: Path, step: int, eval_name: str | None) -> list
     )
 
 
+WIDE_FILES = 40
+"""A timeline window over more step files than this is the overview: generations as busy buckets
+and the trainer's top-level spans, both from facts cached per file, so a whole long run costs a
+pass over a few numbers per file, not over every event."""
+_SPANS = "rank, depth, name, started_at, ended_at, step, microbatch, minibatch, server"
+
+
 def timeline(
     cursor: Any, run: Path, index: TimeIndex, start: float | None, end: float | None
 ) -> dict[str, Any]:
     """Generations per server and lane, trainer spans per rank and the driver's events in a window.
 
     Without a window: the run's whole span. Past :data:`MAX_BARS` generations the bars become
-    ``busy`` buckets: per server and bucket (1/400 of the window), the generations starting in it.
+    ``busy`` buckets: per server and bucket (1/400 of the window), the generations in it; past
+    :data:`WIDE_FILES` steps only the top-level spans (depth 0) are sent.
     """
     lo, hi = index.span(run)
     start = lo if start is None else start
@@ -241,31 +249,97 @@ def timeline(
     if start is None or end is None:
         return {**out, "servers": [], "bars": [], "busy": None, "spans": [], "events": []}
     events = index.files(run, "rollout_events", start, end)
-    out.update(_generations(cursor, events, start, end))
     spans = index.files(run, "trainer_spans", start, end)
-    out["spans"] = (
-        rows(
-            cursor,
-            "select rank, depth, name, started_at, ended_at, step, microbatch, minibatch, server "
-            "from read_parquet(?, union_by_name = true) where ended_at >= ? and started_at <= ? "
-            "order by rank, started_at limit 20000",
-            [spans, start, end],
+    if len(events) > WIDE_FILES:
+        out.update(_busy_from_facts(cursor, index, events, start, end))
+        out["spans"] = _cached_rows(
+            cursor, index, spans, f"select {_SPANS}", "depth = 0", ("started_at", "ended_at"), start, end
         )
-        if spans
-        else []
-    )
+    else:
+        out.update(_generations(cursor, events, start, end))
+        out["spans"] = (
+            rows(
+                cursor,
+                f"select {_SPANS} from read_parquet(?, union_by_name = true) "
+                "where ended_at >= ? and started_at <= ? order by rank, started_at limit 20000",
+                [spans, start, end],
+            )
+            if spans
+            else []
+        )
     orch = index.files(run, "orchestrator_events", start, end)
-    out["events"] = (
-        rows(
-            cursor,
-            "select step, time, event, duration_s, detail from read_parquet(?, union_by_name = true) "
-            "where time <= ? and time + coalesce(duration_s, 0) >= ? order by time limit 5000",
-            [orch, end, start],
-        )
-        if orch
-        else []
-    )
+    select = "select step, time, event, duration_s, detail, time + coalesce(duration_s, 0) as ended"
+    found = _cached_rows(cursor, index, orch, select, "true", ("time", "ended"), start, end)
+    out["events"] = [{k: v for k, v in e.items() if k != "ended"} for e in found[:5000]]
     return out
+
+
+def _cached_rows(
+    cursor: Any,
+    index: TimeIndex,
+    files: list[str],
+    select: str,
+    where: str,
+    times: tuple[str, str],
+    start: float,
+    end: float,
+) -> list[dict[str, Any]]:
+    """Rows of small tables from a cache per file, those overlapping [start, end], in time order."""
+
+    def compute(missing: list[str]) -> dict[str, Any]:
+        found = rows(
+            cursor,
+            f"{select}, filename from read_parquet(?, union_by_name = true, filename = true) where {where}",
+            [missing],
+        )
+        by_file: dict[str, list[dict[str, Any]]] = {}
+        for r in found:
+            by_file.setdefault(r.pop("filename"), []).append(r)
+        return by_file
+
+    first, last = times
+    picked = [
+        r
+        for per_file in index.facts(files, f"rows:{select}:{where}", compute).values()
+        for r in per_file or []
+        if r[last] >= start and r[first] <= end
+    ]
+    return sorted(picked, key=lambda r: r[first])  # fmt: skip
+
+
+def _busy_from_facts(
+    cursor: Any, index: TimeIndex, files: list[str], start: float, end: float
+) -> dict[str, Any]:
+    """Busy buckets from each file's generations per server (count, first start, last end), each
+    file's count spread evenly over its time range."""
+
+    def compute(missing: list[str]) -> dict[str, Any]:
+        found = rows(
+            cursor,
+            "select filename, server, count(*) as n, min(started_at) as lo, max(ended_at) as hi "
+            "from read_parquet(?, union_by_name = true, filename = true) where event = 'generation' "
+            "group by all",
+            [missing],
+        )
+        by_file: dict[str, list[tuple[str, int, float, float]]] = {}
+        for r in found:
+            by_file.setdefault(r["filename"], []).append((r["server"], r["n"], r["lo"], r["hi"]))
+        return by_file
+
+    width = (end - start) / 400 or 1.0
+    buckets: dict[tuple[str, int], float] = {}
+    for facts in index.facts(files, "generations", compute).values():
+        for server, n, lo, hi in facts or []:
+            a, b = max(lo, start), min(hi, end)
+            if b < a:
+                continue
+            for k in range(int((a - start) // width), int((b - start) // width) + 1):
+                overlap = min(b, start + (k + 1) * width) - max(a, start + k * width)
+                share = overlap / (hi - lo) if hi > lo else 1.0
+                buckets[(server, k)] = buckets.get((server, k), 0.0) + n * share
+    servers = sorted({s for s, _ in buckets})
+    busy = [{"server": s, "bucket": k, "n": v} for (s, k), v in sorted(buckets.items())]
+    return {"servers": servers, "bars": [], "busy": {"width": width, "buckets": busy}}
 
 
 def _generations(cursor: Any, files: list[str], start: float, end: float) -> dict[str, Any]:
