@@ -14,6 +14,8 @@ from fastapi.testclient import TestClient
 from telescope_ui import _queries, create_app
 from telescope_ui.testing import synthetic_run
 
+LOCAL = "http://127.0.0.1:8765"
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -28,7 +30,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(runs: Path) -> Iterator[TestClient]:
-    with TestClient(create_app([runs])) as c:
+    with TestClient(create_app([runs]), base_url=LOCAL) as c:
         yield c
 
 
@@ -189,7 +191,7 @@ def test_pages_carry_a_content_security_policy(client: TestClient) -> None:
 
 
 def test_a_token_guards_every_request(runs: Path) -> None:
-    with TestClient(create_app([runs], token="s3cret")) as c:
+    with TestClient(create_app([runs], token="s3cret"), base_url=LOCAL) as c:
         assert c.get("/").status_code == 401
         assert c.get("/api/runs").status_code == 401
         assert c.get("/api/runs", params={"token": "wrong"}).status_code == 401
@@ -197,7 +199,7 @@ def test_a_token_guards_every_request(runs: Path) -> None:
         assert first.status_code == 200
         assert "telescope_token" in first.headers["set-cookie"]
         assert c.get("/api/runs").status_code == 200  # the cookie from the first visit
-    with TestClient(create_app([runs], token="s3cret")) as c:
+    with TestClient(create_app([runs], token="s3cret"), base_url=LOCAL) as c:
         assert c.get("/api/runs", headers={"X-Telescope-Token": "s3cret"}).status_code == 200
 
 
@@ -237,3 +239,62 @@ def test_the_overview_of_a_long_window_comes_from_facts_per_file(
         assert total == pytest.approx(len(generations) + sum(1 for e in step4 if e["event"] == "generation"))
     finally:
         path.unlink()
+
+
+def test_notes_are_the_one_thing_written(client: TestClient, runs: Path) -> None:
+    assert get(client, "/api/notes", run="other") == {"text": ""}
+    # without the inspector's header (as a page of another site would send it): refused
+    refused = client.put("/api/notes", params={"run": "other"}, content="hi")
+    assert refused.status_code == 403
+    assert not (runs / "other" / "notes.md").exists()
+    saved = client.put(
+        "/api/notes", params={"run": "other"}, content="lr too high?", headers={"X-Telescope-Notes": "1"}
+    )
+    assert saved.status_code == 200
+    assert (runs / "other" / "notes.md").read_text() == "lr too high?"
+    assert get(client, "/api/notes", run="other") == {"text": "lr too high?"}
+    huge = client.put(
+        "/api/notes", params={"run": "other"}, content="x" * 100_001, headers={"X-Telescope-Notes": "1"}
+    )
+    assert huge.status_code == 413
+    assert "limited to 100,000 characters" in huge.json()["detail"]
+    assert (runs / "other" / "notes.md").read_text() == "lr too high?"
+    missing = client.put(
+        "/api/notes", params={"run": "../x"}, content="x", headers={"X-Telescope-Notes": "1"}
+    )
+    assert missing.status_code == 404
+
+
+def test_other_host_names_are_refused(runs: Path) -> None:
+    # a page whose own name was pointed at 127.0.0.1 (DNS rebinding) sends its name as Host
+    with TestClient(create_app([runs]), base_url="http://attacker.example:8765") as c:
+        assert c.get("/api/runs").status_code == 400
+    with TestClient(create_app([runs]), base_url="http://localhost:8765") as c:
+        assert c.get("/api/runs").status_code == 200
+    with TestClient(create_app([runs], token="t", hosts=("*",)), base_url="http://node7:8765") as c:
+        assert c.get("/api/runs", params={"token": "t"}).status_code == 200
+
+
+def test_windows_must_be_finite(client: TestClient) -> None:
+    response = client.get("/api/timeline", params={"run": "demo", "start": "nan", "end": 5})
+    assert response.status_code == 400
+    assert "finite" in response.json()["detail"]
+
+
+def test_eval_samples_by_source_and_eval_lines_by_step(client: TestClient, runs: Path) -> None:
+    items = get(client, "/api/eval_items", run="demo", step=3)
+    first = items[0]["completions"][0]
+    s = get(client, "/api/sample", run="demo", step=3, id=first["sample_id"], source="eval:digits")
+    assert (s["eval"], s["completion"]) == ("digits", first["completion"])
+    assert (
+        client.get(
+            "/api/sample", params={"run": "demo", "step": 3, "id": first["sample_id"], "source": "eval:other"}
+        ).status_code
+        == 404
+    )
+    lines = [{"step": 5, "eval/step": 5, "eval/a": 1.0}, {"step": 2, "eval/step": 2, "eval/a": 0.5},
+             {"step": 5, "eval/step": 5, "eval/b": 2.0, "eval/standalone": 1}]  # fmt: skip
+    assert _queries.eval_list(lines) == [
+        {"step": 2, "a": 0.5},
+        {"step": 5, "a": 1.0, "b": 2.0, "standalone": 1},
+    ]

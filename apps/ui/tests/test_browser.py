@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from telescope_records import RecordWriter
 from telescope_ui.testing import serve_in_thread, synthetic_run
 
 pytestmark = pytest.mark.browser
@@ -29,6 +30,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("runs")
     synthetic_run(root / "demo", steps=3, samples=16, completion=EVIL)
     synthetic_run(root / "live", steps=2, finished=False)
+    starting = root / "starting"  # a run in its first seconds: its config and manifest, nothing else
+    starting.mkdir()
+    (starting / "config.yaml").write_text("model: m  # set by you\n")
+    RecordWriter(starting).close()
     return root
 
 
@@ -81,6 +86,12 @@ def test_every_page_from_a_click_path_to_a_sample(page: Any, runs: Path, tmp_pat
     assert f"{sample['reward']:.4f}" in page.text_content("#sample-reward")
     assert f"sample={sample['sample_id']}" in page.url  # a link to the sample can be shared
     page.screenshot(path=str(tmp_path / "sample.png"), full_page=True)
+    # notes typed on the overview land in the run directory
+    navigate(page, lambda: page.click("nav a:text-is('overview')"), "overview")
+    page.fill("#notes", "step 2 looks fine")
+    page.click("#save-notes")
+    page.wait_for_function("() => document.getElementById('notes-state').textContent === 'saved'")
+    assert (runs / "demo" / "notes.md").read_text() == "step 2 looks fine"
     assert page.errors == []
 
 
@@ -120,4 +131,39 @@ def test_a_new_step_appears_on_the_metrics_page(page: Any, runs: Path) -> None:
     page.wait_for_function(
         "() => document.getElementById('metrics-last-step').textContent === 'last step 3'", timeout=6_000
     )
+    assert page.errors == []
+
+
+def test_metrics_of_another_run_overlaid_and_one_environment(page: Any) -> None:
+    page.goto(f"{page.base}#/r/demo/metrics")
+    ready(page, "metrics")
+    page.select_option("#metrics-overlay", ["live"])
+    chart = page.locator(".chart:has(.title:text-is('loss'))")
+    chart.locator(".u-legend").wait_for()
+    assert {"demo", "live"} <= set(chart.locator(".u-legend .u-label").all_text_contents())
+    page.select_option("#metrics-env", "countdown")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('details.metrics .chart .title')].map((t) => t.textContent)"
+        ".join('|') === 'reward/countdown/mean'"
+    )
+    titles = page.locator("details.metrics .chart .title").all_text_contents()
+    assert titles == ["reward/countdown/mean"]
+    assert page.errors == []
+
+
+def test_a_run_with_nothing_recorded_yet_and_a_search_with_odd_characters(page: Any) -> None:
+    for name in PAGES:
+        page.goto(f"{page.base}#/r/starting/{name}")
+        ready(page, name)
+        assert page.locator("#error").is_hidden(), (name, page.locator("#error").text_content())
+        page.evaluate("delete document.body.dataset.ready")
+        page.goto("about:blank")
+    page.goto(f"{page.base}#/r/demo/rollouts?step=1")
+    ready(page, "rollouts")
+    page.fill("#steps-panel ~ * input, .toolbar input[placeholder='search text']", "a&b=50% #1")
+    page.evaluate("delete document.body.dataset.ready")
+    page.click("button:text-is('filter')")
+    ready(page, "rollouts")
+    assert page.input_value(".toolbar input[placeholder='search text']") == "a&b=50% #1"
+    assert "0 samples match at step 1" in page.text_content("#groups-panel")
     assert page.errors == []

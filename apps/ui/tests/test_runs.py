@@ -73,26 +73,52 @@ def test_log_tail_filters_by_level_and_reads_from_the_end(tmp_path: Path) -> Non
     assert [e["event"] for e in warnings] == ["e4995", "e4998"]  # 4995 and 4998 are multiples of 3
 
 
-def test_status_from_the_stop_event_then_liveness(tmp_path: Path) -> None:
-    run = synthetic_run(tmp_path / "r", steps=1, finished=False)
-    assert status(run, {"reason": "finished"}, 0) == {"status": "finished", "reason": "finished"}
-    assert status(run, {"reason": "RolloutError: no prompt fits"}, 0)["status"] == "failed"
-    assert status(run, None, 0)["status"] == "running"  # files written just now
+def _age(run: Path) -> None:
     old = time.time() - 3600
-    for p in [run / "metrics.jsonl", run / "records" / "manifest.json", run / "records" / "infra"]:
-        os.utime(p, (old, old))
-    assert status(run, None, 0) == {"status": "killed", "reason": "the run stopped without recording its end"}
-    # an infra file of a live process of this machine makes it running again
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    for f in (
+        "metrics.jsonl",
+        "records/manifest.json",
+        "records/infra",
+        "logs/telescope.jsonl",
+        "config.yaml",
+    ):
+        os.utime(run / f, (old, old))
+
+
+def test_status_from_the_stop_events_then_liveness(tmp_path: Path) -> None:
+    run = synthetic_run(tmp_path / "r", steps=1, finished=False)
+    finished = {0: {"reason": "finished"}}
+    assert status(run, finished, 0) == {"status": "finished", "reason": "finished"}
+    assert status(run, {0: {"reason": "RolloutError: no prompt fits"}}, 0)["status"] == "failed"
+    assert status(run, {0: {"reason": "KeyboardInterrupt: "}}, 0)["status"] == "stopped"
+    assert status(run, {}, 0)["status"] == "running"  # files written just now
+    # a resumed attempt without its stop yet, while files change: running
+    assert status(run, finished, 1)["status"] == "running"
+    _age(run)
+    assert status(run, {}, 0) == {"status": "killed", "reason": "the run stopped without recording its end"}
+    # `telescope eval` adds an attempt without a stop event: the run stays finished
+    assert status(run, finished, 1)["status"] == "finished"
+
+
+def test_a_live_driver_of_this_machine_is_running(tmp_path: Path) -> None:
+    run = synthetic_run(tmp_path / "r", steps=1, finished=False)
+    _age(run)
+    code = "import time; time.sleep(60)"
+    driver = subprocess.Popen([sys.executable, "-c", code, "telescope", "train"])  # a telescope command
+    other = subprocess.Popen([sys.executable, "-c", code])  # a pid reused by another program
     try:
-        name = f"a000-{socket.gethostname()}-{alive.pid}-000001.parquet"
-        pq.write_table(pa.table({"time": [1.0]}), run / "records" / "infra" / name)
-        os.utime(run / "records" / "infra", (old, old))
-        assert status(run, None, 0)["status"] == "running"
+        for proc in (driver, other):
+            name = f"a000-{socket.gethostname()}-{proc.pid}-000001.parquet"
+            pq.write_table(pa.table({"time": [1.0]}), run / "records" / "infra" / name)
+        _age(run)
+        assert status(run, {}, 0)["status"] == "running"
+        driver.kill()
+        driver.wait()
+        assert status(run, {}, 0)["status"] == "killed"  # the other process is no driver
     finally:
-        alive.kill()
-        alive.wait()
-    assert status(run, None, 0)["status"] == "killed"
+        for proc in (driver, other):
+            proc.kill()
+            proc.wait()
 
 
 def test_progress_and_eta_from_the_last_steps() -> None:
@@ -117,6 +143,9 @@ def test_metrics_cache_reads_what_was_appended_and_rereads_a_shorter_file(tmp_pa
     assert [m["step"] for m in cache.lines(tmp_path)] == [1, 2, 3]
     file.write_text('{"step": 1, "loss": 9.0}\n')  # a resume dropped steps 2 and 3
     assert cache.lines(tmp_path) == [{"step": 1, "loss": 9.0}]
+    # rewritten in place and grown past what was read before the next look: read again
+    file.write_text('{"step": 1, "loss": 7.0}\n{"step": 2, "loss": 6.0}\n{"step": 3, "loss": 5.0}\n')
+    assert [m["loss"] for m in cache.lines(tmp_path)] == [7.0, 6.0, 5.0]
 
 
 def test_metric_columns_and_discarded_counts() -> None:

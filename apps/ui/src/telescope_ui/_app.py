@@ -1,7 +1,9 @@
 """The inspector's web server: a JSON API over the runs' records and the static single-page app.
 
 Every API route takes run *names* (``?run=``), resolved by :class:`RunIndex` among the folders
-the server was given, never a path, and reads only; the static files come from this package.
+the server was given, never a path, and reads only, except ``PUT /api/notes``, which replaces
+the run's ``notes.md`` (it needs the header ``X-Telescope-Notes: 1``, which a page of another
+site cannot send); the static files come from this package.
 With a token (required when the server listens beyond this machine) every request must carry it:
 ``?token=`` once (it is then kept in a cookie), the cookie, or the ``X-Telescope-Token`` header.
 Pages get a Content-Security-Policy that allows only this server's own scripts, and the app puts
@@ -10,6 +12,7 @@ model and tool output into the page as text, never as HTML.
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -19,11 +22,21 @@ import duckdb
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from telescope_ui import _queries as qry
 from telescope_ui._files import TimeIndex
 from telescope_ui._metrics import MetricsCache, discarded_by_reason, metric_columns
-from telescope_ui._runs import RunIndex, config_diff, log_tail, progress, read_config, status
+from telescope_ui._runs import (
+    RunIndex,
+    config_diff,
+    log_tail,
+    progress,
+    read_config,
+    read_notes,
+    status,
+    write_notes,
+)
 
 __all__ = ["create_app"]
 
@@ -57,8 +70,8 @@ def _summary(state: _State, name: str, path: Path) -> dict[str, Any]:
     """A run's line on the runs page: status, progress, model and environments."""
     metrics = state.metrics.lines(path)
     config, _ = read_config(path)
-    stop, attempt = _stop_event(state, path)
-    st = status(path, stop, attempt)
+    stops, attempt = _stop_events(state, path)
+    st = status(path, stops, attempt)
     total = config.get("number_of_steps")
     envs = [e.get("name") for e in config.get("environments") or [] if isinstance(e, dict)]
     return {
@@ -80,32 +93,37 @@ def _started(path: Path) -> float | None:
     return attempts[0].get("started") if attempts else None
 
 
-def _stop_event(state: _State, path: Path) -> tuple[dict[str, Any] | None, int]:
-    """The last attempt's ``stop`` event (its detail) and the last attempt's number."""
+def _stop_events(state: _State, path: Path) -> tuple[dict[int, dict[str, Any]], int]:
+    """The ``stop`` event (its detail) of each attempt that recorded one, and the last attempt."""
     import json
 
     from telescope_records import read_manifest
 
     attempts = read_manifest(path).get("attempts") or [{"attempt": 0}]
     attempt = int(attempts[-1].get("attempt", 0))
-    files = [
-        str(p)
-        for p in sorted((path / "records" / "orchestrator_events").glob(f"*-end-a{attempt:03d}*.parquet"))
-    ]
+    files = [str(p) for p in sorted((path / "records" / "orchestrator_events").glob("*-end-a*.parquet"))]
     if not files:
-        return None, attempt
+        return {}, attempt
     found = qry.rows(
         state.cursor(),
-        "select detail from read_parquet(?, union_by_name = true) where event = 'stop' and attempt = ? "
-        "order by time desc limit 1",
-        [files, attempt],
+        "select attempt, arg_max(detail, time) as detail from read_parquet(?, union_by_name = true) "
+        "where event = 'stop' group by attempt",
+        [files],
     )
-    if not found:
-        return None, attempt
-    try:
-        return json.loads(found[0]["detail"] or "{}"), attempt
-    except ValueError:
-        return {"reason": found[0]["detail"]}, attempt
+    stops: dict[int, dict[str, Any]] = {}
+    for row in found:
+        try:
+            detail = json.loads(row["detail"] or "{}")
+        except ValueError:
+            detail = {"reason": row["detail"]}
+        stops[int(row["attempt"])] = detail if isinstance(detail, dict) else {"reason": str(detail)}
+    return stops, attempt
+
+
+def _finite(value: float | None) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise HTTPException(400, "start and end must be finite times (unix seconds)")
+    return value
 
 
 def _token_guard(
@@ -129,8 +147,18 @@ def _token_guard(
     return guard
 
 
-def create_app(roots: Sequence[str | Path], *, token: str | None = None) -> FastAPI:
-    """The inspector over ``roots`` (run directories or folders of runs)."""
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def create_app(
+    roots: Sequence[str | Path], *, token: str | None = None, hosts: Sequence[str] = LOCAL_HOSTS
+) -> FastAPI:
+    """The inspector over ``roots`` (run directories or folders of runs).
+
+    ``hosts``: the names the browser may call this server by (the ``Host`` header); any other is
+    refused, so a web page cannot reach a local inspector by pointing its own name at 127.0.0.1
+    (DNS rebinding). ``("*",)`` allows any (for a server off loopback, which needs ``token``).
+    """
     app = FastAPI(title="Telescope UI", docs_url=None, redoc_url=None, openapi_url=None)
     state = _State(roots)
 
@@ -144,6 +172,7 @@ def create_app(roots: Sequence[str | Path], *, token: str | None = None) -> Fast
 
     if token:
         app.middleware("http")(_token_guard(token))
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(hosts))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)
@@ -151,6 +180,7 @@ def create_app(roots: Sequence[str | Path], *, token: str | None = None) -> Fast
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
     _run_routes(app, state)
+    _notes_routes(app, state)
     _record_routes(app, state)
     return app
 
@@ -202,6 +232,24 @@ def _run_routes(app: FastAPI, state: _State) -> None:
         return qry.eval_list(state.metrics.lines(state.run(run)))
 
 
+def _notes_routes(app: FastAPI, state: _State) -> None:
+    @app.get("/api/notes")
+    def notes(run: str) -> dict[str, str]:
+        return {"text": read_notes(state.run(run))}
+
+    @app.put("/api/notes")
+    async def save_notes(run: str, request: Request) -> dict[str, str]:
+        # A custom header no other site's page may send without CORS (which is off): no CSRF.
+        if request.headers.get("x-telescope-notes") != "1":
+            raise HTTPException(403, "notes are saved from the inspector's own pages")
+        text = (await request.body()).decode("utf-8", errors="replace")
+        try:
+            write_notes(state.run(run), text)
+        except ValueError as err:
+            raise HTTPException(413, str(err)) from err
+        return {"text": text}
+
+
 def _record_routes(app: FastAPI, state: _State) -> None:
     @app.get("/api/groups")
     def groups(run: str, step: int, kept: bool = True) -> list[dict[str, Any]]:
@@ -234,14 +282,14 @@ def _record_routes(app: FastAPI, state: _State) -> None:
 
     @app.get("/api/timeline")
     def timeline(run: str, start: float | None = None, end: float | None = None) -> dict[str, Any]:
-        return qry.timeline(state.cursor(), state.run(run), state.times, start, end)
+        return qry.timeline(state.cursor(), state.run(run), state.times, _finite(start), _finite(end))
 
     @app.get("/api/infra")
     def infra(run: str, start: float | None = None, end: float | None = None) -> dict[str, Any]:
         path = state.run(run)
         cursor = state.cursor()
         return {
-            "series": qry.infra_series(cursor, path, state.times, start, end),
+            "series": qry.infra_series(cursor, path, state.times, _finite(start), _finite(end)),
             "setup": qry.attempt_table(cursor, path, "setup"),
             "model": qry.attempt_table(cursor, path, "model"),
         }

@@ -99,7 +99,10 @@ class TimeIndex:
     def ranges(self, run: Path, table: str) -> list[tuple[str, float, float]]:
         out = []
         for e in _parquet(run / "records" / table):
-            st = e.stat()
+            try:
+                st = e.stat()
+            except FileNotFoundError:  # deleted since the listing (a resume drops later steps)
+                continue
             key = (st.st_size, st.st_mtime_ns)
             with self._lock:
                 cached = self._cache.get(e.path)

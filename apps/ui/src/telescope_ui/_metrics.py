@@ -1,8 +1,9 @@
 """``metrics.jsonl`` for the pages: read incrementally, and shaped as columns.
 
 A live run appends one line per step; :class:`MetricsCache` keeps the lines it parsed and reads
-only the bytes added since (a file that shrank, as when a resumed run drops the steps it redoes,
-is read again from the start).
+only the bytes added since. A file rewritten in place (a resumed run drops the steps it redoes)
+is read again from the start: it is either shorter than what was read, or no longer ends, at the
+offset read so far, with the bytes that were there.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from typing import Any
 __all__ = ["MetricsCache", "discarded_by_reason", "metric_columns"]
 
 _DISCARDED = "derived/discarded/"
+_TAIL = 256
+"""Bytes before the offset read so far that must be unchanged for the cached lines to stand."""
 
 
 class MetricsCache:
     """Parsed lines of each run's ``metrics.jsonl``, kept up to date by reading what was appended."""
 
     def __init__(self) -> None:
-        self._runs: dict[Path, tuple[int, list[dict[str, Any]]]] = {}
+        self._runs: dict[Path, tuple[int, bytes, list[dict[str, Any]]]] = {}
         self._lock = threading.Lock()
 
     def lines(self, run: Path) -> list[dict[str, Any]]:
@@ -31,18 +34,19 @@ class MetricsCache:
             size = os.stat(file).st_size
         except FileNotFoundError:
             return []
-        with self._lock:
-            offset, lines = self._runs.get(run, (0, []))
-            if size < offset:
-                offset, lines = 0, []
+        with self._lock, file.open("rb") as fh:
+            offset, tail, lines = self._runs.get(run, (0, b"", []))
+            fh.seek(max(0, offset - len(tail)))
+            if size < offset or fh.read(len(tail)) != tail:
+                offset, tail, lines = 0, b"", []
             if size > offset:
-                with file.open("rb") as fh:
-                    fh.seek(offset)
-                    data = fh.read(size - offset)
+                fh.seek(offset)
+                data = fh.read(size - offset)
                 end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
                 lines = lines + _parse(data[:end])
                 offset += end
-            self._runs[run] = (offset, lines)
+                tail = (tail + data[:end])[-_TAIL:]
+            self._runs[run] = (offset, tail, lines)
             return lines
 
 

@@ -48,6 +48,8 @@ def _clean(value: Any) -> Any:
         return None
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
     return value
 
 
@@ -137,15 +139,20 @@ def sample_list(
 def sample_detail(
     cursor: Any, run: Path, step: int, sample_id: int, *, source: str = "train"
 ) -> dict[str, Any] | None:
-    """One sample whole: its row, turns, tool calls, lifecycle events and its environment's ranges."""
+    """One sample whole: its row, turns, tool calls, lifecycle events and its environment's ranges.
+
+    ``source`` is ``train`` or ``eval:<eval name>``; of the attempts that hold the id (ids restart
+    on resume), the latest."""
     table = "samples" if source == "train" else "eval_samples"
     files = step_files(run, table, step)
     if not files:
         return None
+    which = "" if source == "train" else " and eval = ?"
     found = rows(
         cursor,
-        "select * from read_parquet(?, union_by_name = true) where sample_id = ? limit 1",
-        [files, sample_id],
+        f"select * from read_parquet(?, union_by_name = true) where sample_id = ?{which} "
+        "order by attempt desc limit 1",
+        [files, sample_id] + ([source.removeprefix("eval:")] if which else []),
     )
     if not found:
         return None
@@ -198,15 +205,14 @@ def _environment(cursor: Any, run: Path, env: Any) -> dict[str, Any] | None:
 
 
 def eval_list(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every eval line of ``metrics.jsonl``: the evaluated step and its ``eval/*`` metrics."""
-    return [
-        {
-            "step": m["eval/step"],
-            **{k[5:]: v for k, v in m.items() if k.startswith("eval/") and k != "eval/step"},
-        }
-        for m in metrics
-        if "eval/step" in m
-    ]
+    """The eval lines of ``metrics.jsonl`` by evaluated step (lines of one step merged, a later line
+    winning, e.g. a ``telescope eval`` after training), in step order, with their ``eval/*`` metrics."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for m in metrics:
+        if isinstance(m.get("eval/step"), int):
+            found = {k[5:]: v for k, v in m.items() if k.startswith("eval/") and k != "eval/step"}
+            by_step.setdefault(m["eval/step"], {"step": m["eval/step"]}).update(found)
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def eval_items(cursor: Any, run: Path, step: int, eval_name: str | None) -> list[dict[str, Any]]:
@@ -261,7 +267,7 @@ def timeline(
             rows(
                 cursor,
                 f"select {_SPANS} from read_parquet(?, union_by_name = true) "
-                "where ended_at >= ? and started_at <= ? order by rank, started_at limit 20000",
+                "where ended_at >= ? and started_at <= ? order by started_at limit 20000",
                 [spans, start, end],
             )
             if spans
@@ -307,6 +313,11 @@ def _cached_rows(
     return sorted(picked, key=lambda r: r[first])  # fmt: skip
 
 
+def _bucket(t: float, start: float, width: float) -> int:
+    """The bucket (0..399) of time ``t`` in a window of 400 buckets from ``start``."""
+    return min(399, max(0, int((t - start) // width)))
+
+
 def _busy_from_facts(
     cursor: Any, index: TimeIndex, files: list[str], start: float, end: float
 ) -> dict[str, Any]:
@@ -333,11 +344,11 @@ def _busy_from_facts(
             a, b = max(lo, start), min(hi, end)
             if b < a:
                 continue
-            for k in range(int((a - start) // width), int((b - start) // width) + 1):
+            for k in range(_bucket(a, start, width), _bucket(b, start, width) + 1):
                 overlap = min(b, start + (k + 1) * width) - max(a, start + k * width)
                 share = overlap / (hi - lo) if hi > lo else 1.0
                 buckets[(server, k)] = buckets.get((server, k), 0.0) + n * share
-    servers = sorted({s for s, _ in buckets})
+    servers = sorted({s for s, _ in buckets}, key=str)
     busy = [{"server": s, "bucket": k, "n": v} for (s, k), v in sorted(buckets.items())]
     return {"servers": servers, "bars": [], "busy": {"width": width, "buckets": busy}}
 
@@ -369,7 +380,8 @@ def _generations(cursor: Any, files: list[str], start: float, end: float) -> dic
     width = (end - start) / 400 or 1.0
     busy = rows(
         cursor,
-        f"select server, cast(floor((greatest(started_at, $start) - $start) / $w) as int) as bucket, "
+        "select server, least(399, cast(floor((greatest(started_at, $start) - $start) / $w) as int)) "
+        "as bucket, "
         f"count(*) as n from ({gen}) group by all order by all",
         {**params, "w": width},
     )

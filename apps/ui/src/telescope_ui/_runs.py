@@ -5,10 +5,12 @@ folder of runs holds run directories. :class:`RunIndex` maps each run's *name* t
 web API only ever takes names, so nothing outside the given folders can be asked for. Runs are
 looked up again on every listing, so a run that starts while the inspector is open shows up.
 
-A run's status comes from its record: the last attempt's ``stop`` event says ``finished`` (or the
-error it failed with); without one the run is ``running`` while the process that samples its
-infrastructure (its driver, named in the ``infra`` file names) is alive on this machine or its
-files changed in the last :data:`LIVE_WINDOW_S` seconds, and ``killed`` otherwise.
+A run's status comes from its record. It is ``running`` while the last attempt has no ``stop``
+event and either the process that samples its infrastructure (its driver, named in the ``infra``
+file names) is alive on this machine as a telescope command, or its files changed in the last
+:data:`LIVE_WINDOW_S` seconds. Otherwise the latest ``stop`` event of any attempt decides (a
+``telescope eval`` attempt records none): ``finished``, ``stopped`` (Ctrl-C or SIGTERM) or
+``failed`` with its error; with none at all the run was ``killed``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from typing import Any
 
 import yaml
 
-__all__ = ["RunIndex", "config_diff", "log_tail", "read_config", "read_metrics"]
+__all__ = ["RunIndex", "config_diff", "log_tail", "read_config", "read_metrics", "read_notes", "write_notes"]
 
 LIVE_WINDOW_S = 120.0
+NOTES = "notes.md"
+"""The one file the inspector writes: the user's notes on a run, in its run directory."""
+MAX_NOTES_CHARS = 100_000
 USER_MARK = "# set by you"
 """How ``config.yaml`` marks the keys the user's run YAML or command line set (docs/config.md)."""
 _INFRA_FILE = re.compile(r"^a(\d{3})-(.+)-(\d+)-\d+\.parquet$")
@@ -59,7 +64,11 @@ class RunIndex:
             elif root.is_dir():
                 found += sorted(p for p in root.iterdir() if _is_run(p))
         names = [p.name for p in found]
-        out = [Run(f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name, p) for p in found]
+        out: list[Run] = []
+        for p in found:
+            name = f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name
+            taken = {r.name for r in out}
+            out.append(Run(name if name not in taken else f"{name}~{len(out)}", p))
         return sorted(out, key=lambda r: r.name)
 
     def get(self, name: str) -> Run | None:
@@ -105,6 +114,20 @@ def read_config(path: Path) -> tuple[dict[str, Any], list[str]]:
     return (data if isinstance(data, dict) else {}), user
 
 
+def read_notes(path: Path) -> str:
+    file = path / NOTES
+    return file.read_text(encoding="utf-8", errors="replace") if file.is_file() else ""
+
+
+def write_notes(path: Path, text: str) -> None:
+    """Replace the run's notes (atomically: a reader sees the old or the new text, never half)."""
+    if len(text) > MAX_NOTES_CHARS:
+        raise ValueError(f"notes are limited to {MAX_NOTES_CHARS:,} characters; these have {len(text):,}")
+    tmp = path / f".{NOTES}.tmp-{os.getpid()}"
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path / NOTES)
+
+
 def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     """The top-level keys whose values differ between two configs, with both values."""
     keys = list(dict.fromkeys([*a, *b]))
@@ -122,6 +145,8 @@ def log_tail(path: Path, *, lines: int = 200, level: str | None = None) -> list[
         try:
             entry = json.loads(raw)
         except json.JSONDecodeError:
+            entry = None
+        if not isinstance(entry, dict):
             entry = {"event": raw, "level": "info"}
         lvl = str(entry.get("level", entry.get("log_level", "info"))).lower()
         if (_LOG_LEVELS.index(lvl) if lvl in _LOG_LEVELS else 1) >= floor:
@@ -153,6 +178,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _is_telescope(pid: int) -> bool:
+    """Whether ``pid`` runs a telescope command (a pid reused by another program is not the driver)."""
+    try:
+        return b"telescope" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _driver_alive(path: Path, attempt: int) -> bool:
     """Whether a process of this attempt that writes ``infra`` files is alive on this machine."""
     folder = path / "records" / "infra"
@@ -164,27 +197,33 @@ def _driver_alive(path: Path, attempt: int) -> bool:
         m = _INFRA_FILE.match(name)
         if m and int(m.group(1)) == attempt and m.group(2) == host:
             pids.add(int(m.group(3)))
-    return any(_pid_alive(p) for p in pids)
+    return any(_pid_alive(p) and _is_telescope(p) for p in pids)
 
 
 def _last_change(path: Path) -> float:
-    times = [
-        p.stat().st_mtime for p in (path / "metrics.jsonl", path / "records" / "manifest.json") if p.exists()
-    ]
+    files = ("metrics.jsonl", "records/manifest.json", "logs/telescope.jsonl", "config.yaml")
+    times = [(path / f).stat().st_mtime for f in files if (path / f).exists()]
     infra = path / "records" / "infra"
     if infra.is_dir():
         times.append(infra.stat().st_mtime)
     return max(times, default=0.0)
 
 
-def status(path: Path, stop: dict[str, Any] | None, attempt: int) -> dict[str, Any]:
-    """``{"status": running|finished|failed|killed, "reason": ...}`` (see the module docstring)."""
-    if stop is not None:
-        reason = str(stop.get("reason") or "")
-        return {"status": "finished" if reason == "finished" else "failed", "reason": reason}
-    if _driver_alive(path, attempt) or time.time() - _last_change(path) < LIVE_WINDOW_S:
+_STOPPED = ("KeyboardInterrupt", "SystemExit", "Interrupted", "SIGTERM")
+
+
+def status(path: Path, stops: dict[int, dict[str, Any]], attempt: int) -> dict[str, Any]:
+    """``{"status": running|finished|stopped|failed|killed, "reason": ...}`` from the ``stop``
+    events by attempt and the last attempt's number (see the module docstring)."""
+    live = _driver_alive(path, attempt) or time.time() - _last_change(path) < LIVE_WINDOW_S
+    if attempt not in stops and live:
         return {"status": "running", "reason": ""}
-    return {"status": "killed", "reason": "the run stopped without recording its end"}
+    if not stops:
+        return {"status": "killed", "reason": "the run stopped without recording its end"}
+    reason = str(stops[max(stops)].get("reason") or "")
+    if reason == "finished":
+        return {"status": "finished", "reason": reason}
+    return {"status": "stopped" if reason.startswith(_STOPPED) else "failed", "reason": reason}
 
 
 def progress(metrics: Iterable[dict[str, Any]], total_steps: int | None, running: bool) -> dict[str, Any]:

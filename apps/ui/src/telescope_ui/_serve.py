@@ -60,7 +60,7 @@ def serve(
     """Serve the inspector over ``roots`` until interrupted (see the module docstring)."""
     import uvicorn
 
-    from telescope_ui._app import create_app
+    from telescope_ui._app import LOCAL_HOSTS, create_app
 
     paths = check_roots(roots)
     if host not in LOOPBACK and not token:
@@ -71,5 +71,8 @@ def serve(
     say(f"Telescope UI over {', '.join(str(p) for p in paths)}: {url}  (Ctrl-C stops it)")
     if open_browser:
         webbrowser.open(url)
-    config = uvicorn.Config(create_app(paths, token=token), log_level="warning", access_log=False)
+    hosts = LOCAL_HOSTS if host in LOOPBACK else ("*",)
+    config = uvicorn.Config(
+        create_app(paths, token=token, hosts=hosts), log_level="warning", access_log=False
+    )
     uvicorn.Server(config).run(sockets=[sock])

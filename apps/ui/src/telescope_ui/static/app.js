@@ -67,13 +67,19 @@ async function api(path, params) {
   return body;
 }
 
+// the query is split off before anything is decoded: a search for "a&b" or "50%" stays whole
 function route() {
-  const hash = decodeURIComponent(location.hash.slice(1) || "/");
-  const [path, query] = hash.split("?");
-  const params = Object.fromEntries(new URLSearchParams(query || ""));
-  const m = path.match(/^\/r\/(.+)\/([a-z]+)$/);
-  if (m && PAGES.includes(m[2])) return { run: m[1], page: m[2], params };
-  return { run: null, page: "runs", params };
+  const hash = location.hash.slice(1) || "/";
+  const cut = hash.indexOf("?");
+  const path = cut < 0 ? hash : hash.slice(0, cut);
+  const params = Object.fromEntries(new URLSearchParams(cut < 0 ? "" : hash.slice(cut + 1)));
+  const m = path.match(/^\/r\/([^/]+)\/([a-z]+)$/);
+  if (!m || !PAGES.includes(m[2])) return { run: null, page: "runs", params };
+  try {
+    return { run: decodeURIComponent(m[1]), page: m[2], params };
+  } catch {
+    return { run: null, page: "runs", params }; // a malformed link: the runs page
+  }
 }
 
 function link(run, page, params) {
@@ -197,10 +203,26 @@ async function pageOverview(run, params, token) {
       { label: "reward range", cell: (r) => `${fmt(r.reward_min)} .. ${fmt(r.reward_max)}` }], o.environment_rows || []),
     el("h3", {}, "Config ", el("label", { class: "muted" }, onlyUser, " only the keys you set (★)")),
     configBox,
+    el("h3", {}, "Notes ", el("span", { class: "muted", id: "notes-state" })),
+    notesBox(run),
     el("h3", {}, "Log ", level),
     logBox,
   );
   await drawLogs();
+}
+
+// notes: the one thing the inspector writes, RUN/notes.md
+function notesBox(run) {
+  const area = el("textarea", { id: "notes", rows: 4, cols: 100, placeholder: "notes on this run (saved into its notes.md)" });
+  const stateText = () => document.getElementById("notes-state");
+  api("notes", { run }).then((n) => { area.value = n.text; }).catch((e) => showError(e.message));
+  const save = async () => {
+    const response = await fetch(`/api/notes?${new URLSearchParams({ run })}`, { method: "PUT", headers: { "X-Telescope-Notes": "1" }, body: area.value });
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) { showError(body.detail || response.statusText); return; }
+    stateText().textContent = "saved";
+  };
+  return el("div", {}, area, el("div", {}, el("button", { id: "save-notes", onclick: save }, "save notes")));
 }
 
 // metrics: every key of metrics.jsonl, grouped by its section (the part before the first "/")
@@ -208,7 +230,14 @@ const metricState = { run: null, count: 0, columns: {}, keys: [] };
 
 async function loadMetrics(run) {
   if (metricState.run !== run) Object.assign(metricState, { run, count: 0, columns: {}, keys: [] });
-  const got = await api("metrics", { run, since: metricState.count });
+  const since = metricState.count;
+  let got = await api("metrics", { run, since });
+  if (metricState.run !== run || metricState.count !== since) return 0; // another page or call won
+  if (got.count < since) { // the file was rewritten (a resume): start over
+    got = await api("metrics", { run, since: 0 });
+    if (metricState.run !== run || metricState.count !== since) return 0;
+    Object.assign(metricState, { count: 0, columns: {}, keys: [] });
+  }
   const n = (got.columns.step || []).length;
   const before = (metricState.columns.step || []).length;
   for (const k of new Set([...metricState.keys, ...got.keys])) {
@@ -227,33 +256,39 @@ async function pageMetrics(run, params, token) {
   const filter = el("input", { type: "text", placeholder: "filter (e.g. reward, an environment)", value: params.filter || "" });
   const smooth = el("input", { type: "range", min: 0, max: 0.99, step: 0.01, value: params.ema || 0 });
   const axis = el("select", {}, el("option", { value: "step" }, "step"), el("option", { value: "time", selected: params.x === "time" }, "wall clock"));
-  const overlay = el("select", {}, el("option", { value: "" }, "overlay another run…"), others.map((n) => el("option", { value: n, selected: n === params.vs }, n)));
+  const chosen = new Set((params.vs || "").split(",").filter(Boolean));
+  const overlay = el("select", { id: "metrics-overlay", multiple: true, size: Math.min(4, Math.max(2, others.length)), title: "runs to overlay (Ctrl-click for several)" },
+    others.map((n) => el("option", { value: n, selected: chosen.has(n) }, n)));
+  const envs = [...new Set(metricState.keys.map((k) => (k.match(/^reward\/(.+)\/mean$/) || [])[1]).filter(Boolean))];
+  const env = el("select", { id: "metrics-env" }, el("option", { value: "" }, "every environment"), envs.map((e) => el("option", { value: `/${e}/` }, e)));
+  env.addEventListener("change", () => { filter.value = env.value; });  // before draw (listeners run in order)
   const out = el("div");
   const draw = async () => {
-    const vs = overlay.value ? await api("metrics", { run: overlay.value }) : null;
-    put(out, ...metricSections(filter.value, Number(smooth.value), axis.value, vs, overlay.value));
+    const picked = [...overlay.selectedOptions].map((o) => o.value);
+    const vs = await Promise.all(picked.map(async (name) => ({ name, ...(await api("metrics", { run: name })) })));
+    put(out, ...metricSections(filter.value, Number(smooth.value), axis.value, vs));
   };
-  for (const input of [filter, smooth, axis, overlay]) input.addEventListener("change", draw);
+  for (const input of [filter, smooth, axis, overlay, env]) input.addEventListener("change", draw);
   const last = el("span", { class: "muted", id: "metrics-last-step" });
   const showLast = () => { const s = metricState.columns.step || []; last.textContent = s.length ? `last step ${s[s.length - 1]}` : "no steps yet"; };
   showLast();
-  put($main, el("h2", {}, "Metrics ", last), el("div", { class: "toolbar" }, filter, "EMA", smooth, "x:", axis, overlay),
+  put($main, el("h2", {}, "Metrics ", last), el("div", { class: "toolbar" }, filter, env, "EMA", smooth, "x:", axis, "overlay:", overlay),
     distributionCharts(), out);
   await draw();
   live(async () => {
-    if ((await loadMetrics(run)) > 0) {
+    if ((await loadMetrics(run)) > 0 && token === pageToken) {
       showLast();
       await draw();
       document.getElementById("distributions").replaceWith(distributionCharts());
     }
-  });
+  }, token);
 }
 
 function xsOf(columns, axis) {
   return axis === "time" ? columns.time || [] : columns.step || [];
 }
 
-function metricSections(filter, alpha, axis, vs, vsName) {
+function metricSections(filter, alpha, axis, others) {
   const cols = metricState.columns;
   const keys = metricState.keys.filter((k) => !["step", "time"].includes(k) && (!filter || k.includes(filter)));
   const sections = {};
@@ -265,15 +300,10 @@ function metricSections(filter, alpha, axis, vs, vsName) {
     const fill = () => {
       if (grid.childElementCount) return;
       for (const k of ks) {
-        const series = [{ label: metricState.run, values: ema(cols[k], alpha) }];
-        let xs = xsOf(cols, axis);
-        if (vs && vs.columns[k]) {
-          const merged = mergeXs(xs, series[0].values, xsOf(vs.columns, axis), ema(vs.columns[k], alpha));
-          xs = merged.xs;
-          series[0].values = merged.a;
-          series.push({ label: vsName, values: merged.b });
-        }
-        grid.append(lineChart(k, xs, series, { time: axis === "time" }));
+        const runs = [{ label: metricState.run, xs: xsOf(cols, axis), values: ema(cols[k], alpha) }];
+        for (const o of others) if (o.columns[k]) runs.push({ label: o.name, xs: xsOf(o.columns, axis), values: ema(o.columns[k], alpha) });
+        const merged = mergeXs(runs);
+        grid.append(lineChart(k, merged.xs, merged.series, { time: axis === "time" }));
       }
     };
     if (box.open) fill();
@@ -282,11 +312,15 @@ function metricSections(filter, alpha, axis, vs, vsName) {
   });
 }
 
-function mergeXs(xa, a, xb, b) {
-  const xs = [...new Set([...xa, ...xb])].sort((p, q) => p - q);
-  const ia = new Map(xa.map((x, i) => [x, i]));
-  const ib = new Map(xb.map((x, i) => [x, i]));
-  return { xs, a: xs.map((x) => (ia.has(x) ? a[ia.get(x)] : null)), b: xs.map((x) => (ib.has(x) ? b[ib.get(x)] : null)) };
+// several runs on one x axis: the union of their xs, each run null where it has no point
+function mergeXs(runs) {
+  if (runs.length === 1) return { xs: runs[0].xs, series: runs };
+  const xs = [...new Set(runs.flatMap((r) => r.xs))].sort((p, q) => p - q);
+  const series = runs.map((r) => {
+    const at = new Map(r.xs.map((x, i) => [x, i]));
+    return { label: r.label, values: xs.map((x) => (at.has(x) ? r.values[at.get(x)] : null)) };
+  });
+  return { xs, series };
 }
 
 function distributionCharts() {
@@ -320,6 +354,7 @@ async function pageRollouts(run, params, token, kept) {
   ], [...steps].reverse(), (r) => go(run, page, { step: r.step }), (r) => r.step === step, (r) => r.step));
   const header = [el("h2", {}, kept ? "Rollouts" : "Discarded and cancelled samples")];
   if (!kept) header.push(await discardedChart(run));
+  if (token !== pageToken) return;
   const filters = filterBar(run, page, params, step);
   const groupCol = el("div", { class: "panel", id: "groups-panel" });
   const sampleCol = el("div", { class: "panel", id: "sample-panel" });
@@ -493,7 +528,7 @@ async function pageTimeline(run, params, token) {
 
 async function loadTimeline(token) {
   const d = await api("timeline", { run: tl.run, start: tl.start, end: tl.end });
-  if (token !== undefined && token !== pageToken) return;
+  if (token !== pageToken) return;
   tl.data = d;
   tl.start = d.start;
   tl.end = d.end;
@@ -524,7 +559,7 @@ function drawTimeline() {
   const rowH = Math.max(8, Math.min(22, (canvas.height - 30) / Math.max(rows.length, 1)));
   const y = new Map(rows.map((r, i) => [r.key || r.server, 20 + i * rowH]));
   ctx.font = "11px system-ui";
-  rows.forEach((r, i) => { ctx.fillStyle = "#6e6e73"; ctx.fillText(r.label.slice(-28), 4, 20 + i * rowH + rowH * 0.7); });
+  rows.forEach((r, i) => { ctx.fillStyle = "#6e6e73"; ctx.fillText(String(r.label).slice(-28), 4, 20 + i * rowH + rowH * 0.7); });
   tl.rects = [];
   const colors = { kept: "#2e8b57", discarded: "#c0392b", cancelled: "#8e8e93", evaluated: "#8e44ad", running: "#d4a017" };
   for (const b of d.bars) {
@@ -557,9 +592,15 @@ function drawTimeline() {
 
 function bindTimeline(canvas, info) {
   let dragFrom = null, moved = false;
-  const refetch = debounce(() => { history.replaceState(null, "", link(tl.run, "timeline", { start: tl.start, end: tl.end })); loadTimeline(); }, 250);
+  const token = pageToken;
+  const refetch = debounce(() => {
+    if (token !== pageToken) return;
+    history.replaceState(null, "", link(tl.run, "timeline", { start: tl.start, end: tl.end }));
+    loadTimeline(token).catch((e) => showError(e.message));
+  }, 250);
   canvas.addEventListener("wheel", (ev) => {
     ev.preventDefault();
+    if (!tl.data || !tl.data.start) return; // nothing recorded yet: nothing to zoom
     const f = ev.deltaY > 0 ? 1.25 : 0.8, span = tl.end - tl.start;
     const at = tl.start + ((ev.offsetX - 170) / (canvas.clientWidth - 180)) * span;
     tl.start = at - (at - tl.start) * f; tl.end = at + (tl.end - at) * f;
@@ -567,7 +608,7 @@ function bindTimeline(canvas, info) {
   });
   canvas.addEventListener("mousedown", (ev) => { dragFrom = ev.offsetX; moved = false; });
   canvas.addEventListener("mousemove", (ev) => {
-    if (dragFrom === null) return;
+    if (dragFrom === null || !tl.data || !tl.data.start) return;
     const dt = ((dragFrom - ev.offsetX) / (canvas.clientWidth - 180)) * (tl.end - tl.start);
     if (Math.abs(ev.offsetX - dragFrom) > 2) moved = true;
     dragFrom = ev.offsetX; tl.start += dt; tl.end += dt;
@@ -636,15 +677,21 @@ async function pageEvals(run, params, token) {
 }
 
 // ------------------------------------------------------------------ shell
-function live(fn) {
-  clearInterval(refreshTimer);
-  const token = pageToken;
+// refresh a page every 2 s while it is the page shown (one call at a time: a chain of timeouts)
+function live(fn, token) {
+  if (token !== pageToken) return;
+  clearTimeout(refreshTimer);
   document.getElementById("live").textContent = "live";
-  refreshTimer = setInterval(async () => { if (token === pageToken) { try { await fn(); } catch (e) { showError(e.message); } } }, 2000);
+  const tick = async () => {
+    if (token !== pageToken) return;
+    try { await fn(); } catch (e) { showError(e.message); }
+    if (token === pageToken) refreshTimer = setTimeout(tick, 2000);
+  };
+  refreshTimer = setTimeout(tick, 2000);
 }
 
 async function show() {
-  clearInterval(refreshTimer);
+  clearTimeout(refreshTimer);
   document.getElementById("live").textContent = "";
   const token = ++pageToken;
   const { run, page, params } = route();
