@@ -1,8 +1,8 @@
 """Slim packages stay slim as users install them: built wheels in a fresh venv, no torch.
 
 The workspace environments hold every package at once, so a stray import of torch could hide
-there; this test builds the wheels of config, rollout, sandbox and records, installs only them (and their
-declared dependencies) into a new virtual environment and imports them.
+there; this test builds the wheels of config, rollout, sandbox, records and the inspector (ui), installs
+only them (and their declared dependencies) into a new virtual environment and imports them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SLIM = ("packages/config", "packages/rollout", "packages/sandbox", "packages/records")
+SLIM = ("packages/config", "packages/rollout", "packages/sandbox", "packages/records", "apps/ui")
 
 
 @pytest.mark.slow
@@ -51,6 +51,11 @@ def test_slim_wheels_install_and_import_without_heavy_packages(tmp_path: Path):
         "env = get_environment('countdown', dataset='bundled')\n"
         "assert len(env.load_dataset()) > 0\n"
         "assert load_config(None, ['--environments', '[{\"name\": \"countdown\"}]']).config.group_size == 8\n"
+        "import pathlib, telescope_ui\n"
+        "from telescope_ui.testing import synthetic_run\n"
+        "run = synthetic_run(pathlib.Path(tempfile.mkdtemp()) / 'r', steps=1)\n"
+        "telescope_ui.create_app([run.parent])\n"
+        "assert (pathlib.Path(telescope_ui.__file__).parent / 'static' / 'app.js').is_file()\n"
         "print(sorted({'torch', 'vllm', 'transformers'} & set(sys.modules)))\n"
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, check=False)

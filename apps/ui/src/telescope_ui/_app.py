@@ -16,7 +16,7 @@ import math
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import duckdb
 from fastapi import FastAPI, HTTPException, Query, Request, Response
@@ -250,28 +250,21 @@ def _notes_routes(app: FastAPI, state: _State) -> None:
         return {"text": text}
 
 
+class SamplesQuery(qry.SampleFilter):
+    """``/api/samples``: a run's step and the filter (FastAPI reads a model only as the whole query)."""
+
+    run: str
+    step: int
+
+
 def _record_routes(app: FastAPI, state: _State) -> None:
     @app.get("/api/groups")
     def groups(run: str, step: int, kept: bool = True) -> list[dict[str, Any]]:
         return qry.group_list(state.cursor(), state.run(run), step, kept=kept)
 
     @app.get("/api/samples")
-    def samples(
-        run: str,
-        step: int,
-        kept: bool | None = None,
-        group: int | None = None,
-        q: str | None = None,
-        env: str | None = None,
-        tag: str | None = None,
-        min_reward: float | None = None,
-        max_reward: float | None = None,
-        limit: int = Query(500, ge=1, le=5000),
-    ) -> list[dict[str, Any]]:
-        return qry.sample_list(
-            state.cursor(), state.run(run), step, kept=kept, group=group, q=q, env=env, tag=tag,
-            min_reward=min_reward, max_reward=max_reward, limit=limit,
-        )  # fmt: skip
+    def samples(query: Annotated[SamplesQuery, Query()]) -> list[dict[str, Any]]:
+        return qry.sample_list(state.cursor(), state.run(query.run), query.step, query)
 
     @app.get("/api/sample")
     def sample(run: str, step: int, id: int, source: str = "train") -> dict[str, Any]:

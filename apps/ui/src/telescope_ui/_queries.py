@@ -14,9 +14,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from telescope_ui._files import TimeIndex, step_files
 
 __all__ = [
+    "SampleFilter",
     "attempt_table",
     "eval_items",
     "eval_list",
@@ -64,27 +67,43 @@ def step_list(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _filters(
-    q: str | None, env: str | None, tag: str | None, lo: float | None, hi: float | None
-) -> tuple[str, list[Any]]:
-    where, params = [], []
-    if q:
-        where.append("(contains(lower(completion), lower(?)) or contains(lower(prompt), lower(?)))")
-        params += [q, q]
-    if env:
-        where.append("env = ?")
-        params.append(env)
-    if tag:
-        key, _, value = tag.partition("=")
-        where.append("tags[?] = ?")
-        params += [key, value]
-    if lo is not None:
-        where.append("reward >= ?")
-        params.append(lo)
-    if hi is not None:
-        where.append("reward <= ?")
-        params.append(hi)
-    return (" and " + " and ".join(where)) if where else "", params
+class SampleFilter(BaseModel):
+    """Which samples of a step a list shows: kept or not, one group, text in the prompt or the
+    completion (case-insensitive), an environment, a tag (``name=value``), a reward range."""
+
+    kept: bool | None = None
+    group: int | None = None
+    q: str | None = None
+    env: str | None = None
+    tag: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    limit: int = Field(500, ge=1, le=5000)
+
+    def sql(self) -> tuple[str, list[Any]]:
+        """The ``and ...`` conditions and their parameters, in order."""
+        where: list[str] = []
+        params: list[Any] = []
+        if self.kept is not None:
+            where.append("status = 'kept'" if self.kept else "status <> 'kept'")
+        if self.group is not None:
+            where.append("group_id = ?")
+            params.append(self.group)
+        if self.q:
+            where.append("(contains(lower(completion), lower(?)) or contains(lower(prompt), lower(?)))")
+            params += [self.q, self.q]
+        if self.env:
+            where.append("env = ?")
+            params.append(self.env)
+        if self.tag:
+            key, _, value = self.tag.partition("=")
+            where.append("tags[?] = ?")
+            params += [key, value]
+        for bound, op in ((self.min_reward, ">="), (self.max_reward, "<=")):
+            if bound is not None:
+                where.append(f"reward {op} ?")
+                params.append(bound)
+        return "".join(f" and {w}" for w in where), params
 
 
 def group_list(cursor: Any, run: Path, step: int, *, kept: bool) -> list[dict[str, Any]]:
@@ -104,35 +123,17 @@ def group_list(cursor: Any, run: Path, step: int, *, kept: bool) -> list[dict[st
     )
 
 
-def sample_list(
-    cursor: Any,
-    run: Path,
-    step: int,
-    *,
-    kept: bool | None = None,
-    group: int | None = None,
-    q: str | None = None,
-    env: str | None = None,
-    tag: str | None = None,
-    min_reward: float | None = None,
-    max_reward: float | None = None,
-    limit: int = 500,
-) -> list[dict[str, Any]]:
-    """Samples of one step, filtered (text in prompt or completion, environment, tag, reward)."""
+def sample_list(cursor: Any, run: Path, step: int, which: SampleFilter) -> list[dict[str, Any]]:
+    """Samples of one step that pass ``which``, by group and id."""
     files = step_files(run, "samples", step)
     if not files:
         return []
-    extra, params = _filters(q, env, tag, min_reward, max_reward)
-    if kept is not None:
-        extra += " and status = 'kept'" if kept else " and status <> 'kept'"
-    if group is not None:
-        extra += " and group_id = ?"
-        params.append(group)
+    extra, params = which.sql()
     return rows(
         cursor,
-        f"select {SAMPLE_BRIEF} from read_parquet(?, union_by_name = true) where true {extra} "
+        f"select {SAMPLE_BRIEF} from read_parquet(?, union_by_name = true) where true{extra} "
         "order by group_id, sample_id limit ?",
-        [files, *params, limit],
+        [files, *params, which.limit],
     )
 
 

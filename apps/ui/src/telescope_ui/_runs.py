@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["RunIndex", "config_diff", "log_tail", "read_config", "read_metrics", "read_notes", "write_notes"]
+__all__ = ["RunIndex", "config_diff", "log_tail", "read_config", "read_notes", "write_notes"]
 
 LIVE_WINDOW_S = 120.0
 NOTES = "notes.md"
@@ -73,22 +73,6 @@ class RunIndex:
 
     def get(self, name: str) -> Run | None:
         return next((r for r in self.runs() if r.name == name), None)
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Every line of ``metrics.jsonl`` that parses (a line being written is skipped)."""
-    file = path / "metrics.jsonl"
-    if not file.is_file():
-        return []
-    out = []
-    for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            out.append(row)
-    return out
 
 
 def read_config(path: Path) -> tuple[dict[str, Any], list[str]]:
