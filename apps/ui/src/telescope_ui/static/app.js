@@ -171,7 +171,7 @@ async function pageRuns(token) {
 }
 
 async function pageOverview(run, params, token) {
-  const o = await api("overview", { run });
+  const [o, notes] = await Promise.all([api("overview", { run }), api("notes", { run })]);
   if (token !== pageToken) return;
   const users = new Set(o.user_keys || []);
   const onlyUser = el("input", { type: "checkbox", checked: params.all ? false : true });
@@ -204,7 +204,7 @@ async function pageOverview(run, params, token) {
     el("h3", {}, "Config ", el("label", { class: "muted" }, onlyUser, " only the keys you set (★)")),
     configBox,
     el("h3", {}, "Notes ", el("span", { class: "muted", id: "notes-state" })),
-    notesBox(run),
+    notesBox(run, notes.text),
     el("h3", {}, "Log ", level),
     logBox,
   );
@@ -212,10 +212,10 @@ async function pageOverview(run, params, token) {
 }
 
 // notes: the one thing the inspector writes, RUN/notes.md
-function notesBox(run) {
+function notesBox(run, text) {
   const area = el("textarea", { id: "notes", rows: 4, cols: 100, placeholder: "notes on this run (saved into its notes.md)" });
+  area.value = text;
   const stateText = () => document.getElementById("notes-state");
-  api("notes", { run }).then((n) => { area.value = n.text; }).catch((e) => showError(e.message));
   const save = async () => {
     const response = await fetch(`/api/notes?${new URLSearchParams({ run })}`, { method: "PUT", headers: { "X-Telescope-Notes": "1" }, body: area.value });
     const body = await response.json().catch(() => ({}));
