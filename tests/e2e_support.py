@@ -152,7 +152,8 @@ def check_finished(run: Finished, steps: int, *, resumed_at: int = 0) -> list[di
         errors = [r["error"] for r in rows if r["error"] and r["status"] != "cancelled"]
         assert not errors, f"step {step}: sample errors {errors[:3]}"
         assert all(r["completion_tokens"] > 0 for r in kept)
-    # the console of a pipe: one plain line per step this run trained
+    # the console of a pipe: one plain line per step this run trained, then where to look at it
     for step in range(resumed_at + 1, steps + 1):
         assert f"step {step}/{steps}" in run.output, run.output[-2000:]
+    assert f"look at the run: telescope ui {run.run_dir.parent}" in run.output, run.output[-2000:]
     return lines

@@ -117,6 +117,7 @@ def train(
             raise TrainError(str(err)) from None
         console.close()
         console.info(f"[green]finished[/green] {cfg.number_of_steps} steps; records in {run.path}")
+        console.info(f"look at the run: telescope ui {run.path.parent}")
         return run.path
     finally:
         _stop(state)
