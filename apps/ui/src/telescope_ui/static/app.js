@@ -121,6 +121,15 @@ function ema(values, alpha) {
 
 const COLORS = ["#2457c5", "#c0392b", "#2e8b57", "#8e44ad", "#d4a017", "#16a085", "#e67e22", "#34495e"];
 
+const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000];
+
+function axisLabel(v) {
+  if (v === null || v === undefined) return "";
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(1);
+  return String(Number(v.toPrecision(4)));
+}
+
 function lineChart(title, xs, series, opts = {}) {
   const box = el("div", { class: "chart" }, el("div", { class: "title" }, title));
   const width = opts.width || 420;
@@ -131,7 +140,8 @@ function lineChart(title, xs, series, opts = {}) {
     series: [{}, ...series.map((s, i) => ({ label: s.label, stroke: s.color || COLORS[i % COLORS.length],
       width: 1.5, spanGaps: true, fill: s.fill, dash: s.dash }))],
     bands: opts.bands,
-    axes: [{}, { size: 60 }],
+    // steps are whole numbers; small values (a learning rate of 3e-5) keep their digits
+    axes: [opts.time ? {} : { incrs: STEP_INCRS }, { size: 64, values: (u, ticks) => ticks.map(axisLabel) }],
   }, [xs, ...series.map((s) => s.values)], box);
   box.plot = plot;
   return box;
@@ -257,7 +267,7 @@ async function pageMetrics(run, params, token) {
   const smooth = el("input", { type: "range", min: 0, max: 0.99, step: 0.01, value: params.ema || 0 });
   const axis = el("select", {}, el("option", { value: "step" }, "step"), el("option", { value: "time", selected: params.x === "time" }, "wall clock"));
   const chosen = new Set((params.vs || "").split(",").filter(Boolean));
-  const overlay = el("select", { id: "metrics-overlay", multiple: true, size: Math.min(4, Math.max(2, others.length)), title: "runs to overlay (Ctrl-click for several)" },
+  const overlay = el("select", { id: "metrics-overlay", multiple: true, hidden: others.length === 0, size: Math.min(4, Math.max(2, others.length)), title: "runs to overlay (Ctrl-click for several)" },
     others.map((n) => el("option", { value: n, selected: chosen.has(n) }, n)));
   const envs = [...new Set(metricState.keys.map((k) => (k.match(/^reward\/(.+)\/mean$/) || [])[1]).filter(Boolean))];
   const env = el("select", { id: "metrics-env" }, el("option", { value: "" }, "every environment"), envs.map((e) => el("option", { value: `/${e}/` }, e)));
@@ -272,7 +282,7 @@ async function pageMetrics(run, params, token) {
   const last = el("span", { class: "muted", id: "metrics-last-step" });
   const showLast = () => { const s = metricState.columns.step || []; last.textContent = s.length ? `last step ${s[s.length - 1]}` : "no steps yet"; };
   showLast();
-  put($main, el("h2", {}, "Metrics ", last), el("div", { class: "toolbar" }, filter, env, "EMA", smooth, "x:", axis, "overlay:", overlay),
+  put($main, el("h2", {}, "Metrics ", last), el("div", { class: "toolbar" }, filter, env, "EMA", smooth, "x:", axis, others.length ? "overlay:" : null, overlay),
     distributionCharts(), out);
   await draw();
   live(async () => {
