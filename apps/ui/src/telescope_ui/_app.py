@@ -24,6 +24,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from telescope_records import read_manifest
 from telescope_ui import _queries as qry
 from telescope_ui._files import TimeIndex
 from telescope_ui._metrics import MetricsCache, discarded_by_reason, metric_columns
@@ -66,12 +67,13 @@ class _State:
         return self.con.cursor()
 
 
-def _summary(state: _State, name: str, path: Path) -> dict[str, Any]:
+def _summary(state: _State, name: str, path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """A run's line on the runs page: status, progress, model and environments."""
     metrics = state.metrics.lines(path)
     config, _ = read_config(path)
-    stops, attempt = _stop_events(state, path)
-    st = status(path, stops, attempt)
+    attempts = manifest.get("attempts") or [{"attempt": 0}]
+    attempt = int(attempts[-1].get("attempt", 0))
+    st = status(path, _stop_events(state, path), attempt)
     total = config.get("number_of_steps")
     envs = [e.get("name") for e in config.get("environments") or [] if isinstance(e, dict)]
     return {
@@ -81,29 +83,18 @@ def _summary(state: _State, name: str, path: Path) -> dict[str, Any]:
         "model": config.get("model"),
         "environments": envs,
         "algorithm": config.get("algorithm"),
-        "started": _started(path) or next((m["time"] for m in metrics if m.get("time")), None),
+        "started": attempts[0].get("started") or next((m["time"] for m in metrics if m.get("time")), None),
         "updated": next((m["time"] for m in reversed(metrics) if m.get("time")), None),
     }
 
 
-def _started(path: Path) -> float | None:
-    from telescope_records import read_manifest
-
-    attempts = read_manifest(path).get("attempts") or []
-    return attempts[0].get("started") if attempts else None
-
-
-def _stop_events(state: _State, path: Path) -> tuple[dict[int, dict[str, Any]], int]:
-    """The ``stop`` event (its detail) of each attempt that recorded one, and the last attempt."""
+def _stop_events(state: _State, path: Path) -> dict[int, dict[str, Any]]:
+    """The ``stop`` event (its detail) of each attempt that recorded one."""
     import json
 
-    from telescope_records import read_manifest
-
-    attempts = read_manifest(path).get("attempts") or [{"attempt": 0}]
-    attempt = int(attempts[-1].get("attempt", 0))
     files = [str(p) for p in sorted((path / "records" / "orchestrator_events").glob("*-end-a*.parquet"))]
     if not files:
-        return {}, attempt
+        return {}
     found = qry.rows(
         state.cursor(),
         "select attempt, arg_max(detail, time) as detail from read_parquet(?, union_by_name = true) "
@@ -117,7 +108,7 @@ def _stop_events(state: _State, path: Path) -> tuple[dict[int, dict[str, Any]], 
         except ValueError:
             detail = {"reason": row["detail"]}
         stops[int(row["attempt"])] = detail if isinstance(detail, dict) else {"reason": str(detail)}
-    return stops, attempt
+    return stops
 
 
 def _finite(value: float | None) -> float | None:
@@ -188,19 +179,18 @@ def create_app(
 def _run_routes(app: FastAPI, state: _State) -> None:
     @app.get("/api/runs")
     def runs() -> list[dict[str, Any]]:
-        return [_summary(state, r.name, r.path) for r in state.index.runs()]
+        return [_summary(state, r.name, r.path, read_manifest(r.path)) for r in state.index.runs()]
 
     @app.get("/api/overview")
     def overview(run: str) -> dict[str, Any]:
         path = state.run(run)
         config, user_keys = read_config(path)
-        from telescope_records import read_manifest
-
+        manifest = read_manifest(path)
         return {
-            **_summary(state, run, path),
+            **_summary(state, run, path, manifest),
             "config": config,
             "user_keys": user_keys,
-            "manifest": read_manifest(path),
+            "manifest": manifest,
             "environment_rows": qry.attempt_table(state.cursor(), path, "environments"),
         }
 

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsCache", "discarded_by_reason", "metric_columns"]
+__all__ = ["MetricsCache", "discarded_by_reason", "metric_columns", "training_lines"]
 
 _DISCARDED = "derived/discarded/"
 _TAIL = 256
@@ -62,21 +62,22 @@ def _parse(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
-def _training(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def training_lines(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lines of training steps (an eval's line carries ``eval/step``)."""
     return [m for m in lines if "eval/step" not in m and isinstance(m.get("step"), int)]
 
 
 def metric_columns(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """The training lines as columns: ``{"keys": [...], "columns": {key: [value per line]}}``
     (a key a line lacks is null there; ``step`` and ``time`` are columns like the others)."""
-    train = _training(lines)
+    train = training_lines(lines)
     keys = sorted({k for m in train for k, v in m.items() if isinstance(v, (int, float)) or v is None})
     return {"keys": keys, "columns": {k: [m.get(k) for m in train] for k in keys}}
 
 
 def discarded_by_reason(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """Dropped groups per step and reason (``derived/discarded/<reason>_count``), and cancelled."""
-    train = _training(lines)
+    train = training_lines(lines)
     reasons = sorted(
         {
             k[len(_DISCARDED) : -len("_count")]

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from telescope_ui._files import TimeIndex, step_files
+from telescope_ui._metrics import training_lines
 
 __all__ = [
     "SampleFilter",
@@ -59,12 +60,10 @@ def _clean(value: Any) -> Any:
 def step_list(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per training step from ``metrics.jsonl``: counts of groups and the mean reward."""
     keys = ("groups/kept", "groups/discarded", "groups/cancelled", "reward/mean", "derived/reward_mean")
-    out = []
-    for m in metrics:
-        if "eval/step" in m or not isinstance(m.get("step"), int):
-            continue
-        out.append({"step": m["step"], "time": m.get("time"), **{k: m.get(k) for k in keys}})
-    return out
+    return [
+        {"step": m["step"], "time": m.get("time"), **{k: m.get(k) for k in keys}}
+        for m in training_lines(metrics)
+    ]
 
 
 class SampleFilter(BaseModel):

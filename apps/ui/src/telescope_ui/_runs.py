@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from telescope_ui._metrics import training_lines
+
 __all__ = ["RunIndex", "config_diff", "log_tail", "read_config", "read_notes", "write_notes"]
 
 LIVE_WINDOW_S = 120.0
@@ -212,7 +214,7 @@ def status(path: Path, stops: dict[int, dict[str, Any]], attempt: int) -> dict[s
 
 def progress(metrics: Iterable[dict[str, Any]], total_steps: int | None, running: bool) -> dict[str, Any]:
     """Steps done, the total, and (while running) the ETA from the mean time of the last steps."""
-    steps = [m for m in metrics if "eval/step" not in m and isinstance(m.get("step"), int)]
+    steps = training_lines(list(metrics))
     done = max((m["step"] for m in steps), default=0)
     times = [
         float(m["timing/step_s"]) for m in steps[-10:] if isinstance(m.get("timing/step_s"), (int, float))
