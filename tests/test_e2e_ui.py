@@ -133,7 +133,9 @@ def _click_to_a_sample(page, url: str, run_dir: Path, tmp_path: Path) -> None:
     click(f"#groups-panel tr[data-key='{group}']")
     click(f"#groups-panel tr[data-key='{sample['sample_id']}']")
     assert page.text_content("#sample-prompt") == sample["prompt"]
-    assert f"{sample['reward']:.4f}" in page.text_content("#sample-reward")
+    shown = page.text_content("#sample-reward").split()
+    assert shown[0] == "reward", shown
+    assert float(shown[1]) == pytest.approx(sample["reward"], abs=1e-4), shown
     page.select_option("#render-mode", "raw")
     assert page.locator("#sample-panel .rendered .text").count() >= 1
     page.screenshot(path=str(tmp_path / "sample.png"), full_page=True)

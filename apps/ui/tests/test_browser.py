@@ -83,7 +83,8 @@ def test_every_page_from_a_click_path_to_a_sample(page: Any, runs: Path, tmp_pat
     sample = min((r for r in rows if r["group_id"] == first_group), key=lambda r: r["sample_id"])
     navigate(page, lambda: page.click(f"#groups-panel tr[data-key='{sample['sample_id']}']"), "rollouts")
     assert page.text_content("#sample-prompt") == sample["prompt"]
-    assert f"{sample['reward']:.4f}" in page.text_content("#sample-reward")
+    assert sample["reward"] == 0.0  # a whole-number reward still reads as a real number
+    assert "reward 0.0000" in page.text_content("#sample-reward")
     assert f"sample={sample['sample_id']}" in page.url  # a link to the sample can be shared
     page.screenshot(path=str(tmp_path / "sample.png"), full_page=True)
     # notes typed on the overview land in the run directory

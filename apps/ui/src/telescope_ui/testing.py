@@ -58,7 +58,8 @@ def _sample_row(
     step: int, i: int, sid: int, group: int, text: str, args: dict[str, Any], rng: random.Random
 ) -> dict[str, Any]:
     status = "kept" if (i // args["group_size"]) % 4 else "discarded"
-    reward = round(rng.random(), 3) if status == "kept" else 0.0
+    # a kept group's first sample is wrong (a whole-number 0.0, as in real runs), the rest are partial
+    reward = round(rng.random(), 3) if status == "kept" and i % args["group_size"] else 0.0
     return {
         "attempt": 0, "step": step, "status": status,
         "reason": None if status == "kept" else "zero_advantage",

@@ -26,11 +26,12 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-function fmt(v, digits = 4) {
+// A count prints as a whole number; a value given `digits` is a real quantity and keeps them (a reward of 0 reads 0.0000).
+function fmt(v, digits) {
   if (v === null || v === undefined) return "–";
   if (typeof v === "number") {
-    if (Number.isInteger(v)) return v.toLocaleString("en");
-    return Math.abs(v) >= 1e4 || (Math.abs(v) < 1e-3 && v !== 0) ? v.toExponential(2) : v.toFixed(digits);
+    if (digits === undefined && Number.isInteger(v)) return v.toLocaleString("en");
+    return Math.abs(v) >= 1e4 || (Math.abs(v) < 1e-3 && v !== 0) ? v.toExponential(2) : v.toFixed(digits ?? 4);
   }
   if (typeof v === "object") return JSON.stringify(v);
   return String(v);
