@@ -1,36 +1,59 @@
-"""Benchmark the FSDP trainer: a train step on packed micro-batches against the same samples padded.
+"""Benchmark the FSDP trainer: a train step on packed micro-batches against two padded baselines.
 
-Both variants train the same samples, drawn once, with lengths from a long-tailed distribution like
-RL completions (prompt lengths uniform, completion lengths log-normal, cut at the generation budget):
+Every variant trains the same samples, drawn with the same seed, with lengths from a long-tailed
+distribution like RL completions (prompt lengths uniform in [seq_len/64, seq_len/16), completion
+lengths log-normal around seq_len/8, cut so that prompt + completion ≤ ``--seq-len``). Every variant
+gives a micro-batch the same token budget, ``--seq-len`` tokens (rows × row length ≤ ``--seq-len``,
+at least one row):
 
 * ``packed``: ``telescope_algos.pack_samples`` (first-fit-decreasing into rows of ``--seq-len``
-  tokens, samples isolated by the attention);
-* ``padded``: every sample padded to the longest of the step, ``seq_len // longest`` rows per
-  micro-batch (the same token budget per micro-batch as packing; at least one row).
+  tokens, each row padded to a multiple of 64, samples isolated by the attention);
+* ``sorted_padded``: the baseline real trainers use: samples sorted by length, longest first, cut
+  greedily into micro-batches (the next sample joins while rows × the micro-batch's longest stays
+  within the budget), each micro-batch right-padded to its own longest sample;
+* ``padded``: the naive baseline: every sample padded to the longest of the step, in input order,
+  ``seq_len // longest`` rows per micro-batch.
 
-After one untimed step (optimizer state, allocator caches), each variant runs ``--warmup`` untimed
-steps, then ``--steps`` timed ones, in the same process on the same trainer (one model load).
-Throughput counts real tokens only (prompt + completion, no padding), so ``packed_vs_padded`` is
-the speed-up in useful tokens per second. Peak memory: on CUDA the allocator's peak
-(``torch.cuda.max_memory_allocated``, reset per variant) minus the memory held before the
-variant's first step; on CPU the resident-set high-water mark (``VmHWM``, reset through
-``/proc/self/clear_refs``) minus the resident set before the variant's first step. Both are the extra
-memory a train step needs on top of the model and optimizer. On a GPU the model is a random ~0.5B
-Llama shaped like Qwen2.5-0.5B (hidden 896, 24 layers, 14 heads, 2 KV heads, vocab 151936, tied),
-trained in bf16 mixed precision, and MFU = 6·params·(tokens/s) / peak bf16 dense FLOP/s (989e12 for
-H100/H200; the recomputation of gradient checkpointing is not counted, as usual).
+Each variant runs in a fresh child process (the script re-executed with ``--only VARIANT --json``):
+one model load, ``--warmup`` untimed steps (at least one: it creates the optimizer state), then
+``--steps`` timed steps; the clock is read after ``torch.cuda.synchronize()`` on CUDA, and the
+trainer's timeline is drained after each step outside the clock, as the training loop does.
+``--repeats`` rounds run every variant once, the order alternating (packed, sorted_padded, padded,
+then reversed, ...). Per variant the report gives the fastest round (noise only slows a run down)
+and the median peak memory over rounds, and every round besides.
 
-Usage: ``python tools/bench_trainer.py [--samples 24] [--seq-len 512] [--steps 3] [--size cpu|0.5b]``.
-The last line is ``RESULT packed_vs_padded=<tokens/s ratio> memory_vs_padded=<peak ratio> [mfu=<x>]``.
+* ``tokens_per_s``: real tokens (prompt + completion, no padding) per second of a train step, so the
+  ratios are speed-ups in useful tokens;
+* ``real_per_computed``: real tokens / tokens the model computes (Σ rows × padded length over the
+  micro-batches);
+* ``peak_extra_mb``: the extra memory a train step needs on top of the model and optimizer: on CUDA
+  the allocator's peak (``torch.cuda.max_memory_allocated``, reset after the untimed steps) minus the
+  memory allocated then; on CPU the resident-set high-water mark (``VmHWM``, reset through
+  ``/proc/self/clear_refs`` after glibc's ``malloc_trim``) minus the resident set then.
+
+On a GPU the model is a random ~0.5B Llama shaped like Qwen2.5-0.5B (hidden 896, 24 layers, 14 heads,
+2 KV heads, vocab 151936, tied), trained in bf16 mixed precision, and MFU = 6·params·(packed real
+tokens/s) / peak bf16 dense FLOP/s (989e12 for H100/H200; the recomputation of gradient checkpointing
+is not counted, as usual). On CPU it is a 2-layer Llama of 3.6M parameters in float32.
+
+Usage: ``python tools/bench_trainer.py [--samples 24] [--seq-len 512] [--steps 3] [--repeats 2]
+[--size cpu|0.5b]``. The last line is ``RESULT packed_vs_sorted=<tokens/s ratio>
+packed_vs_padded=<tokens/s ratio> memory_vs_sorted=<peak ratio> memory_vs_padded=<peak ratio>
+[mfu=<x>]`` (packed over the baseline: above 1 is faster, below 1 is less memory).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import ctypes.util
 import json
 import math
 import os
 import platform
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +65,8 @@ SIZES = {
     "0.5b": (24, 896, 14, 2, 4864, 151936, True),
 }
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+VARIANTS = ("packed", "sorted_padded", "padded")
+CHILD_MARKER = "BENCH_TRAINER_VARIANT "
 
 
 def build_model(out: Path, size: str) -> int:
@@ -89,39 +114,84 @@ def draw_samples(n: int, *, max_len: int, vocab: int, seed: int):
     return out
 
 
-def padded_micro_batches(samples, seq_len: int):
-    """Every sample right-padded to the longest; ``seq_len // longest`` rows per micro-batch."""
+def sample_length(sample) -> int:
+    return len(sample.prompt_ids) + len(sample.completion_ids)
+
+
+# -- the micro-batches of each variant -------------------------------------------------------------
+
+
+def rows_micro_batch(chunk, length: int):
+    """One ``MicroBatch`` of ``len(chunk)`` rows, each sample right-padded to ``length``; the loss
+    tokens are the completions, positions run 0…length-1 in every row."""
     import torch
 
     from telescope_algos import MicroBatch
 
-    longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    rows = len(chunk)
+    ids = torch.zeros(rows, length, dtype=torch.long)
+    mask = torch.zeros(rows, length, dtype=torch.bool)
+    adv = torch.zeros(rows, length)
+    lps = torch.zeros(rows, length)
+    for r, s in enumerate(chunk):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        ids[r, : p + c] = torch.tensor([*s.prompt_ids, *s.completion_ids])
+        mask[r, p : p + c] = True
+        adv[r, : p + c] = s.advantage
+        lps[r, p : p + c] = torch.tensor(s.rollout_logprobs)
+    return MicroBatch(
+        input_ids=ids,
+        position_ids=torch.arange(length).expand(rows, -1).contiguous(),
+        loss_mask=mask,
+        advantages=adv,
+        rollout_logprobs=lps,
+        num_samples=rows,
+        num_tokens=int(mask.sum()),
+    )
+
+
+def padded_micro_batches(samples, seq_len: int):
+    """Every sample right-padded to the longest of the step; ``seq_len // longest`` rows per micro-batch."""
+    longest = max(sample_length(s) for s in samples)
     rows = max(1, seq_len // longest)
-    out = []
-    for i in range(0, len(samples), rows):
-        chunk = samples[i : i + rows]
-        ids = torch.zeros(len(chunk), longest, dtype=torch.long)
-        mask = torch.zeros(len(chunk), longest, dtype=torch.bool)
-        adv = torch.zeros(len(chunk), longest)
-        lps = torch.zeros(len(chunk), longest)
-        for r, s in enumerate(chunk):
-            p, c = len(s.prompt_ids), len(s.completion_ids)
-            ids[r, : p + c] = torch.tensor([*s.prompt_ids, *s.completion_ids])
-            mask[r, p : p + c] = True
-            adv[r, : p + c] = s.advantage
-            lps[r, p : p + c] = torch.tensor(s.rollout_logprobs)
-        out.append(
-            MicroBatch(
-                input_ids=ids,
-                position_ids=torch.arange(longest).expand(len(chunk), -1).contiguous(),
-                loss_mask=mask,
-                advantages=adv,
-                rollout_logprobs=lps,
-                num_samples=len(chunk),
-                num_tokens=int(mask.sum()),
-            )
-        )
-    return out
+    return [rows_micro_batch(samples[i : i + rows], longest) for i in range(0, len(samples), rows)]
+
+
+def length_sorted_groups(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices by decreasing length, cut greedily: a group takes the next one while (its rows + 1) × its
+    longest (its first) stays within ``budget``; every group has at least one."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def sorted_padded_micro_batches(samples, seq_len: int):
+    """Samples sorted by length into micro-batches of at most ``seq_len`` tokens (rows × own longest),
+    each padded to its own longest sample."""
+    lengths = [sample_length(s) for s in samples]
+    groups = length_sorted_groups(lengths, seq_len)
+    return [rows_micro_batch([samples[i] for i in g], lengths[g[0]]) for g in groups]
+
+
+def micro_batches_for(variant: str, samples, seq_len: int):
+    """The micro-batches ``variant`` trains on (module docstring)."""
+    if variant == "packed":
+        from telescope_algos import pack_samples
+
+        (packed,) = pack_samples(samples, seq_len=seq_len, pad_to_multiple_of=64)
+        return packed
+    if variant == "sorted_padded":
+        return sorted_padded_micro_batches(samples, seq_len)
+    if variant == "padded":
+        return padded_micro_batches(samples, seq_len)
+    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+
+
+# -- measurement (in one process) -------------------------------------------------------------------
 
 
 def _status_kib(field: str) -> int:
@@ -132,35 +202,69 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def measure(trainer, micro_batches, *, real_tokens: int, warmup: int, steps: int) -> dict:
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc), so the resident set counts what is in use."""
+    name = ctypes.util.find_library("c")
+    if name:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(name).malloc_trim(0)
+
+
+def _memory_base(cuda: bool) -> int:
+    """Reset the peak tracker and return the memory held now, in bytes (module docstring)."""
     import torch
 
-    cuda = trainer.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")  # reset VmHWM to the current resident set
-        base = _status_kib("VmRSS") * 1024
+        return torch.cuda.memory_allocated()
+    _trim_heap()
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # reset VmHWM to the current resident set
+    return _status_kib("VmRSS") * 1024
+
+
+def _memory_peak(cuda: bool) -> int:
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated()
+    return _status_kib("VmHWM") * 1024
+
+
+def _clock(cuda: bool) -> float:
+    """``time.perf_counter()`` once the device has finished the work queued so far."""
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def measure(trainer, micro_batches, *, real_tokens: int, warmup: int, steps: int) -> dict:
+    """``warmup`` untimed then ``steps`` timed train steps; the memory base is read on entry (call it
+    after the first step: optimizer state). Also used by ``bench_context_parallel.py``."""
+    cuda = trainer.device.type == "cuda"
+    base = _memory_base(cuda)
     for s in range(warmup):
         trainer.train_step(micro_batches, step=s)
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
+        trainer.timeline.drain()
+    elapsed, metrics = 0.0, {}
     for s in range(steps):
+        t0 = _clock(cuda)
         metrics = trainer.train_step(micro_batches, step=warmup + s)
-    if cuda:
-        torch.cuda.synchronize()
-    elapsed = (time.perf_counter() - t0) / steps
-    peak = torch.cuda.max_memory_allocated() if cuda else _status_kib("VmHWM") * 1024
+        elapsed += _clock(cuda) - t0
+        trainer.timeline.drain()
+    peak = _memory_peak(cuda)
+    shape = micro_batches[0].input_ids.shape
     return {
         "micro_batches": len(micro_batches),
-        "rows_x_len": f"{micro_batches[0].input_ids.shape[0]}x{micro_batches[0].input_ids.shape[1]}",
-        "step_s": elapsed,
-        "tokens_per_s": real_tokens / elapsed,
+        "rows_x_len": f"{shape[0]}x{shape[1]}",
+        "step_s": elapsed / steps,
+        "tokens_per_s": real_tokens * steps / elapsed,
         "peak_extra_mb": (peak - base) / 2**20,
+        "peak_mb": peak / 2**20,
         "loss": metrics["loss"],
     }
 
@@ -178,89 +282,180 @@ def _profile(trainer, micro_batches) -> None:
     print(prof.key_averages().table(sort_by=key, row_limit=25), file=sys.stderr)
 
 
-def main() -> None:
+# -- one variant (the child process) ----------------------------------------------------------------
+
+
+def _config(model: str, seq_len: int, gpu: bool):
+    import telescope_config
+
+    values = {
+        **telescope_config.defaults(),
+        "model": model,
+        "environments": [{"name": "countdown"}],
+        "trainer_num_workers": 1,
+        "mixed_precision_dtype": "bfloat16" if gpu else None,
+        "learning_rate": 1e-6,
+        "max_tokens": seq_len // 2,
+        "seq_len": seq_len,
+        "max_model_len": seq_len,
+    }
+    return telescope_config.TelescopeConfig.model_validate(values)
+
+
+def _device_name(gpu: bool) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if gpu else f"{platform.processor() or 'cpu'} x{os.cpu_count()}"
+
+
+def _train(trainer, micro_batches, args: argparse.Namespace, real_tokens: int) -> dict:
+    """The untimed steps, then :func:`measure` (or, with ``--profile``, one profiled step)."""
+    for s in range(max(1, args.warmup)):  # the first: optimizer state, allocator caches
+        trainer.train_step(micro_batches, step=s)
+        trainer.timeline.drain()
+    if args.profile:
+        _profile(trainer, micro_batches)
+        return {"profiled": True}
+    return measure(trainer, micro_batches, real_tokens=real_tokens, warmup=0, steps=args.steps)
+
+
+def run_variant(args: argparse.Namespace) -> dict:
+    """Train ``args.only``'s micro-batches on a fresh trainer in this process; its numbers."""
+    import torch
+
+    from telescope_trainer_fsdp import create_trainer
+
+    gpu = torch.cuda.is_available()
+    samples = draw_samples(args.samples, max_len=args.seq_len, vocab=SIZES[args.size][5], seed=args.seed)
+    mbs = micro_batches_for(args.only, samples, args.seq_len)
+    lengths = sorted(sample_length(s) for s in samples)
+    real, computed = sum(lengths), sum(mb.input_ids.numel() for mb in mbs)
+    with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
+        n_params = build_model(Path(tmp), args.size)
+        trainer = create_trainer(_config(tmp, args.seq_len, gpu))
+        try:
+            res = _train(trainer, mbs, args, real)
+        finally:
+            trainer.close()
+    return {
+        "variant": args.only,
+        "device": _device_name(gpu),
+        "cuda": gpu,
+        "params": n_params,
+        "real_tokens": real,
+        "length_p50_p90_max": [lengths[len(lengths) // 2], lengths[int(len(lengths) * 0.9)], lengths[-1]],
+        "computed_tokens": computed,
+        "real_per_computed": real / computed,
+        **res,
+    }
+
+
+# -- the comparison (the parent process) ------------------------------------------------------------
+
+
+def run_child(args: argparse.Namespace, variant: str, *, profile: bool = False) -> dict:
+    """Run ``variant`` in a fresh interpreter; its JSON (its other output goes to stderr)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--only", variant, "--json", "--size", args.size,
+           "--samples", str(args.samples), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
+           "--steps", str(args.steps), "--seed", str(args.seed)]  # fmt: skip
+    if profile:
+        cmd.append("--profile")
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    lines = proc.stdout.splitlines()
+    found = [line for line in lines if line.startswith(CHILD_MARKER)]
+    for line in lines:
+        if not line.startswith(CHILD_MARKER):
+            print(line, file=sys.stderr)
+    if proc.returncode != 0 or not found:
+        raise SystemExit(f"bench_trainer: the {variant} run exited with {proc.returncode} and no result")
+    return json.loads(found[-1][len(CHILD_MARKER) :])
+
+
+def variant_order(round_index: int) -> tuple[str, ...]:
+    """Even rounds in ``VARIANTS`` order, odd rounds reversed."""
+    return VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]
+
+
+def run_rounds(args: argparse.Namespace) -> dict[str, list[dict]]:
+    """``args.repeats`` rounds of every variant, each run in its own process; the runs per variant."""
+    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    for r in range(args.repeats):
+        for variant in variant_order(r):
+            print(f"bench_trainer: round {r + 1}/{args.repeats}: {variant}", file=sys.stderr, flush=True)
+            runs[variant].append(run_child(args, variant))
+    return runs
+
+
+def summarise(runs: list[dict]) -> dict:
+    """The fastest run of a variant, with the median peak memory over its runs and every run's numbers."""
+    fastest = min(runs, key=lambda r: r["step_s"])
+    keep = ("micro_batches", "rows_x_len", "computed_tokens", "real_per_computed", "tokens_per_s", "step_s")
+    return {
+        **{k: fastest[k] for k in keep},
+        "peak_extra_mb": statistics.median(r["peak_extra_mb"] for r in runs),
+        "peak_mb": statistics.median(r["peak_mb"] for r in runs),
+        "loss": fastest["loss"],
+        "rounds": [{k: r[k] for k in ("step_s", "tokens_per_s", "peak_extra_mb")} for r in runs],
+    }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("nan")
+
+
+def result_line(res: dict[str, dict], first: dict) -> str:
+    """``RESULT packed_vs_sorted=… packed_vs_padded=… memory_vs_sorted=… memory_vs_padded=… [mfu=…]``."""
+    packed, ratios = res["packed"], []
+    for key, field in (("packed_vs", "tokens_per_s"), ("memory_vs", "peak_extra_mb")):
+        for short, variant in (("sorted", "sorted_padded"), ("padded", "padded")):
+            ratios.append(f"{key}_{short}={_ratio(packed[field], res[variant][field]):.2f}")
+    line = "RESULT " + " ".join(ratios)
+    peak = next((v for k, v in PEAK_FLOPS.items() if k in first["device"]), None) if first["cuda"] else None
+    if peak is not None:
+        line += f" mfu={6 * first['params'] * packed['tokens_per_s'] / peak:.3f}"
+    return line
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default=None, help="0.5b on GPU, else cpu")
     parser.add_argument("--samples", type=int, default=None, help="default 24 (cpu) / 64 (0.5b)")
     parser.add_argument("--seq-len", type=int, default=None, help="default 512 (cpu) / 4096 (0.5b)")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per run (at least 1 is run)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per run")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds over the variants, order alternating")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="print the top ops of one packed step")
+    parser.add_argument("--only", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.steps < 1 or args.repeats < 1:
+        parser.error("--steps and --repeats must be at least 1")
+    if args.size is None:
+        import torch
 
-    import torch
+        args.size = "0.5b" if torch.cuda.is_available() else "cpu"
+    args.samples = args.samples or (64 if args.size == "0.5b" else 24)
+    args.seq_len = args.seq_len or (4096 if args.size == "0.5b" else 512)
+    return args
 
-    import telescope_config
-    from telescope_algos import pack_samples
-    from telescope_trainer_fsdp import create_trainer
 
-    gpu = torch.cuda.is_available()
-    size = args.size or ("0.5b" if gpu else "cpu")
-    n_samples = args.samples or (64 if size == "0.5b" else 24)
-    seq_len = args.seq_len or (4096 if size == "0.5b" else 512)
-    vocab = SIZES[size][5]
-    samples = draw_samples(n_samples, max_len=seq_len, vocab=vocab, seed=args.seed)
-    lengths = sorted(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    real_tokens = sum(lengths)
-
-    with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
-        n_params = build_model(Path(tmp), size)
-        values = {
-            **telescope_config.defaults(),
-            "model": tmp,
-            "environments": [{"name": "countdown"}],
-            "trainer_num_workers": 1,
-            "mixed_precision_dtype": "bfloat16" if gpu else None,
-            "learning_rate": 1e-6,
-            "max_tokens": seq_len // 2,
-            "seq_len": seq_len,
-            "max_model_len": seq_len,
-        }
-        cfg = telescope_config.TelescopeConfig.model_validate(values)
-        trainer = create_trainer(cfg)
-        try:
-            (packed,) = pack_samples(samples, seq_len=seq_len, pad_to_multiple_of=64)
-            padded = padded_micro_batches(samples, seq_len)
-            trainer.train_step(packed, step=0)  # first step: optimizer state, allocator caches
-            if args.profile:
-                _profile(trainer, packed)
-            res = {}
-            for name, mbs in (("padded", padded), ("packed", packed)):
-                res[name] = measure(
-                    trainer, mbs, real_tokens=real_tokens, warmup=args.warmup, steps=args.steps
-                )
-        finally:
-            trainer.close()
-
-    device = torch.cuda.get_device_name() if gpu else f"{platform.processor() or 'cpu'} x{os.cpu_count()}"
-    print(
-        json.dumps(
-            {
-                "device": device,
-                "model": size,
-                "params": n_params,
-                "samples": n_samples,
-                "seq_len": seq_len,
-                "real_tokens": real_tokens,
-                "length_p50_p90_max": [
-                    lengths[len(lengths) // 2],
-                    lengths[int(len(lengths) * 0.9)],
-                    lengths[-1],
-                ],
-                **res,
-            },
-            indent=1,
-        )
-    )
-    speed = res["packed"]["tokens_per_s"] / res["padded"]["tokens_per_s"]
-    memory = res["packed"]["peak_extra_mb"] / res["padded"]["peak_extra_mb"]
-    line = f"RESULT packed_vs_padded={speed:.2f} memory_vs_padded={memory:.2f}"
-    if gpu:
-        peak = next((v for k, v in PEAK_FLOPS.items() if k in device), None)
-        if peak is not None:
-            line += f" mfu={6 * n_params * res['packed']['tokens_per_s'] / peak:.3f}"
-    print(line)
+def main() -> None:
+    args = parse_args()
+    if args.only:
+        res = run_variant(args)
+        print(f"{CHILD_MARKER}{json.dumps(res)}" if args.json else json.dumps(res, indent=1), flush=True)
+        return
+    if args.profile:
+        run_child(args, "packed", profile=True)
+    runs = run_rounds(args)
+    res = {v: summarise(runs[v]) for v in VARIANTS}
+    first = runs["packed"][0]
+    keys = ("device", "params", "real_tokens", "length_p50_p90_max")
+    summary = {**{k: first[k] for k in keys}, "model": args.size, "samples": args.samples}
+    summary.update(seq_len=args.seq_len, steps=args.steps, repeats=args.repeats, **res)
+    print(json.dumps(summary, indent=1))
+    print(result_line(res, first))
     sys.stdout.flush()
 
 

@@ -3,12 +3,19 @@
 For each model a vLLM server (fp32, eager, with the weight-sync extension) is started, a
 ``WeightPublisher`` joins it, and in the same run we time (median of ``--repeats``):
 
-- ``update_s``: ``publish()`` of the model's Hugging Face state dict, from the HTTP trigger until
-  the server has applied the weights and reports the new version;
+- ``update_s``: ``publish()`` of the model's Hugging Face state dict into an idle server, from the
+  HTTP trigger until the server has applied the weights and reports the new version;
 - ``raw_s``: one plain broadcast of the same number of bytes on the same group (same transport,
-  same HTTP trigger and acknowledgement, no framing, no apply).
+  same HTTP trigger and acknowledgement, no framing, no apply);
+- ``update_busy_s``: the same ``publish()`` while the server is busy generating: ``--busy-requests``
+  threads each keep one ``/v1/completions`` request (``--busy-tokens`` tokens, ``ignore_eos``) in
+  flight for the whole phase. The engine applies an update between two scheduler steps, so the
+  requests pause and continue on the new weights. Reported with it: how many requests completed
+  during the publishes and how many were in flight across a whole publish; every request of the
+  phase must succeed with all its tokens (else the script fails).
 
-``update_vs_raw = raw_s / update_s`` is the update's throughput as a fraction of raw (target >= 0.8).
+``update_vs_raw = raw_s / update_s`` is the update's throughput as a fraction of raw (target >= 0.8);
+``busy_vs_idle = update_busy_s / update_s`` is what serving traffic costs an update.
 
     python tools/bench_weightsync.py                 # tiny model, then SmolLM2-135M (CPU)
     python tools/bench_weightsync.py --models tiny   # the quick one (about 2 minutes on 2 cores)
@@ -17,10 +24,12 @@ For each model a vLLM server (fp32, eager, with the weight-sync extension) is st
 
 ``--transport-only`` replaces the vLLM server by a receiver process that runs the same
 ``receive_update`` and copies every tensor into a preallocated model on its device (the apply's
-stand-in), for a synthetic Llama-shaped model of about ``--params`` parameters in bf16.
+stand-in), for a synthetic Llama-shaped model of about ``--params`` parameters in bf16 (no busy
+row: there is no server to generate). On a GPU (NCCL) every clock read that times GPU work
+follows ``torch.cuda.synchronize()``: collectives and copies only enqueue work on the host.
 
-Ends with one line ``RESULT update_vs_raw=<ratio> update_s=<seconds> ...`` (the last model's
-numbers first, then per-model ones).
+Ends with one line ``RESULT update_vs_raw=<ratio> busy_vs_idle=<ratio> update_s=<seconds>
+update_busy_s=<seconds> ...`` (the last model's numbers first, then per-model ones).
 """
 
 from __future__ import annotations
@@ -34,12 +43,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTENSION = "telescope_weightsync.vllm_worker.WeightReceiver"
+SERVED_NAME = "bench"
+BUSY_PROMPT = "The quick brown fox jumps over the lazy dog. What is 12 + 30? The answer is"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -72,7 +85,7 @@ def vllm_server(model_dir: Path, log: Path, timeout_s: float = 600) -> Iterator[
         port = s.getsockname()[1]
     settings = ServerSettings(
         model=str(model_dir), host="127.0.0.1", device="cuda" if torch.cuda.is_available() else "cpu",
-        dtype="float32", enforce_eager=True, max_model_len=512,
+        dtype="float32", enforce_eager=True, max_model_len=512, served_model_name=SERVED_NAME,
     )  # fmt: skip
     kv_cache_gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
     env = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": kv_cache_gib}
@@ -81,19 +94,138 @@ def vllm_server(model_dir: Path, log: Path, timeout_s: float = 600) -> Iterator[
         yield server.url
 
 
-def bench_model(model_dir: Path, log_dir: Path, args: argparse.Namespace) -> dict[str, float]:
+class Generation:
+    """Keeps ``n`` ``/v1/completions`` requests in flight on a vLLM server until the block ends.
+
+    One thread per request slot sends its next request as soon as the last one answered. Each asks
+    for ``max_tokens`` tokens with ``ignore_eos``; a request that fails or answers fewer tokens goes
+    to ``errors`` (and its slot stops), a complete one to ``spans`` as its (start, end)
+    ``perf_counter`` times.
+    """
+
+    def __init__(self, url: str, n: int, max_tokens: int) -> None:
+        self.url = url
+        self.body = {
+            "model": SERVED_NAME, "prompt": BUSY_PROMPT, "max_tokens": max_tokens,
+            "temperature": 1.0, "ignore_eos": True,
+        }  # fmt: skip
+        self.spans: list[tuple[float, float]] = []
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(n)]
+
+    def __enter__(self) -> Generation:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()  # every slot finishes the request it has in flight
+        for thread in self._threads:
+            thread.join(timeout=600)
+
+    def _loop(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=600) as client:
+            while not self._stop.is_set():
+                start = time.perf_counter()
+                error = self._one(client)
+                with self._lock:
+                    if error is not None:
+                        self.errors.append(error)
+                        return  # a failing slot stops: the phase fails anyway (see check)
+                    self.spans.append((start, time.perf_counter()))
+
+    def _one(self, client: Any) -> str | None:
+        """Send one request; ``None`` when it answered all its tokens, else what went wrong."""
+        try:
+            response = client.post(f"{self.url}/v1/completions", json=self.body)
+            response.raise_for_status()
+            tokens = response.json()["usage"]["completion_tokens"]
+        except Exception as exc:  # any failure counts: this is what the busy row checks
+            return f"{type(exc).__name__}: {exc}"
+        if tokens != self.body["max_tokens"]:
+            return f"answered {tokens} tokens instead of {self.body['max_tokens']}"
+        return None
+
+    def wait_serving(self, timeout_s: float = 600) -> None:
+        """Return once as many requests completed as there are slots (the server generates at full load)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.spans) < len(self._threads) and not self.errors:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.spans)} requests completed in {timeout_s:.0f}s")
+            time.sleep(0.05)
+        self.check()
+
+    def check(self) -> None:
+        """Raise unless every request so far succeeded."""
+        if self.errors:
+            raise RuntimeError(
+                f"{len(self.errors)} generation requests failed while the server was busy "
+                f"(first: {self.errors[0]})"
+            )
+
+    def during(self, start: float, end: float) -> tuple[int, int]:
+        """(requests completed within ``[start, end]``, requests in flight across all of it)."""
+        with self._lock:
+            spans = list(self.spans)
+        completed = sum(start <= e <= end for _, e in spans)
+        across = sum(s < start and e > end for s, e in spans)
+        return completed, across
+
+
+def hf_state(model_dir: Path) -> list[tuple[str, Any]]:
+    """The model's named tensors; tied weights travel once, as a trainer's named_parameters() gives them."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from telescope_weightsync import PublisherSettings, WeightPublisher
-
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     seen: set[int] = set()
-    named = []  # tied weights travel once, as a trainer's named_parameters() gives them
+    named = []
     for name, tensor in state.items():
         if tensor.data_ptr() not in seen:
             seen.add(tensor.data_ptr())
             named.append((name, tensor.contiguous()))
+    return named
+
+
+def idle_updates(pub: Any, named: list, nbytes: int, repeats: int) -> tuple[list[dict], list[float]]:
+    """Versions 1..repeats into an idle server, each followed by a raw broadcast (the same load)."""
+    pub.publish(iter(named), version=0)  # warm-up: sends the layouts, allocates
+    pub.raw_broadcast(nbytes)
+    updates, raws = [], []
+    for version in range(1, repeats + 1):  # interleaved so both see the same load
+        updates.append(pub.publish(iter(named), version=version))
+        raws.append(pub.raw_broadcast(nbytes))
+    return updates, raws
+
+
+def busy_updates(pub: Any, named: list, url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Versions repeats+1..2*repeats while the server generates (see :class:`Generation`)."""
+    seconds, windows = [], []
+    with Generation(url, args.busy_requests, args.busy_tokens) as gen:
+        gen.wait_serving()
+        for version in range(args.repeats + 1, 2 * args.repeats + 1):
+            start = time.perf_counter()
+            seconds.append(pub.publish(iter(named), version=version)["seconds"])
+            windows.append((start, time.perf_counter()))
+    gen.check()  # every request of the phase, including those in flight during the last publish
+    during = [gen.during(*window) for window in windows]  # now that the requests in flight ended
+    return {
+        "update_busy_s": statistics.median(seconds),
+        "busy_seconds": seconds,
+        "busy_completed": sum(c for c, _ in during),
+        "busy_across": sum(a for _, a in during),
+        "busy_total": len(gen.spans),
+    }
+
+
+def bench_model(model_dir: Path, log_dir: Path, args: argparse.Namespace) -> dict[str, float]:
+    from telescope_weightsync import PublisherSettings, WeightPublisher
+
+    named = hf_state(model_dir)
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     settings = PublisherSettings(
         mode=args.mode, bucket_mb=args.bucket_mb, backend=args.backend, timeout_s=600
@@ -103,26 +235,32 @@ def bench_model(model_dir: Path, log_dir: Path, args: argparse.Namespace) -> dic
         WeightPublisher([url], settings) as pub,
     ):
         pub.connect()
-        pub.publish(iter(named), version=0)  # warm-up: sends the layouts, allocates
-        pub.raw_broadcast(nbytes)
-        updates, raws = [], []
-        for version in range(1, args.repeats + 1):  # interleaved so both see the same load
-            updates.append(pub.publish(iter(named), version=version))
-            raws.append(pub.raw_broadcast(nbytes))
-        assert pub.server_versions() == {url: args.repeats}
+        updates, raws = idle_updates(pub, named, nbytes, args.repeats)
+        busy = busy_updates(pub, named, url, args)
+        versions = pub.server_versions()
+        assert versions == {url: 2 * args.repeats}, versions
     median = {k: statistics.median(u[k] for u in updates) for k in updates[0]}
     update_s, raw_s = median["seconds"], statistics.median(raws)
-    out = {"update_vs_raw": raw_s / update_s, "update_s": update_s, "raw_s": raw_s, "mb": nbytes / 2**20}
-    mib = nbytes / 2**20
+    out = {"update_vs_raw": raw_s / update_s, "busy_vs_idle": busy["update_busy_s"] / update_s}
+    out |= {"update_s": update_s, "raw_s": raw_s, "mb": nbytes / 2**20}
+    out |= {k: busy[k] for k in ("update_busy_s", "busy_completed", "busy_across")}
     # Where an update's time goes (medians): the sender's stream (flatten + broadcasts, which wait
     # for the receiver), the server's apply (receive + vLLM reload_weights + repack) and, inside
     # it, the time the apply waited for the next bucket (the rest is vLLM's own work).
     print(
-        f"{model_dir.name}: {mib:.1f} MiB, update {update_s:.3f}s, raw {raw_s:.3f}s, "
+        f"{model_dir.name}: {nbytes / 2**20:.1f} MiB, update {update_s:.3f}s, raw {raw_s:.3f}s, "
         f"ratio {raw_s / update_s:.2f} | send {median['send_seconds']:.3f}s, "
         f"apply {median['apply_seconds_max']:.3f}s of which waiting for data "
         f"{median['apply_wait_seconds_max']:.3f}s | updates {[round(u['seconds'], 3) for u in updates]} "
         f"raws {[round(r, 3) for r in raws]}",
+        flush=True,
+    )
+    print(
+        f"{model_dir.name} while generating ({args.busy_requests} requests of {args.busy_tokens} tokens "
+        f"in flight): update {busy['update_busy_s']:.3f}s ({out['busy_vs_idle']:.2f}x idle) | "
+        f"updates {[round(x, 3) for x in busy['busy_seconds']]} | requests completed during the "
+        f"updates {busy['busy_completed']}, in flight across a whole update {busy['busy_across']}, "
+        f"completed in the phase {busy['busy_total']}, failed 0",
         flush=True,
     )
     return out
@@ -176,6 +314,15 @@ def llama_shapes(params: float) -> list[tuple[str, tuple[int, ...]]]:
     return [*shapes, ("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
 
 
+def gpu_clock(device: Any) -> float:
+    """``perf_counter()`` once the GPU finished the work queued so far (a plain read on the CPU)."""
+    import torch
+
+    if torch.cuda.is_available() and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def bench_transport(args: argparse.Namespace) -> dict[str, float]:
     """Update vs raw broadcast between this process and one receiver process (no vLLM)."""
     import torch
@@ -204,19 +351,19 @@ def bench_transport(args: argparse.Namespace) -> dict[str, float]:
         ack = torch.zeros(1, device=group.device)
         updates, raws = [], []
         for step in range(args.repeats + 1):
-            start = time.perf_counter()
+            start = gpu_clock(group.device)
             send_update(
                 group,
                 plan_buckets(iter(named), mode=args.mode, bucket_bytes=settings.bucket_bytes),
                 cache,
                 scratch,
             )
-            middle = time.perf_counter()
+            middle = gpu_clock(group.device)
             group.broadcast(raw_buf, what="raw")
             group.broadcast(ack, what="ack")  # the receiver finished the raw copy
             if step:  # step 0 warms up (layouts, allocations, NCCL channels)
                 updates.append(middle - start)
-                raws.append(time.perf_counter() - middle)
+                raws.append(gpu_clock(group.device) - middle)
         group.close()
         finished = True
     finally:
@@ -241,11 +388,17 @@ def main() -> None:
     )
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--busy-requests", type=int, default=4, help="completions in flight during the busy updates"
+    )
+    parser.add_argument("--busy-tokens", type=int, default=16, help="tokens per busy completion")
     parser.add_argument("--transport-only", action="store_true", help="no vLLM: a plain receiver process")
     parser.add_argument(
         "--params", type=float, default=1.2e9, help="synthetic model size for --transport-only"
     )
     args = parser.parse_args()
+    if args.busy_requests < 1 or args.busy_tokens < 1:
+        parser.error("--busy-requests and --busy-tokens must be at least 1")
     if args.transport_only:
         res = bench_transport(args)
         size = f"{args.params / 1e9:.1f}B"
@@ -263,12 +416,17 @@ def main() -> None:
                 model_dir, key = Path(spec), Path(spec).name.replace("=", "_").replace(" ", "_")
             results[key] = bench_model(model_dir, Path(tmp), args)
     last = results[key]
-    fields = [f"update_vs_raw={last['update_vs_raw']:.3f}", f"update_s={last['update_s']:.4f}"]
+    fields = [f"update_vs_raw={last['update_vs_raw']:.3f}", f"busy_vs_idle={last['busy_vs_idle']:.3f}"]
+    fields += [f"update_s={last['update_s']:.4f}", f"update_busy_s={last['update_busy_s']:.4f}"]
     for name, res in results.items():
         fields += [
             f"{name}_update_vs_raw={res['update_vs_raw']:.3f}",
+            f"{name}_busy_vs_idle={res['busy_vs_idle']:.3f}",
             f"{name}_update_s={res['update_s']:.4f}",
+            f"{name}_update_busy_s={res['update_busy_s']:.4f}",
             f"{name}_raw_s={res['raw_s']:.4f}",
+            f"{name}_busy_completed={res['busy_completed']}",
+            f"{name}_busy_across={res['busy_across']}",
         ]
     from telescope_weightsync import PublisherSettings
 
