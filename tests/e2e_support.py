@@ -156,4 +156,17 @@ def check_finished(run: Finished, steps: int, *, resumed_at: int = 0) -> list[di
     for step in range(resumed_at + 1, steps + 1):
         assert f"step {step}/{steps}" in run.output, run.output[-2000:]
     assert f"look at the run: telescope ui {run.run_dir.parent}" in run.output, run.output[-2000:]
+    _check_trainer_threads(run.run_dir)
     return lines
+
+
+def _check_trainer_threads(run_dir: Path) -> None:
+    """CPU trainer ranks share the node's cores (not Ray's one thread per reserved CPU)."""
+    import yaml
+
+    if "OMP_NUM_THREADS" in os.environ:
+        return  # the user's thread count is kept as it is
+    ranks = yaml.safe_load((run_dir / "config.yaml").read_text())["trainer_num_workers"]
+    events = [json.loads(x) for x in (run_dir / "logs" / "telescope.jsonl").read_text().splitlines()]
+    (ready,) = [e for e in events if e.get("event") == "trainer ranks ready"][-1:]
+    assert ready["torch_threads"] == [max(1, len(os.sched_getaffinity(0)) // ranks)] * ranks, ready

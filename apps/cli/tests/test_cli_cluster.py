@@ -48,3 +48,13 @@ def test_the_users_runtime_env_wins():
         "pip": ["a"],
     }
     assert user["env_vars"] == {"TELESCOPE_RUN_DIR": "/mine", "X": "1"}  # not modified
+
+
+def test_cpu_trainer_ranks_split_the_nodes_cores_evenly():
+    from telescope_cli._actors import trainer_cpu_threads
+
+    assert trainer_cpu_threads(2, 1) == 2  # the quickstart: one rank takes both cores
+    assert trainer_cpu_threads(2, 2) == 1
+    assert trainer_cpu_threads(16, 3) == 5  # rounded down, so the ranks never oversubscribe
+    assert trainer_cpu_threads(2, 3) == 1  # at least one thread
+    assert trainer_cpu_threads(4, 0) == 4  # no count: the rank is alone

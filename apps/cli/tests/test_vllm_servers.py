@@ -42,7 +42,7 @@ def test_server_command_carries_the_config_options():
     for part in [
         "--model /m", "--port 9001", "--max-model-len 512", "--tensor-parallel-size 2",
         "--gpu-memory-utilization 0.5", "--max-num-seqs 4", "--max-num-batched-tokens 1024",
-        "--scheduling-policy fcfs", "--worker-extension-cls pkg.Ext", "--no-enable-prefix-caching",
+        "--scheduling-policy fcfs", "--worker-extension-cls pkg.Ext", "--enable-prefix-caching",
         "--dtype auto", "--logprobs-mode processed_logprobs", "--enable-per-request-metrics",
     ]:  # fmt: skip
         assert part in line
@@ -55,6 +55,19 @@ def test_server_command_carries_the_config_options():
     assert "--enforce-eager" in cpu
     assert cpu[cpu.index("--dtype") + 1] == "float32"
     assert "--gpu-memory-utilization" not in cpu
+
+
+def test_prefix_caching_is_on_by_default_and_off_when_asked():
+    on = server_command(ServerSettings(model="/m"), 1)
+    off = server_command(ServerSettings(model="/m", enable_prefix_caching=False), 1)
+    assert "--enable-prefix-caching" in on
+    assert "--no-enable-prefix-caching" not in on
+    assert "--no-enable-prefix-caching" in off
+    assert "--enable-prefix-caching" not in off
+    # the run's config decides: a config with it off starts servers without prefix caching
+    cfg = _config().model_copy(update={"enable_prefix_caching": False})
+    assert ServerSettings.from_config(cfg).enable_prefix_caching is False
+    assert "--no-enable-prefix-caching" in server_command(ServerSettings.from_config(cfg), 1)
 
 
 def test_server_settings_from_config():

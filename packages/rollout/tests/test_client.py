@@ -17,6 +17,7 @@ from telescope_rollout.inference import (
     PromptTooLongError,
     ServerTimeoutError,
     ServerUnavailableError,
+    cache_salt,
 )
 
 BODY = {
@@ -93,6 +94,16 @@ async def test_complete_sends_ids_and_parses_tokens_and_logprobs():
     assert (c.text, c.token_ids, c.logprobs, c.finish_reason) == (" hi", [5, 6], [-0.25, 0.0], "length")
     assert c.prompt_token_ids == [1, 2, 3]
     assert c.server == url
+
+
+async def test_the_cache_salt_goes_in_the_body_and_names_the_weight_version():
+    seen: list[dict] = []
+    async with fake_vllm(seen) as url, InferenceClient([url], model="m") as client:
+        await client.complete(url, [1, 2], max_tokens=3, cache_salt=cache_salt(0))
+        await client.complete(url, [1, 2], max_tokens=3, cache_salt=cache_salt(7))
+        await client.complete(url, [1, 2], max_tokens=3)  # no salt: none sent (vLLM refuses "")
+    assert [b.get("cache_salt") for b in seen] == ["telescope-w0", "telescope-w7", None]
+    assert "cache_salt" not in seen[2]
 
 
 async def test_connection_errors_are_retried_then_reported():

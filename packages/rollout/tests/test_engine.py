@@ -19,6 +19,7 @@ from telescope_rollout import (
     Sample,
     SamplerEntry,
 )
+from telescope_rollout.inference import cache_salt
 from telescope_rollout.testing import FakeClock, FakeInferenceServer, sample_ids, settle
 
 
@@ -168,6 +169,25 @@ async def test_pause_at_async_limit_and_resume_on_weights(tokenizer):
     assert b1.metrics["rollout/pauses"] == 1.0
     assert b1.metrics["rollout/discarded_max_async"] == 1.0
     assert b1.metrics["rollout/async_level"] == 0.0
+
+
+async def test_requests_carry_the_cache_salt_of_the_weights_their_server_holds(tokenizer):
+    """vLLM shares cached prompt blocks only between requests with one salt: once the engine knows
+    version 1 is live, its requests name it, so none reuses a prefix computed under version 0."""
+    server = FakeInferenceServer(reply=by_sample_parity)
+    engine = make_engine(tokenizer, server, max_async_rollout=0)
+    async with engine:
+        await engine.next_batch(timeout_s=10)
+        await settle()
+        assert engine.paused  # nothing more is sent under version 0
+        sent_under_0 = len(server.requests)
+        engine.weights_updated(1)
+        await engine.next_batch(timeout_s=10)
+    assert sent_under_0 >= 2
+    assert {r.cache_salt for r in server.requests[:sent_under_0]} == {"telescope-w0"}
+    assert len(server.requests) > sent_under_0
+    assert {r.cache_salt for r in server.requests[sent_under_0:]} == {"telescope-w1"}
+    assert cache_salt(1) == "telescope-w1" != cache_salt(0)
 
 
 async def test_staleness_is_measured_from_dispatch_not_completion(tokenizer):

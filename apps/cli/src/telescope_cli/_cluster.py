@@ -213,9 +213,17 @@ class Cluster:
                     rank=r, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir
                 )
             )
-        for actor in self.trainer_actors:
-            actor.set_master.remote(addr, port)
+        shares = self._ranks_on_node() if not self.gpu and "OMP_NUM_THREADS" not in os.environ else None
+        for r, actor in enumerate(self.trainer_actors):
+            actor.set_master.remote(addr, port, None if shares is None else shares[r])
         return self.trainer_actors
+
+    def _ranks_on_node(self) -> list[int]:
+        """For each trainer rank, how many trainer ranks share its node (they split its cores)."""
+        import ray
+
+        nodes = ray.get([a.node_id.remote() for a in self.trainer_actors])
+        return [nodes.count(n) for n in nodes]
 
     def close(self) -> None:
         """Stop trainers first (a collective may hang), then servers, then Ray if we started it."""

@@ -141,6 +141,7 @@ def _start(state: _Run) -> Any:
     with console.phase("Ray"):
         state.cluster.start(run_env={k: v for k, v in env_for_actors.items() if v})
     servers, trainers, infos = _start_workers(state.cluster, resolved, inputs.model_path, run, console)
+    log.info("trainer ranks ready", torch_threads=[i["threads"] for i in infos])
     urls = [s["url"] for s in servers]
     with console.phase("evals and rollout engine"):
         from telescope_cli._rollout import build_engine

@@ -1,8 +1,10 @@
 """Starting, watching and stopping vLLM OpenAI servers as subprocesses: the one launcher.
 
 Each server is ``python -m vllm.entrypoints.openai.api_server`` with the config's memory,
-length, batching, parallelism, dtype and scheduling options, prefix caching off, logprobs of the
-distribution sampled from, and optionally the weight-sync worker extension (with
+length, batching, parallelism, dtype, scheduling and prefix-caching options (prefix caching is
+safe under live weight updates because the rollout client salts every request with its server's
+weight version), logprobs of the distribution sampled from, and optionally the weight-sync worker
+extension (with
 ``VLLM_SERVER_DEV_MODE=1``). :func:`server_command` builds the command line; :func:`launch_server`
 starts one server in its own process group and returns a :class:`ServerHandle` at once (the
 run's ``InferenceServerActor`` runs the same command under its reaper instead). A busy port fails
@@ -164,6 +166,9 @@ class ServerSettings:
     max_num_batched_tokens: int | None = None
     tensor_parallel_size: int = 1
     scheduling_policy: str = "priority"
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes; requests must then carry a cache salt per
+    weight version (``telescope_rollout.inference.cache_salt``), which the rollout client sends."""
     seed: int | None = None
     dtype: str = "auto"
     served_model_name: str | None = None
@@ -199,7 +204,7 @@ def server_command(
         "--tensor-parallel-size", str(s.tensor_parallel_size),
         "--dtype", "float32" if cpu and s.dtype == "auto" else s.dtype,
         "--scheduling-policy", s.scheduling_policy,
-        "--no-enable-prefix-caching",
+        "--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching",
         "--override-generation-config", '{"max_new_tokens": null}',
         # logprobs of the distribution tokens are sampled from (after temperature, top-k, top-p),
         # the one the trainer computes with its logits divided by the temperature

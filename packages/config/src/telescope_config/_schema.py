@@ -158,9 +158,11 @@ class TelescopeConfig(BaseModel):
         ge=0,
         description="CPUs (>= 0) of each trainer rank's Ray bundle (the trainer placement group has one "
         "bundle per rank) and of the rank's actor; a Ray that the run starts itself gets at least the "
-        "sum of all bundles plus one CPU. Telescope sets no thread count: Ray sets the rank's "
-        "OMP_NUM_THREADS, and so torch's CPU threads, to this number rounded down (at least 1) unless "
-        "OMP_NUM_THREADS is already set. Batches are packed in the driver, not on these CPUs.",
+        "sum of all bundles plus one CPU. It does not cap a CPU rank's threads: a rank without a GPU "
+        "uses the node's cores divided by the trainer ranks on the node (it trains on every core while "
+        "vLLM is not generating), unless OMP_NUM_THREADS is set where telescope train starts; GPU ranks "
+        "keep Ray's OMP_NUM_THREADS (this number rounded down, at least 1). Batches are packed in the "
+        "driver, not on these CPUs.",
     )
     ray_inference_placement_strategy: PlacementStrategy = Field(
         description="Ray placement strategy of the inference GPUs: PACK fills one node before the next, "
@@ -297,6 +299,12 @@ class TelescopeConfig(BaseModel):
         " (keys and values all-gathered; exact, GSPO included), for rows too long for one GPU. 1 "
         "disables it; more needs train_backend fsdp, seq_len divisible by twice this value and "
         "trainer_num_workers a multiple of it.",
+    )
+    fsdp_gradient_checkpointing: bool = Field(
+        description="FSDP: recompute each decoder layer's activations in the backward pass instead of "
+        "storing them: much less activation memory for more compute (measured on CPU for a 135M model: "
+        "about twice the step time). Keep it on for large models and long rows; the CPU quickstart "
+        "turns it off.",
     )
 
     # Megatron
@@ -582,6 +590,13 @@ class TelescopeConfig(BaseModel):
     vllm_scheduling_policy: Literal["priority", "fcfs"] = Field(
         description="vLLM request order: priority serves later turns of multi-turn episodes first so "
         "episodes finish; fcfs serves requests as they arrive."
+    )
+    enable_prefix_caching: bool = Field(
+        description="vLLM's prefix caching: a server reuses the KV cache of prompt prefixes it already "
+        "computed (a group's samples share their prompt, later turns the conversation so far). Every "
+        "request carries a cache salt naming the weight version its server holds, so a prefix computed "
+        "under older weights is never reused after a weight update. false starts the servers with "
+        "--no-enable-prefix-caching."
     )
     enable_thinking: bool = Field(
         description="Value of enable_thinking given to the chat template (e.g. Qwen3's thinking mode)."

@@ -38,6 +38,7 @@ class FakeRequest:
     sampling: dict[str, Any]
     priority: int
     request_id: str
+    cache_salt: str = ""
     future: asyncio.Future[None] | None = None
     answered: bool = False
 
@@ -91,6 +92,7 @@ class FakeInferenceServer(CompletionClient):
             dict(request.sampling),
             request.priority,
             request.request_id,
+            request.cache_salt,
         )
         self.requests.append(req)
         if url in self.dead:

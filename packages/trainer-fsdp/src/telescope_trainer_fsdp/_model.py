@@ -2,11 +2,12 @@
 
 * ``AutoModelForCausalLM`` in ``model_dtype``, ``use_cache`` off, gradient checkpointing
   (non-reentrant) on by default.
-* Attention: ``flash_attention_2`` when flash-attn is importable on a GPU, else SDPA. Packed rows are
-  exact with both: the forward passes ``position_ids`` (restarting at 0 per sample) and no
-  ``attention_mask``, so flash-attn runs its varlen kernel and transformers' mask builder (for SDPA
-  and eager) detects the packed layout and adds a segment mask; samples sharing a row never attend
-  to each other, whichever kernel runs.
+* Attention: ``flash_attention_2`` when flash-attn is importable on a GPU, else SDPA on a GPU, and
+  ``telescope_packed_sdpa`` (``_packed_attention``: fused causal SDPA per sample) on CPU. Packed rows
+  are exact with all of them: the forward passes ``position_ids`` (restarting at 0 per sample) and no
+  ``attention_mask``, so flash-attn runs its varlen kernel, transformers' mask builder (for SDPA and
+  eager) detects the packed layout and adds a segment mask, and the CPU kernel cuts the row into its
+  samples; samples sharing a row never attend to each other, whichever kernel runs.
 * ``fully_shard`` on every module whose class is in ``_no_split_modules`` (the decoder layers), on
   untied input embeddings, then on the root; ``MixedPrecisionPolicy(param_dtype=mixed_precision_dtype,
   reduce_dtype=float32)``.
@@ -19,6 +20,8 @@ import importlib.util
 import structlog
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from telescope_trainer_fsdp._packed_attention import PACKED_SDPA, register_packed_sdpa
 
 __all__ = ["DTYPES", "attention_implementation", "load_sharded_model", "torch_dtype"]
 
@@ -36,9 +39,12 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def attention_implementation(device: torch.device, requested: str | None = None) -> str:
-    """The attention kernel: ``requested`` if given, else flash-attn on CUDA when installed, else SDPA."""
+    """The attention kernel: ``requested`` if given, else flash-attn on CUDA when installed, else SDPA
+    on CUDA, and the per-sample SDPA on CPU."""
     if requested is not None:
         return requested
+    if device.type == "cpu":
+        return PACKED_SDPA
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return "sdpa"
@@ -58,6 +64,8 @@ def load_sharded_model(
     from transformers import AutoModelForCausalLM
 
     attn = attention_implementation(device, attn_implementation)
+    if attn == PACKED_SDPA:
+        register_packed_sdpa()
     model = AutoModelForCausalLM.from_pretrained(
         model_path,
         dtype=torch_dtype(model_dtype),

@@ -339,7 +339,7 @@ def create_trainer(
     *,
     model_path: str | None = None,
     device: str | torch.device | None = None,
-    gradient_checkpointing: bool = True,
+    gradient_checkpointing: bool | None = None,
     attn_implementation: str | None = None,
     seed: int | None = None,
     trust_remote_code: bool = False,
@@ -351,9 +351,11 @@ def create_trainer(
         config: the run's validated ``TelescopeConfig`` (read as is; never validated again here).
         model_path: overrides ``config.model`` (e.g. a local folder).
         device: ``"cpu"`` or ``"cuda"``; default CUDA when available.
-        gradient_checkpointing: recompute activations in backward (on by default).
+        gradient_checkpointing: recompute activations in backward; None (the default) takes
+            ``config.fsdp_gradient_checkpointing``.
         attn_implementation: force a transformers attention implementation (default: flash-attn on GPU
-            when installed, else SDPA; both isolate packed samples). With context parallelism the
+            when installed, else SDPA; on CPU the per-sample SDPA of ``_packed_attention``; all isolate
+            packed samples). With context parallelism the
             trainer's own ``telescope_cp`` attention is used and this must stay None.
         seed: seeds Python, NumPy and torch on every rank before the model loads; None (the default)
             takes ``config.seed``.
@@ -380,7 +382,11 @@ def create_trainer(
             device=info.device,
             model_dtype=config.model_dtype,
             mixed_precision_dtype=config.mixed_precision_dtype,
-            gradient_checkpointing=gradient_checkpointing,
+            gradient_checkpointing=(
+                config.fsdp_gradient_checkpointing
+                if gradient_checkpointing is None
+                else gradient_checkpointing
+            ),
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
         )

@@ -12,7 +12,10 @@ training pool: nothing new is dispatched to them and their groups still using th
 cancelled (reason ``eval_drain``); ``engine.restore_servers(urls)`` gives them back once they hold
 the pool's weights again. While drained, a server may keep an older version: updates name the
 servers that got them (``weights_updated(v, servers=...)``), every server in the pool must be
-among them, and a sample's versions are those of the server it ran on.
+among them, and a sample's versions are those of the server it ran on. Every request carries
+the prefix-cache salt of its server's version when it is sent (``inference.cache_salt``), so
+vLLM never reuses a prompt prefix computed under older weights (docs/rollout.md, "Prefix caching
+and weight updates").
 
 Counters (version v = number of weight updates applied, 0 = base model; step = batches assembled):
 - pause: no new group starts while ``step - v > max_async_rollout`` (resumes on an update);

@@ -33,6 +33,7 @@ from telescope_rollout.inference._client import (
     PromptTooLongError,
     ServerTimeoutError,
     ServerUnavailableError,
+    cache_salt,
 )
 
 
@@ -83,8 +84,10 @@ async def _generate(
     request_id: str,
     priority: int = 0,
     first_turn: bool = True,
+    salt: str = "",
 ) -> Completion | None:
-    """One completion of ``ids`` on the sample's server, ``max_tokens`` shortened to the room left.
+    """One completion of ``ids`` on the sample's server, ``max_tokens`` shortened to the room left,
+    with prefix-cache salt ``salt``.
 
     When there is no room (by our count, or by the server's ``PromptTooLongError``) the first turn
     fails with ``prompt_too_long``; a later turn returns None: the episode's context is exhausted.
@@ -97,7 +100,7 @@ async def _generate(
     try:
         return await client.complete(
             out.server, ids, max_tokens=budget, sampling=settings.sampling_params(), priority=priority,
-            request_id=request_id,
+            request_id=request_id, cache_salt=salt,
         )  # fmt: skip
     except PromptTooLongError as exc:
         if first_turn:
@@ -123,8 +126,10 @@ async def _score(out: ScoredSample, scoring: Awaitable[RewardResult]) -> None:
 class Play:
     """How a sample is played: the client and settings to generate with, the prompt source (its
     tokenizers), the end-of-sequence text reward functions strip, ``on_generated`` (called once
-    generation is over, before the reward), the request-id prefix, and ``version()``: the weight
-    version live on the sample's server now (recorded on each model turn; evals: -1)."""
+    generation is over, before the reward), the request-id prefix, ``version()``: the weight
+    version live on the sample's server now (recorded on each model turn; evals: -1), and
+    ``weights()``: the weight version the server holds for the prefix-cache salt of each request
+    (None: ``version()``; evals give the evaluated step)."""
 
     client: CompletionClient
     settings: EngineSettings
@@ -133,6 +138,11 @@ class Play:
     on_generated: Callable[[], None] = _nothing
     request_prefix: str = "sample"
     version: Callable[[], int] = _no_version
+    weights: Callable[[], int] | None = None
+
+    def cache_salt(self) -> str:
+        """The prefix-cache salt of a request sent now: :func:`cache_salt` of the server's weights."""
+        return cache_salt((self.weights or self.version)())
 
 
 async def _model_turn(
@@ -148,8 +158,9 @@ async def _model_turn(
     when it answers (None: the context is exhausted, no turn)."""
     start, version_start, t0 = time.time(), play.version(), time.perf_counter()
     comp = await _generate(
-        play.client, out, ids, play.settings, request_id=request_id, priority=priority, first_turn=first_turn
-    )
+        play.client, out, ids, play.settings, request_id=request_id, priority=priority, first_turn=first_turn,
+        salt=play.cache_salt(),
+    )  # fmt: skip
     if comp is None:
         return None
     timings = dict(comp.timings)

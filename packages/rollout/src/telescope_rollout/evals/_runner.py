@@ -18,7 +18,9 @@ then, for every eval:
 Requests spread over the given servers (fewest eval requests in flight first, ties in turn) with at most
 ``concurrency_per_server`` in flight per server (default: the training lanes per server). All
 evals of one call run concurrently. Nothing here knows about training steps beyond the number
-written into the rows.
+written into the rows and the prefix-cache salt of every request: ``step`` names the weights the
+servers hold (``telescope train`` evaluates step s on step s's weights, the engine's version s),
+so eval requests share cached prompt blocks only with requests under the same weights.
 
 Failures never raise out of ``run`` (cancellation does): a completion that fails is a row with
 its ``error`` and is left out of the means; a server that cannot be reached
@@ -379,9 +381,10 @@ class EvalRunner:
             self._in_flight[url] += 1
             try:
                 eos = self.eos_token or env.eos_token
-                play = Play(
-                    self.client, settings, self.prompts, eos, request_prefix=f"eval-{spec.name}-s{step}"
-                )
+                play = Play(  # the servers hold step's weights: its prefix-cache salt
+                    self.client, settings, self.prompts, eos, request_prefix=f"eval-{spec.name}-s{step}",
+                    weights=lambda: step,
+                )  # fmt: skip
                 failure = await play_sample(env, prompt, out, play)
             finally:
                 self._in_flight[url] -= 1

@@ -1,7 +1,9 @@
 """HTTP client for vLLM's OpenAI-compatible ``/v1/completions`` on many servers.
 
 Prompts go out as token ids (``return_token_ids`` brings the completion's ids back), with one
-logprob per generated token. Connection failures are retried with exponential backoff
+logprob per generated token, and with vLLM's ``cache_salt`` when the caller gives one (the engine
+gives :func:`cache_salt` of the weight version the server holds, so prefix-cache blocks are shared
+only between requests under the same weights). Connection failures are retried with exponential backoff
 (``backoff_s * 2**attempt``); each request has its own timeout; vLLM's context-length errors
 become :class:`PromptTooLongError`. One ``aiohttp.ClientSession`` (connection pool, HTTP/1.1
 keep-alive) serves all servers; it is opened lazily inside the running event loop, so the client
@@ -36,6 +38,16 @@ log = structlog.get_logger()
 _RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 _CTX = re.compile(r"maximum context length is (\d+) tokens")
 _INPUT = re.compile(r"(?:request has|prompt contains|your prompt contains|input has) (\d+) (?:input )?tokens")
+
+
+def cache_salt(version: int) -> str:
+    """vLLM's prefix-cache salt for requests sent while a server holds weight version ``version``.
+
+    vLLM hashes the salt into the first cache block of a prompt, so requests with different salts
+    never share cached KV blocks: a prompt prefix computed under older weights is not reused once
+    requests name a newer version (docs/rollout.md, "Prefix caching and weight updates").
+    """
+    return f"telescope-w{version}"
 
 
 class InferenceError(RuntimeError):
@@ -95,6 +107,9 @@ class CompletionRequest:
     priority: int = 0
     """vLLM's request priority (lower first under ``--scheduling-policy priority``); 0 is not sent."""
     request_id: str = ""
+    cache_salt: str = ""
+    """vLLM's prefix-cache salt (:func:`cache_salt`): cached prompt blocks are shared only between
+    requests with the same salt; "" is not sent (the server's unsalted cache)."""
 
 
 class CompletionClient(ABC):
@@ -115,9 +130,12 @@ class CompletionClient(ABC):
         sampling: Mapping[str, Any] | None = None,
         priority: int = 0,
         request_id: str | None = None,
+        cache_salt: str = "",
     ) -> Completion:
         """Generate one completion of ``prompt`` (token ids or text) on server ``url``."""
-        request = CompletionRequest(url, prompt, max_tokens, dict(sampling or {}), priority, request_id or "")
+        request = CompletionRequest(
+            url, prompt, max_tokens, dict(sampling or {}), priority, request_id or "", cache_salt
+        )
         return await self.generate(request)
 
     @abstractmethod
@@ -309,7 +327,8 @@ class InferenceClient(CompletionClient):
         return self._models[url]
 
     async def generate(self, request: CompletionRequest) -> Completion:
-        """POST the request to ``{url}/v1/completions`` (with token ids and one logprob per token back)."""
+        """POST the request to ``{url}/v1/completions`` (with token ids and one logprob per token back,
+        and the request's ``cache_salt`` when it has one)."""
         url, prompt = request.url, request.prompt
         body: dict[str, Any] = {
             "model": await self.model_name(url),
@@ -326,6 +345,8 @@ class InferenceClient(CompletionClient):
             body["priority"] = request.priority
         if request.request_id:
             body["request_id"] = request.request_id
+        if request.cache_salt:
+            body["cache_salt"] = request.cache_salt
         t0 = time.perf_counter()
         status, raw = await self._send("POST", f"{url}/v1/completions", json=body)
         latency = time.perf_counter() - t0
