@@ -161,12 +161,19 @@ def check_finished(run: Finished, steps: int, *, resumed_at: int = 0) -> list[di
 
 
 def _check_trainer_threads(run_dir: Path) -> None:
-    """CPU trainer ranks share the node's cores (not Ray's one thread per reserved CPU)."""
+    """The node's cores are split: the servers take half (at least one, at most all but one), the
+    trainer ranks share the rest (docs/architecture.md#threads), not Ray's one thread per CPU."""
     import yaml
 
     if "OMP_NUM_THREADS" in os.environ:
         return  # the user's thread count is kept as it is
-    ranks = yaml.safe_load((run_dir / "config.yaml").read_text())["trainer_num_workers"]
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    ranks, servers = cfg["trainer_num_workers"], cfg["inference_num_workers"]
+    cores = len(os.sched_getaffinity(0))
+    for_servers = min(max(servers, cores // 2), max(1, cores - 1))
     events = [json.loads(x) for x in (run_dir / "logs" / "telescope.jsonl").read_text().splitlines()]
     (ready,) = [e for e in events if e.get("event") == "trainer ranks ready"][-1:]
-    assert ready["torch_threads"] == [max(1, len(os.sched_getaffinity(0)) // ranks)] * ranks, ready
+    assert ready["torch_threads"] == [max(1, (cores - for_servers) // ranks)] * ranks, ready
+    log = (run_dir / "logs" / "inference" / "server_0.log").read_text()
+    first = sorted(os.sched_getaffinity(0))[: max(1, for_servers // servers)]
+    assert f"core ids={first}" in log, f"server 0 should compute on cores {first}"

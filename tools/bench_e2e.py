@@ -5,11 +5,13 @@ with the same batch (``--batch`` prompts x ``--group-size`` completions), ``--ma
 tokens at temperature 1, learning rate, gradient clipping and number of steps, in one run of this
 script:
 
-* ``plain``: ``tools/plain_grpo.py``, a minimal synchronous loop in this process (Hugging Face
+* ``plain``: ``tools/plain_grpo.py``, a minimal synchronous loop in its own process (Hugging Face
   ``generate``, one forward and backward over the padded batch, AdamW; torch on every core). The
   baseline a skeptical reader would write first.
-* ``async0``, ``async1``, ``async2``: ``telescope train`` in this process with the quickstart preset
-  (one vLLM server, one FSDP rank, live weight sync, through Ray) at ``max_async_rollout`` 0, 1, 2.
+* ``async0``, ``async1``, ``async2``: ``telescope train`` in its own process, as users start it, with
+  the quickstart preset (one vLLM server, one FSDP rank, live weight sync, through Ray) at
+  ``max_async_rollout`` 0, 1, 2, training on every group like the other sides
+  (``discard_group_zero_advantage: false``; the quickstart drops zero-advantage groups).
 * ``trl``: TRL's ``GRPOTrainer`` (generation with ``generate``, its default without a vLLM server),
   the version the ``bench`` hatch environment pins (printed).
 
@@ -155,6 +157,9 @@ def run_telescope(cfg: dict[str, Any], level: int, work: Path) -> Timed:
         "group_size": cfg["group_size"],
         "max_tokens": cfg["max_tokens"],
         "learning_rate": cfg["learning_rate"],
+        # train on every group, as the plain loop and TRL do (the quickstart drops groups whose
+        # completions all scored the same and generates more to replace them)
+        "discard_group_zero_advantage": "false",
     }
     flags = [x for k, v in overrides.items() for x in (f"--{k}", str(v))]
     cmd = [sys.executable, "-m", "telescope_cli", "train", "--run-dir", str(run), "--quiet", *flags]

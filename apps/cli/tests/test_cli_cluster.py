@@ -50,11 +50,16 @@ def test_the_users_runtime_env_wins():
     assert user["env_vars"] == {"TELESCOPE_RUN_DIR": "/mine", "X": "1"}  # not modified
 
 
-def test_cpu_trainer_ranks_split_the_nodes_cores_evenly():
-    from telescope_cli._actors import trainer_cpu_threads
+def test_a_cpu_node_is_split_between_servers_and_trainer_ranks_without_oversubscribing():
+    from telescope_cli._actors import CpuPlan, cpu_plan
 
-    assert trainer_cpu_threads(2, 1) == 2  # the quickstart: one rank takes both cores
-    assert trainer_cpu_threads(2, 2) == 1
-    assert trainer_cpu_threads(16, 3) == 5  # rounded down, so the ranks never oversubscribe
-    assert trainer_cpu_threads(2, 3) == 1  # at least one thread
-    assert trainer_cpu_threads(4, 0) == 4  # no count: the rank is alone
+    # the quickstart on 2 cores: the server computes on core 0, the trainer on core 1
+    assert cpu_plan([0, 1], 1, 1, 1) == CpuPlan(["0"], 1)
+    assert cpu_plan([0, 1, 2, 3], 1, 1, 1) == CpuPlan(["0,1"], 2)  # half each
+    assert cpu_plan([0, 1, 2, 3, 4, 5, 6, 7], 2, 1, 2) == CpuPlan(["0,1", "2,3"], 2)
+    assert cpu_plan([0, 1, 2, 3, 4, 5, 6, 7], 1, 2, 1) == CpuPlan(["0,1|2,3"], 4)  # a run per TP rank
+    assert cpu_plan([0, 1], 2, 1, 1) == CpuPlan(["0", "0"], 1)  # too few cores: servers share core 0
+    assert cpu_plan([0, 1], 1, 1, 2) == CpuPlan(["0"], 1)  # at least one thread per rank
+    assert cpu_plan([4, 5, 6], 1, 1, 1) == CpuPlan(["4"], 2)  # the affinity's own core ids
+    assert cpu_plan([0, 1], 0, 1, 2) == CpuPlan([], 1)  # no server: the ranks share every core
+    assert cpu_plan([0, 1, 2, 3], 2, 1, 0).server_binds == ["0,1", "2,3"]  # no trainer: servers take all

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from telescope_cli._actors import InferenceServerActor, TrainerActor
+from telescope_cli._actors import CpuPlan, InferenceServerActor, TrainerActor, cpu_plan
 
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
@@ -180,10 +180,24 @@ class Cluster:
         pg = self._placement_group(
             [bundle] * len(launches), cfg.ray_inference_placement_strategy, "inference"
         )
+        plan = self._cpu_plan()
         for i, launch in enumerate(launches):
             opts = self._options(pg, i, cfg.ray_inference_cpus_per_worker, float(tp) if self.gpu else 0.0)
-            self.server_actors.append(InferenceServerActor.options(**opts).remote(index=i, **launch))
+            bind = plan.server_binds[i] if plan else None
+            actor = InferenceServerActor.options(**opts).remote(index=i, **launch, cpu_bind=bind)
+            self.server_actors.append(actor)
         return self.server_actors
+
+    def _cpu_plan(self) -> CpuPlan | None:
+        """The cores' split between servers and trainer ranks, for a CPU run on a Ray this run started
+        (one node). None: GPUs, a joined cluster or OMP_NUM_THREADS set by the user keep Ray's and
+        vLLM's settings."""
+        if self.gpu or not self.started_ray or "OMP_NUM_THREADS" in os.environ:
+            return None
+        cfg = self.config
+        tp = cfg.inference_tensor_parallel_size
+        servers = cfg.inference_num_workers // tp
+        return cpu_plan(sorted(os.sched_getaffinity(0)), servers, tp, cfg.trainer_num_workers)
 
     def place_trainers(self, model_path: str, log_dir: str) -> list[Any]:
         """One TrainerActor per rank, forming one torch.distributed world.
@@ -201,29 +215,29 @@ class Cluster:
             bundle["GPU"] = 1.0
         pg = self._placement_group([bundle] * n, cfg.ray_trainer_placement_strategy, "trainer")
         gpus = 1.0 if self.gpu else 0.0
-        first = TrainerActor.options(**self._options(pg, 0, cfg.ray_trainer_cpus_per_worker, gpus)).remote(
+        plan = self._cpu_plan()
+
+        def options(r: int) -> dict[str, Any]:
+            opts = self._options(pg, r, cfg.ray_trainer_cpus_per_worker, gpus)
+            if plan is not None:  # merged into the job's runtime_env (env_vars merge key by key)
+                opts["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(plan.trainer_threads)}}
+            return opts
+
+        first = TrainerActor.options(**options(0)).remote(
             rank=0, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir
         )
         addr, port = ray.get(first.master_address.remote())
         self.trainer_actors = [first]
         for r in range(1, n):
-            opts = self._options(pg, r, cfg.ray_trainer_cpus_per_worker, gpus)
+            opts = options(r)
             self.trainer_actors.append(
                 TrainerActor.options(**opts).remote(
                     rank=r, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir
                 )
             )
-        shares = self._ranks_on_node() if not self.gpu and "OMP_NUM_THREADS" not in os.environ else None
-        for r, actor in enumerate(self.trainer_actors):
-            actor.set_master.remote(addr, port, None if shares is None else shares[r])
+        for actor in self.trainer_actors:
+            actor.set_master.remote(addr, port)
         return self.trainer_actors
-
-    def _ranks_on_node(self) -> list[int]:
-        """For each trainer rank, how many trainer ranks share its node (they split its cores)."""
-        import ray
-
-        nodes = ray.get([a.node_id.remote() for a in self.trainer_actors])
-        return [nodes.count(n) for n in nodes]
 
     def close(self) -> None:
         """Stop trainers first (a collective may hang), then servers, then Ray if we started it."""

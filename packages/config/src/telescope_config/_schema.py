@@ -158,11 +158,11 @@ class TelescopeConfig(BaseModel):
         ge=0,
         description="CPUs (>= 0) of each trainer rank's Ray bundle (the trainer placement group has one "
         "bundle per rank) and of the rank's actor; a Ray that the run starts itself gets at least the "
-        "sum of all bundles plus one CPU. It does not cap a CPU rank's threads: a rank without a GPU "
-        "uses the node's cores divided by the trainer ranks on the node (it trains on every core while "
-        "vLLM is not generating), unless OMP_NUM_THREADS is set where telescope train starts; GPU ranks "
-        "keep Ray's OMP_NUM_THREADS (this number rounded down, at least 1). Batches are packed in the "
-        "driver, not on these CPUs.",
+        "sum of all bundles plus one CPU. On a CPU run with a Ray it started itself, telescope train "
+        "splits the node's cores instead: half to the vLLM servers, the rest shared by the trainer "
+        "ranks as their OMP_NUM_THREADS (unless OMP_NUM_THREADS is set where it starts); otherwise Ray "
+        "sets a rank's OMP_NUM_THREADS to this number rounded down (at least 1). Batches are packed in "
+        "the driver, not on these CPUs.",
     )
     ray_inference_placement_strategy: PlacementStrategy = Field(
         description="Ray placement strategy of the inference GPUs: PACK fills one node before the next, "

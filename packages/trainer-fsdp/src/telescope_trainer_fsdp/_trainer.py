@@ -376,17 +376,13 @@ def create_trainer(
             register_attention()
             attn_implementation = ATTENTION
         seed_everything(int(config.seed if seed is None else seed))
-        path = model_path or config.model
+        path, recompute = model_path or config.model, gradient_checkpointing
         model = load_sharded_model(
             path,
             device=info.device,
             model_dtype=config.model_dtype,
             mixed_precision_dtype=config.mixed_precision_dtype,
-            gradient_checkpointing=(
-                config.fsdp_gradient_checkpointing
-                if gradient_checkpointing is None
-                else gradient_checkpointing
-            ),
+            gradient_checkpointing=config.fsdp_gradient_checkpointing if recompute is None else recompute,
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
         )
