@@ -126,15 +126,16 @@ def test_a_reward_that_always_fails_stops_the_run_with_its_error(tmp_path, tiny_
 def test_reward_rises_on_a_task_a_tiny_model_can_learn(tmp_path, tiny_model_dir):
     run = train(
         tmp_path / "run", *base_args(tiny_model_dir), *SCALE_DOWN, "--environments", DIGITS,
-        "--number_of_steps", "12", "--group_size", "8",
+        "--number_of_steps", "16", "--group_size", "8",
         "--prompts_batch_size_for_trainer", "4", "--learning_rate", "2e-3", "--max_tokens", "8",
         "--max_async_rollout", "1", "--seed", "3",
     )  # fmt: skip
-    lines = check_finished(run, 12)
+    lines = check_finished(run, 16)
     rewards = [m["reward/mean"] for m in lines]
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    print(f"digits reward per step: {[round(r, 3) for r in rewards]}; first 3 {first:.3f}, last 3 {last:.3f}")
-    # measured: 0.048 -> 0.128 (2.6x) over 12 steps; no update at all stays near 0.05
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    print(f"digits reward per step: {[round(r, 3) for r in rewards]}; first 4 {first:.3f}, last 4 {last:.3f}")
+    # measured: 0.048 -> 0.128 (2.6x) over 12 steps, but once only 0.068 -> 0.085 (which batch a group
+    # lands in depends on timing at max_async_rollout 1): 16 steps, means of 4; no update stays near 0.05
     assert last > 1.5 * first, rewards
     assert last - first > 0.03, rewards
 
