@@ -41,7 +41,13 @@ def _config(spec: dict) -> telescope_config.TelescopeConfig:
 
 def _micro_batches(trainer, spec: dict, i: int, seq_len: int):
     samples = [TrainingSample(**s) for s in spec["steps"][i]]
-    shards = pack_samples(samples, seq_len=seq_len, pad_to_multiple_of=trainer.row_multiple, num_ranks=1)
+    shards = pack_samples(
+        samples,
+        seq_len=seq_len,
+        pad_to_multiple_of=trainer.row_multiple,
+        num_ranks=1,
+        share_prompts=trainer.shares_prompts,  # as `telescope train` packs
+    )
     return shards[trainer.dp_rank]
 
 
@@ -65,6 +71,7 @@ def main(spec: dict) -> None:
     out["initial_seed"] = torch.initial_seed()
     out["is_protocol"] = isinstance(trainer, TrainerBackend)
     out["row_multiple"] = trainer.row_multiple
+    out["shares_prompts"] = trainer.shares_prompts
     root = Path(spec["dir"]) / "checkpoints"
     metrics = []
     for i in range(len(spec["steps"])):  # short rows: several micro-batches per step

@@ -6,7 +6,9 @@ the same steps: ``dr_grpo`` with ``token_sum_norm`` (its loss divides by the ste
 so a backend that normalises by the local micro-batch is caught), a warmup schedule (so a backend
 one step ahead in its LR is caught), float32 and no dropout. What every backend must do:
 
-- be a ``TrainerBackend``; its ``row_multiple``; the seed it was given is torch's seed;
+- be a ``TrainerBackend``; its ``row_multiple`` and ``shares_prompts`` (FSDP's CPU attention shares a
+  group's prompt, Megatron's does not: the steps' samples come in groups of one prompt, so the
+  backends agreeing also checks shared-prompt packing); the seed it was given is torch's seed;
 - ``train_step`` returns the protocol's metric keys; the LR of step k is ``lr · lr_multiplier(k-1)``;
 - the loss of a step is the same whether its samples come in several micro-batches or one row;
 - ``save_checkpoint`` writes into exactly the folder given (the caller makes it: a missing one is an
@@ -54,22 +56,24 @@ REQUIRED = (
 )  # fmt: skip
 
 
+def _sample(rng: random.Random, prompt: list[int]) -> dict:
+    completion = [rng.randrange(3, 400) for _ in range(rng.randint(6, 12))]
+    return {
+        "prompt_ids": prompt,
+        "completion_ids": completion,
+        "advantage": rng.uniform(-2, 2),
+        "rollout_logprobs": [-rng.uniform(3, 7) for _ in completion],
+    }
+
+
 def _steps() -> list[list[dict]]:
     rng = random.Random(7)
     steps = []
-    for n in (6, 5):
+    for sizes in ((2, 2, 2), (3, 2)):  # groups of samples that share their prompt
         samples = []
-        for _ in range(n):
+        for size in sizes:
             prompt = [rng.randrange(3, 400) for _ in range(rng.randint(3, 6))]
-            completion = [rng.randrange(3, 400) for _ in range(rng.randint(6, 12))]
-            samples.append(
-                {
-                    "prompt_ids": prompt,
-                    "completion_ids": completion,
-                    "advantage": rng.uniform(-2, 2),
-                    "rollout_logprobs": [-rng.uniform(3, 7) for _ in completion],
-                }
-            )
+            samples += [_sample(rng, prompt) for _ in range(size)]
         steps.append(samples)
     return steps
 
@@ -114,6 +118,7 @@ def test_protocol_seed_and_metrics(results, backend):
     r = results[backend]
     assert r["is_protocol"]
     assert r["row_multiple"] == 1
+    assert r["shares_prompts"] == (backend == "fsdp")
     assert r["initial_seed"] == 1234  # the config's seed reached the trainer
     assert r["facts"]["backend"] == backend
     for m in r["metrics"]:

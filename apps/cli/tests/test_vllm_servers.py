@@ -70,6 +70,18 @@ def test_prefix_caching_is_on_by_default_and_off_when_asked():
     assert "--no-enable-prefix-caching" in server_command(ServerSettings.from_config(cfg), 1)
 
 
+def test_a_cpu_server_with_prefix_caching_uses_blocks_a_short_prompt_fills():
+    cpu = server_command(ServerSettings(model="/m", device="cpu"), 1)
+    assert cpu[cpu.index("--block-size") + 1] == "32"
+    # vLLM's own default elsewhere: on GPU, without prefix caching, or when the user gives one
+    assert "--block-size" not in server_command(ServerSettings(model="/m"), 1)
+    no_cache = ServerSettings(model="/m", device="cpu", enable_prefix_caching=False)
+    assert "--block-size" not in server_command(no_cache, 1)
+    own = server_command(ServerSettings(model="/m", device="cpu", extra_args=("--block-size", "64")), 1)
+    assert own.count("--block-size") == 1
+    assert own[own.index("--block-size") + 1] == "64"
+
+
 def test_server_settings_from_config():
     cfg = _config()
     s = ServerSettings.from_config(cfg, device="cpu")

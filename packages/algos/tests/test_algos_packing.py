@@ -172,3 +172,53 @@ def test_pad_micro_batch_adds_a_padding_segment_without_loss_tokens():
     assert (padded.num_tokens, padded.num_samples) == (mb.num_tokens, mb.num_samples)
     assert ta.pad_micro_batch(padded, 4) is padded  # already a multiple
     assert ta.pad_micro_batch(mb, 1) is mb
+
+
+def _group(prompt, completions, advs):
+    return [
+        ta.TrainingSample(prompt_ids=prompt, completion_ids=c, advantage=a, rollout_logprobs=[-0.5] * len(c))
+        for c, a in zip(completions, advs, strict=True)
+    ]
+
+
+def test_shared_prompts_pack_a_group_as_one_root_and_branches():
+    # three samples of prompt [5, 6, 7]: sharing stops at the first loss token and keeps the last shared
+    # token in each branch (its output predicts the branch's first loss token), so a branch takes 2 of
+    # the root's tokens and starts at position 2; a fourth sample with another prompt stays whole
+    group = _group([5, 6, 7], [[8, 9], [10], [8, 11]], [1.0, 2.0, 3.0])
+    other = ta.TrainingSample(prompt_ids=[5, 40], completion_ids=[41], advantage=4.0)
+    [[mb]] = ta.pack_samples([*group, other], seq_len=32, share_prompts=True)
+    assert mb.input_ids.tolist() == [[5, 6, 7, 8, 9, 7, 10, 7, 8, 11, 5, 40, 41]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 2, 3, 2, 3, 4, 0, 1, 2]]
+    assert mb.loss_mask.long().tolist() == [[0, 0, 0, 1, 1, 0, 1, 0, 1, 1, 0, 0, 1]]
+    assert mb.advantages.tolist() == [[1.0] * 5 + [2.0] * 2 + [3.0] * 3 + [4.0] * 3]
+    assert (mb.num_samples, mb.num_tokens) == (4, 6)
+    # the loss finds four samples: a branch is a sample of its own
+    assert ta.segment_ids_from_position_ids(mb.position_ids).tolist() == [
+        [0] * 5 + [1] * 2 + [2] * 3 + [3] * 3
+    ]
+    # without sharing every sample is whole: 5 + 4 + 5 + 3 = 17 tokens
+    [[plain]] = ta.pack_samples([*group, other], seq_len=32)
+    assert len(plain) == 17
+    assert plain.num_tokens == 6
+
+
+def test_a_family_that_would_pass_seq_len_starts_a_new_root():
+    group = _group([5, 6, 7], [[8, 9], [10, 11], [12, 13]], [1.0, 2.0, 3.0])
+    # root 5 tokens + branch 3 = 8 fits; the third would make 11 > 10, so it opens its own family
+    shards = ta.pack_samples(group, seq_len=10, share_prompts=True)
+    rows = sorted(mb.position_ids[0].tolist() for mb in shards[0])
+    assert rows == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 2, 3, 4]]
+
+
+def test_a_sample_without_loss_tokens_is_packed_whole():
+    # a filtered sample (completion mask all 0) has no first loss token: it keeps all of its tokens
+    group = _group([5, 6, 7], [[8, 9], [10]], [1.0, 2.0])
+    masked = ta.TrainingSample(
+        prompt_ids=[5, 6, 7], completion_ids=[8, 12], advantage=0.0, completion_mask=[0, 0]
+    )
+    [[mb]] = ta.pack_samples([*group, masked], seq_len=32, share_prompts=True)
+    # the family (root 5 + branch 2 tokens) is the longer item, so it comes first
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4, 2, 3, 0, 1, 2, 3, 4]]
+    assert mb.input_ids.tolist() == [[5, 6, 7, 8, 9, 7, 10, 5, 6, 7, 8, 12]]
+    assert mb.num_tokens == 3

@@ -96,3 +96,73 @@ def test_packed_sdpa_equals_sdpa_with_the_segment_mask_under_grouped_query_atten
     out, _ = packed_sdpa_forward(torch.nn.Module(), q, k, v, None, position_ids=positions)
     assert out.shape == (1, 7, 4, 8)
     torch.testing.assert_close(out, ref.transpose(1, 2), atol=1e-6, rtol=0)
+
+
+def _groups(helpers, *, groups: int, size: int):
+    """``groups`` prompts of random samples, ``size`` completions each (the samples of a GRPO group)."""
+    from telescope_algos import TrainingSample
+
+    out = []
+    for g, prompt_of in enumerate(helpers.make_samples(groups, seed=21)):
+        for s in helpers.make_samples(size, seed=100 + g):
+            out.append(
+                TrainingSample(prompt_of.prompt_ids, s.completion_ids, s.advantage, s.rollout_logprobs)
+            )
+    return out
+
+
+def _loss_and_grads(trainer, mb):
+    lp, ent = forward_logprobs(trainer.model, mb, device=trainer.device, temperature=0.8, chunk_size=7)
+    mask = mb.loss_mask.to(trainer.device)
+    loss = -(lp * mb.advantages.to(trainer.device))[mask].sum()
+    loss.backward()
+    grads = [p.grad.full_tensor().clone() for p in trainer.model.parameters()]
+    trainer.model.zero_grad(set_to_none=True)
+    # every loss token's (advantage, logprob, entropy), in a layout-free order
+    rows = torch.stack([mb.advantages[mb.loss_mask], lp.detach()[mask].cpu(), ent.detach()[mask].cpu()], 1)
+    return loss.detach(), grads, rows[torch.argsort(rows[:, 0] * 1e4 + rows[:, 1])]
+
+
+def test_shared_prompts_give_the_same_logprobs_and_gradients(helpers, tiny_model_dir):
+    """A group's prompt packed once (branches) trains exactly as each sample packed whole."""
+    samples = _groups(helpers, groups=3, size=4)
+    cfg = helpers.make_config(tiny_model_dir, temperature=0.8)
+    with helpers.open_trainer(cfg, attn_implementation="telescope_packed_sdpa") as trainer:
+        assert trainer.shares_prompts
+        ([whole],) = pack_samples(samples, seq_len=512)
+        ([shared],) = pack_samples(samples, seq_len=512, share_prompts=True)
+        pos = shared.position_ids[0]
+        branches = int(((pos[1:] != pos[:-1] + 1) & (pos[1:] > 0)).sum())
+        assert branches == 3 * 3  # each group: a root and three branches
+        assert len(shared) < len(whole)
+        assert shared.num_tokens == whole.num_tokens
+        loss_w, grads_w, rows_w = _loss_and_grads(trainer, whole)
+        loss_s, grads_s, rows_s = _loss_and_grads(trainer, shared)
+        torch.testing.assert_close(rows_s, rows_w, atol=1e-5, rtol=0)
+        torch.testing.assert_close(loss_s, loss_w, atol=1e-5, rtol=1e-6)
+        for gs, gw in zip(grads_s, grads_w, strict=True):
+            torch.testing.assert_close(gs, gw, atol=1e-5, rtol=1e-4)
+
+    # Negative control: transformers' SDPA does not know branches (a branch would attend to the sample
+    # packed before it), so that trainer does not share prompts, and forcing the layout on it is wrong
+    with helpers.open_trainer(cfg, attn_implementation="sdpa") as trainer:
+        assert not trainer.shares_prompts
+        _, _, rows_bad = _loss_and_grads(trainer, shared)
+        assert (rows_bad[:, 1] - rows_w[:, 1]).abs().max() > 1e-3
+
+
+def test_a_branch_sees_its_roots_prefix_and_itself():
+    """Hand-built reference for ``row_attention``: a root of 4 tokens and a branch of 3 at position 2."""
+    from telescope_trainer_fsdp._packed_attention import row_attention
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 7, 8, generator=g) for _ in range(3))
+    positions = torch.tensor([0, 1, 2, 3, 2, 3, 4])
+    # token i may attend to token j: the root causally; the branch to root tokens 0, 1 and itself causally
+    allowed = torch.zeros(7, 7, dtype=torch.bool)
+    allowed[:4, :4] = torch.ones(4, 4).tril().bool()
+    allowed[4:, :2] = True
+    allowed[4:, 4:] = torch.ones(3, 3).tril().bool()
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    out = row_attention(q, k, v, positions, dropout=0.0, scale=None)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)

@@ -254,7 +254,7 @@ class TrainerActor:
         t = self.trainer
         return {"rank": t.rank, "dp_rank": t.dp_rank, "dp_world_size": t.dp_world_size,
                 "broadcast": int(t.is_broadcast_rank), "row_multiple": int(t.row_multiple),
-                "threads": threads}  # fmt: skip
+                "shares_prompts": bool(t.shares_prompts), "threads": threads}  # fmt: skip
 
     def connect_weights(
         self, groups: dict[str, list[str]], settings: PublisherSettings, prefer_loopback: bool = True

@@ -57,6 +57,8 @@ class LoopContext:
     pad_token_id: int = 0
     row_multiple: int = 1
     """The trainer's required row-length multiple (``TrainerBackend.row_multiple``)."""
+    share_prompts: bool = False
+    """Pack a group's shared prompt once (``TrainerBackend.shares_prompts`` on every rank)."""
     wandb: Any = None
     extra_metrics: dict[str, float] = field(default_factory=dict)
     evals: Any = None
@@ -208,6 +210,7 @@ async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[s
         pad_to_multiple_of=pad_multiple(cfg.pad_to_multiple_of, ctx.row_multiple),
         num_ranks=ctx.dp_world_size,
         pad_token_id=ctx.pad_token_id,
+        share_prompts=ctx.share_prompts,
     )
     pairs = zip(ctx.trainers, ctx.dp_ranks, strict=True)
     return await _gather([a.train_step.remote(shards[dp], step) for a, dp in pairs])

@@ -174,6 +174,7 @@ def _start(state: _Run) -> Any:
         dp_world_size=infos[0]["dp_world_size"], run=run, console=console,
         checkpoint_root=run.checkpoints(cfg.checkpoint_dir),
         start_step=start_step, pad_token_id=pad_id, row_multiple=infos[0]["row_multiple"],
+        share_prompts=all(i["shares_prompts"] for i in infos),
         wandb=state.wandb, evals=evals, sandboxes=state.sandboxes,
     )  # fmt: skip
 

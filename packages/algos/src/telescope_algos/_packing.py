@@ -6,13 +6,21 @@ The steps (docs/algorithms.md#packing):
    ``loss_mask = 0 … 0 (prompt) + completion_mask`` and rollout logprobs ``0.0 … 0.0 (prompt) +
    rollout_logprobs`` (padded with 0.0 or cut to the completion length; None → 0.0), cut to
    ``seq_len``. Its first token is never a loss token (nothing predicts it).
-2. First-fit-decreasing: longest first, each into the first micro-batch with room, else a new one.
-3. ``position_ids`` restart at 0 for every sample (varlen attention and the loss find the sample
-   boundaries from them); each micro-batch is padded to a multiple of ``pad_to_multiple_of`` with
+2. With ``share_prompts`` (a trainer whose attention honours branches), samples that begin with the
+   same prompt tokens form a *family*: the first one whole (its *root*), each other one as a
+   *branch*: only its tokens from the last shared one on, whose ``position_ids`` continue the
+   shared prefix instead of restarting at 0 (docs/algorithms.md#shared-prompts). The shared prefix
+   is computed once instead of once per sample; a family longer than ``seq_len`` is split into
+   families of its own.
+3. First-fit-decreasing: longest first (a family is one item), each into the first micro-batch with
+   room, else a new one.
+4. ``position_ids`` restart at 0 for every sample (varlen attention and the loss find the sample
+   boundaries from them: a new sample starts wherever a position does not continue the one before
+   it); each micro-batch is padded to a multiple of ``pad_to_multiple_of`` with
    ``pad_token_id``, mask 0, advantage 0, logprob 0 and positions restarting at 0 (a ghost segment).
    Pass ``math.lcm`` of the config's multiple and the context-parallel needs (CP for Megatron,
    2·CP for FSDP ring attention): the caller knows the config, this function does not.
-4. If the count is not a multiple of ``num_ranks``, dummy micro-batches (copies of the first one
+5. If the count is not a multiple of ``num_ranks``, dummy micro-batches (copies of the first one
    with an all-zero mask and advantages, ``num_samples = num_tokens = 0``) are appended; then the
    micro-batches are sorted by length and dealt zig-zag (0,1,…,R−1,R−1,…,0,…) so every rank gets the
    same number and similar token totals.
@@ -102,6 +110,13 @@ class _Prepared:
     mask: np.ndarray
     logprobs: np.ndarray
     advantage: float
+    start: int = 0
+    """Position of ``ids[0]``: 0 for a whole sample, ``q`` for a branch that shares the first ``q``
+    tokens of its root."""
+
+    def branch(self, q: int) -> _Prepared:
+        """This sample without its first ``q`` tokens (its root holds them)."""
+        return _Prepared(self.ids[q:], self.mask[q:], self.logprobs[q:], self.advantage, start=q)
 
 
 def _prepare(sample: TrainingSample, seq_len: int) -> _Prepared:
@@ -120,6 +135,37 @@ def _prepare(sample: TrainingSample, seq_len: int) -> _Prepared:
     mask = np.concatenate([np.zeros(n_prompt, dtype=bool), comp_mask.astype(bool)])
     mask[0] = False  # nothing predicts the first token
     return _Prepared(ids[:seq_len], mask[:seq_len], lps[:seq_len], float(sample.advantage))
+
+
+def _shared_prefix(root: _Prepared, other: _Prepared) -> int:
+    """How many leading tokens ``other`` can take from ``root``: equal tokens that are loss tokens in
+    neither, less one (the branch keeps the last shared token, whose output predicts its first loss
+    token), and never all of ``other`` (a branch has at least one token)."""
+    n = min(root.ids.size, other.ids.size)
+    same = (root.ids[:n] == other.ids[:n]) & ~root.mask[:n] & ~other.mask[:n]
+    length = int(np.argmin(same)) if not same.all() else n
+    return max(0, min(length - 1, other.ids.size - 1))
+
+
+def _families(prepared: list[_Prepared], seq_len: int) -> list[list[_Prepared]]:
+    """Samples grouped by their prompt tokens, in order: each family is a root followed by branches
+    (a branch needs a shared prefix of at least one token); a family that would pass ``seq_len``
+    starts a new one."""
+    by_prompt: dict[bytes, list[list[_Prepared]]] = {}
+    order: list[list[_Prepared]] = []
+    for p in prepared:
+        key = p.ids[: int(np.argmax(p.mask))].tobytes() if p.mask.any() else p.ids.tobytes()
+        family = by_prompt.get(key, [[]])[-1]
+        q = _shared_prefix(family[0], p) if family else 0
+        # a branch must not look like the continuation of the part before it
+        follows = bool(family) and family[-1].start + family[-1].ids.size == q
+        if q >= 1 and not follows and sum(x.ids.size for x in family) + p.ids.size - q <= seq_len:
+            family.append(p.branch(q))
+            continue
+        family = [p]
+        by_prompt.setdefault(key, []).append(family)
+        order.append(family)
+    return order
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -147,7 +193,7 @@ def _build(parts: list[_Prepared], multiple: int, pad_token_id: int) -> MicroBat
     length = sum(p.ids.size for p in parts)
     pad = -length % multiple
     ids = np.concatenate([*(p.ids for p in parts), np.full(pad, pad_token_id, dtype=np.int64)])
-    pos = np.concatenate([*(np.arange(p.ids.size) for p in parts), np.arange(pad)])
+    pos = np.concatenate([*(np.arange(p.start, p.start + p.ids.size) for p in parts), np.arange(pad)])
     mask = np.concatenate([*(p.mask for p in parts), np.zeros(pad, dtype=bool)])
     adv = np.concatenate(
         [*(np.full(p.ids.size, p.advantage, dtype=np.float32) for p in parts), np.zeros(pad, np.float32)]
@@ -180,8 +226,13 @@ def pack_samples(
     pad_to_multiple_of: int = 1,
     num_ranks: int = 1,
     pad_token_id: int = 0,
+    share_prompts: bool = False,
 ) -> list[list[MicroBatch]]:
     """Pack a training step's samples into micro-batches, per data-parallel rank (module docstring).
+
+    ``share_prompts`` only for a trainer whose attention honours branches
+    (``TrainerBackend.shares_prompts``): any other attention would let a branch see the sample packed
+    before it.
 
     Returns:
         ``num_ranks`` lists of equal length (empty lists when there are no samples).
@@ -192,8 +243,9 @@ def pack_samples(
             f"got {seq_len}, {pad_to_multiple_of}, {num_ranks}"
         )
     prepared = [_prepare(s, seq_len) for s in samples]
-    bins = first_fit_decreasing([p.ids.size for p in prepared], seq_len)
-    micro_batches = [_build([prepared[i] for i in b], pad_to_multiple_of, pad_token_id) for b in bins]
+    items = _families(prepared, seq_len) if share_prompts else [[p] for p in prepared]
+    bins = first_fit_decreasing([sum(p.ids.size for p in item) for item in items], seq_len)
+    micro_batches = [_build([p for i in b for p in items[i]], pad_to_multiple_of, pad_token_id) for b in bins]
     if micro_batches and len(micro_batches) % num_ranks:
         first = micro_batches[0]
         dummy = replace(

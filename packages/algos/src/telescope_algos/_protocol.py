@@ -39,6 +39,9 @@ class TrainerBackend(Protocol):
     row_multiple: int
     """Packed rows must be a multiple of this length (``row_multiple`` of the parallel layout); the
     caller pads to ``pad_multiple(config.pad_to_multiple_of, row_multiple)``."""
+    shares_prompts: bool
+    """True when the attention honours branches, so the caller may pack with
+    ``pack_samples(..., share_prompts=True)`` (docs/algorithms.md#shared-prompts)."""
     timeline: Timeline
     """Spans of every step on this rank (``train_step`` and its phases, checkpoints, weight export;
     docs/algorithms.md#step-timeline); the caller drains it (``timeline.drain()``)."""

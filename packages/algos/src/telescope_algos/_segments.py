@@ -4,9 +4,10 @@ A batch reaches the loss in one of two layouts:
 
 * **padded**: ``[batch, seq]``, one sample per row, padding on the right with loss mask 0;
 * **packed**: ``[rows, seq]``, several samples per row. Boundaries come either from
-  ``position_ids`` that restart at 0 at every sample (the layout :func:`telescope_algos.pack_samples`
-  writes, also what varlen attention uses) or from explicit per-token ``segment_ids`` (a new sample
-  starts wherever the id changes along the row).
+  ``position_ids`` (a new sample starts wherever a position does not continue the previous one: the
+  layout :func:`telescope_algos.pack_samples` writes, where positions restart at 0 per sample, or
+  at the length of a shared prompt for a branch, docs/algorithms.md#shared-prompts) or from explicit
+  per-token ``segment_ids`` (a new sample starts wherever the id changes along the row).
 
 Everything here turns that into one *global* segment index per token (0 … S-1, numbered row by
 row, left to right), so per-sample reductions are a single ``index_add_`` with no Python loop per
@@ -44,9 +45,10 @@ def _from_starts(starts: torch.Tensor) -> Segments:
 
 
 def segment_ids_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """Global segment index per token from ``position_ids`` ``[rows, seq]`` that restart at 0.
+    """Global segment index per token from packed ``position_ids`` ``[rows, seq]``.
 
-    Example: one row ``[0, 1, 2, 0, 1, 0]`` gives ``[0, 0, 0, 1, 1, 2]``; a second row continues the
+    Example: one row ``[0, 1, 2, 0, 1, 0]`` gives ``[0, 0, 0, 1, 1, 2]``; so does ``[0, 1, 2, 1, 2, 0]``
+    (a branch that shares its first token with the sample before it); a second row continues the
     numbering at 3.
     """
     return find_segments(position_ids.shape, position_ids=position_ids).ids
@@ -76,10 +78,11 @@ def find_segments(
     if tuple(given.shape) != tuple(shape):
         name = "position_ids" if position_ids is not None else "segment_ids"
         raise ValueError(f"{name} has shape {tuple(given.shape)}, expected {tuple(shape)}")
-    if position_ids is not None:
-        return _from_starts(position_ids == 0)
     starts = torch.ones_like(given, dtype=torch.bool)
-    starts[:, 1:] = given[:, 1:] != given[:, :-1]
+    if position_ids is not None:
+        starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    else:
+        starts[:, 1:] = given[:, 1:] != given[:, :-1]
     return _from_starts(starts)
 
 

@@ -9,6 +9,11 @@ wherever a position does not continue the previous one, the rule transformers an
 varlen kernel use) and runs ``is_causal`` SDPA on each span. Exact: a token sees its own sample's
 earlier tokens and nothing else, as with the mask. The trainer uses it on CPU by default; on GPU
 flash-attn's varlen kernel (or SDPA with the mask) is used instead.
+
+It also honours *branches* (docs/algorithms.md#shared-prompts): a span whose first position ``q`` is
+not 0 shares the first ``q`` tokens of the row's last span that starts at 0 (its root) and sees them
+as its own, so a prompt shared by a group's samples is computed once. No other attention here does
+this, so only this one lets the trainer pack shared prompts (``shares_prompts``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PACKED_SDPA", "packed_sdpa_forward", "register_packed_sdpa", "sample_spans"]
+__all__ = ["PACKED_SDPA", "packed_sdpa_forward", "register_packed_sdpa", "row_attention", "sample_spans"]
 
 PACKED_SDPA = "telescope_packed_sdpa"
 
@@ -50,17 +55,45 @@ def packed_sdpa_forward(
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     p = dropout if module.training else 0.0
-    rows = []
-    for b in range(query.shape[0]):
-        q, k, v = query[b : b + 1], key[b : b + 1], value[b : b + 1]
-        spans = [
-            F.scaled_dot_product_attention(
-                q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], dropout_p=p, is_causal=True, scale=scaling
-            )
-            for s, e in sample_spans(positions[b])
-        ]
-        rows.append(torch.cat(spans, dim=2))
+    rows = [
+        row_attention(
+            query[b : b + 1], key[b : b + 1], value[b : b + 1], positions[b], dropout=p, scale=scaling
+        )
+        for b in range(query.shape[0])
+    ]
     return torch.cat(rows, dim=0).transpose(1, 2).contiguous(), None
+
+
+def row_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    dropout: float,
+    scale: float | None,
+) -> torch.Tensor:
+    """Attention of one packed row ``[1, H, T, D]`` (``k``, ``v`` with as many heads as ``q``), span by
+    span: causal within a span, and a branch also sees its root's first ``q`` tokens (module docstring)."""
+    starts_at = positions.tolist()
+    out, root = [], None
+    for s, e in sample_spans(positions):
+        shared = starts_at[s]
+        if shared == 0:
+            root = s
+        if shared == 0 or root is None:
+            out.append(F.scaled_dot_product_attention(
+                q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], dropout_p=dropout, is_causal=True, scale=scale
+            ))  # fmt: skip
+            continue
+        keys = torch.cat([k[:, :, root : root + shared], k[:, :, s:e]], dim=2)
+        values = torch.cat([v[:, :, root : root + shared], v[:, :, s:e]], dim=2)
+        # query i sits at position shared + i: it sees the shared prefix and its own first i + 1 tokens
+        mask = torch.ones(e - s, shared + e - s, dtype=torch.bool, device=q.device).tril(diagonal=shared)
+        out.append(F.scaled_dot_product_attention(
+            q[:, :, s:e], keys, values, attn_mask=mask, dropout_p=dropout, scale=scale
+        ))  # fmt: skip
+    return torch.cat(out, dim=2)
 
 
 def register_packed_sdpa() -> None:

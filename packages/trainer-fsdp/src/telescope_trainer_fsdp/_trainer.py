@@ -66,6 +66,7 @@ from telescope_trainer_fsdp._context_parallel import (
 from telescope_trainer_fsdp._distributed import DistInfo, init_distributed
 from telescope_trainer_fsdp._metrics import StepMetrics
 from telescope_trainer_fsdp._model import load_sharded_model
+from telescope_trainer_fsdp._packed_attention import PACKED_SDPA
 from telescope_trainer_fsdp._schedule import build_lr_scheduler
 
 if TYPE_CHECKING:
@@ -116,6 +117,9 @@ class FSDPTrainer:
         self._loss_options = loss_options(config)
         self._needs_old = needs_old_logprobs(config)
         self.row_multiple = row_multiple(context_parallel=self.cp_size)
+        attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        self.shares_prompts = attention == PACKED_SDPA
+        """Branches are honoured (only by the per-sample SDPA; see ``_packed_attention``)."""
         self.skipped_steps_total = 0
         self.steps_done = 0
         self.timeline = Timeline(self.device)

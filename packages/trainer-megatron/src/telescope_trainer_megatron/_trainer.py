@@ -199,6 +199,7 @@ class MegatronTrainer:
         # Rows must be a multiple of this (sequence parallel over TP, 2·CP zig-zag chunks); the caller
         # pads to it (protocol), and _prepare pads any row that is not.
         self.row_multiple = row_multiple(context_parallel=layout.cp, tensor_parallel=layout.tp)
+        self.shares_prompts = False  # Megatron's packed attention keeps every sample apart
         self.params_dtype = torch_dtype(params_dtype or params_dtype_name(config))
         self._closed = False
         self._plan: ExportPlan | None = None
