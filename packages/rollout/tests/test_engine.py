@@ -157,17 +157,21 @@ async def test_pause_at_async_limit_and_resume_on_weights(tokenizer):
         await settle()
         assert engine.paused
         assert engine.async_level == 1
-        server.release()  # group 1 ends: it started under version 0 and lands in step 1
+        # group 1 started under version 0 and can land in step 1 at the earliest: it could never be
+        # kept, so batch 0 cancelled it instead of letting it finish
+        assert not engine.in_flight_groups
+        server.release()
         await settle()
         assert len(server.requests) == 4  # nothing new while step - version > max_async_rollout
         engine.weights_updated(1)
         b1 = await engine.next_batch(timeout_s=10)
     assert (b0.step, b1.step) == (0, 1)
     assert [g.group_id for g in b0.groups] == [0]
-    assert [(d.group.group_id, d.reason, d.group.staleness) for d in b1.discarded] == [(1, "max_async", 1)]
+    assert [(d.group.group_id, d.reason) for d in b1.cancelled] == [(1, "max_async")]
+    assert not b1.discarded
     assert all(s.version_start == 1 for s in b1.samples)
     assert b1.metrics["rollout/pauses"] == 1.0
-    assert b1.metrics["rollout/discarded_max_async"] == 1.0
+    assert b1.metrics["rollout/cancelled_max_async"] == 1.0
     assert b1.metrics["rollout/async_level"] == 0.0
 
 
@@ -190,27 +194,27 @@ async def test_requests_carry_the_cache_salt_of_the_weights_their_server_holds(t
     assert cache_salt(1) == "telescope-w1" != cache_salt(0)
 
 
-async def test_staleness_is_measured_from_dispatch_not_completion(tokenizer):
+async def test_staleness_is_measured_from_dispatch_and_an_unkeepable_group_is_cancelled(tokenizer):
     # sample 0 (group 0) starts under version 0 and is held; other groups build batches 0 and 1
     server = FakeInferenceServer(reply=by_sample_parity, hold=lambda r: r.request_id == "sample-0")
     engine = make_engine(tokenizer, server, max_async_rollout=1, max_off_policy_steps=-1)
     async with engine:
         b0 = await engine.next_batch(timeout_s=10)
         b1 = await engine.next_batch(timeout_s=10)
+        # step 2 - version 0 = 2 > 1: it would land 2 steps stale whenever it finished (even after
+        # an update: staleness counts from the version a sample started under), so it is cancelled
+        assert 0 not in engine._groups
         await settle()
         assert engine.paused  # step 2 - version 0 > 1
         engine.weights_updated(1)  # now step 2 - version 1 = 1: resumes
         server.release()
         b2 = await engine.next_batch(timeout_s=10)
     assert 0 not in {g.group_id for g in [*b0.groups, *b1.groups, *b2.groups]}
-    dropped = [d for d in b2.discarded if d.group.group_id == 0]
-    # at completion the live version is 1 (counted from there: 2 - 1 = 1, it would be kept);
-    # it started under version 0, so it is 2 steps stale and dropped
-    assert len(dropped) == 1
-    assert dropped[0].reason == "max_async"
-    assert dropped[0].group.staleness == 2
-    assert dropped[0].group.samples[0].version_end == 1
-    assert dropped[0].group.samples[0].off_policy_steps == 1
+    assert not [d for d in [*b1.discarded, *b2.discarded] if d.group.group_id == 0]
+    (cancelled,) = [d for d in b2.cancelled if d.group.group_id == 0]
+    assert (cancelled.reason, cancelled.step, cancelled.version) == ("max_async", 2, 0)
+    assert cancelled.group.samples[0].version_start == 0
+    assert cancelled.group.samples[0].error == "cancelled"
 
 
 async def test_cancel_after_max_off_policy_steps(tokenizer):

@@ -106,8 +106,12 @@ async def test_a_group_only_being_scored_on_a_drained_server_is_kept(tokenizer):
 
 async def test_off_policy_steps_count_only_updates_a_server_received(tokenizer):
     # sample 0 (group 0, on a) is held while a gets versions 1 and 2; b is drained and gets neither
+    # samples from 8 on are held too, so only a few batches fill meanwhile: were the engine to run on
+    # to its async limit, group 0 could no longer be kept and would be cancelled before the updates
     server = FakeInferenceServer(
-        server_urls=[A, B], reply=by_sample_parity, hold=lambda r: r.request_id == "sample-0"
+        server_urls=[A, B],
+        reply=by_sample_parity,
+        hold=lambda r: r.request_id == "sample-0" or sample_ids([r])[0] >= 8,
     )
     engine = make_engine(tokenizer, server, max_off_policy_steps=-1)
     async with engine:

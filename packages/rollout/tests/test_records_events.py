@@ -28,24 +28,26 @@ async def test_pause_resume_and_batches_are_events(tokenizer):
         server.release(lambda r: sample_ids([r])[0] < 2)
         await engine.next_batch(timeout_s=10)
         await settle()
-        server.release()  # group 1 ends, too stale for step 1: discarded
+        server.release()  # group 1 was cancelled when batch 0 made it too stale to keep
         await settle()
         engine.weights_updated(1)
         await engine.next_batch(timeout_s=10)
-    assert _kinds(events)[:5] == [
+    assert _kinds(events)[:6] == [
         "batch_assembled",
+        "group_cancelled",
         "dispatch_paused",
         "weights_updated",
         "dispatch_resumed",
         "batch_assembled",
     ]
-    b0, paused, update, resumed, b1 = events[:5]
+    b0, cancelled, paused, update, resumed, b1 = events[:6]
     assert (b0.step, b0.detail) == (0, {"kept": 1, "discarded": 0, "cancelled": 0})
+    assert (cancelled.step, cancelled.detail["reason"], cancelled.detail["group_id"]) == (1, "max_async", 1)
     assert (paused.step, paused.detail) == (1, {"version": 0, "max_async_rollout": 0})
     assert (update.step, update.detail) == (1, {"version": 1, "servers": [URL]})
     assert (resumed.step, resumed.detail["version"]) == (1, 1)
     assert resumed.detail["paused_s"] >= 0.0
-    assert (b1.step, b1.detail) == (1, {"kept": 1, "discarded": 1, "cancelled": 0})
+    assert (b1.step, b1.detail) == (1, {"kept": 1, "discarded": 0, "cancelled": 1})
     times = [e.time for e in events]
     assert times == sorted(times)
     assert times[0] > 1e9  # wall clock

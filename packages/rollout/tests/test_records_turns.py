@@ -203,21 +203,28 @@ async def test_the_reply_that_ends_an_episode_is_a_turn_without_tokens(tokenizer
 
 
 async def test_a_drained_sample_keeps_the_turns_it_completed(tokenizer):
+    # samples from 4 on are held too: the engine must not run on to its async limit, where group 0
+    # could no longer be kept and would be cancelled (max_async) before the drain this test makes
     server = FakeInferenceServer(
-        reply=lambda r: ("hi", [7, 8]), hold=lambda r: r.request_id == "sample-0-turn-1"
+        reply=lambda r: ("hi", [7, 8]),
+        hold=lambda r: r.request_id == "sample-0-turn-1" or sample_ids([r])[0] >= 4,
     )
     engine = make_engine(
-        tokenizer, server, env=Counting(), discard_group_zero_advantage=False, max_async_rollout=0
+        tokenizer, server, env=Counting(), discard_group_zero_advantage=False, max_async_rollout=1
     )
     async with engine:
-        await settle()  # group 1 makes batch 0, then dispatch pauses (step 1 - version 0 > 0)
-        assert sample_ids(server.pending) == [0]
+        await settle()  # group 1 makes batch 0; group 0 waits on its second turn
+        assert 0 in sample_ids(server.pending)
         await engine.drain_servers(["http://fake-0"])
         engine.restore_servers(["http://fake-0"])
         engine.weights_updated(1)
+        server.hold = None
+        server.release()
         cancelled = []
         for _ in range(5):
-            cancelled += (await engine.next_batch(timeout_s=10)).cancelled
+            cancelled += [
+                d for d in (await engine.next_batch(timeout_s=10)).cancelled if d.group.group_id == 0
+            ]
             if cancelled:
                 break
     s0, s1 = cancelled[0].group.samples
@@ -229,11 +236,16 @@ async def test_a_drained_sample_keeps_the_turns_it_completed(tokenizer):
 
 
 async def test_model_turn_versions_are_those_of_its_server_at_send_and_return(tokenizer):
-    server = FakeInferenceServer(reply=lambda r: ("1", [1]), hold=lambda r: r.request_id == "sample-0")
+    # samples from 8 on are held too, so the engine cannot run on to its async limit (where sample 0's
+    # group could no longer be kept and would be cancelled before the update)
+    server = FakeInferenceServer(
+        reply=lambda r: ("1", [1]), hold=lambda r: r.request_id == "sample-0" or sample_ids([r])[0] >= 8
+    )
     engine = make_engine(tokenizer, server, max_off_policy_steps=-1, discard_group_zero_advantage=False)
     async with engine:
         await settle()
         engine.weights_updated(1)
+        server.hold = None
         server.release()
         found: list[ScoredSample] = []
         for _ in range(13):  # it lands in a batch, kept or (too stale) discarded

@@ -21,7 +21,9 @@ Counters (version v = number of weight updates applied, 0 = base model; step = b
 - pause: no new group starts while ``step - v > max_async_rollout`` (resumes on an update);
 - staleness of a group = the step it lands in minus the oldest version its samples *started*
   under; above ``max_async_rollout`` it is discarded (``max_async``). Counting from the start,
-  a sample begun long ago is never taken for fresh because it finished after a late update;
+  a sample begun long ago is never taken for fresh because it finished after a late update. A
+  group still generating whose staleness already exceeds the limit when a batch is assembled is
+  cancelled at once (``max_async``) instead of finishing only to be dropped;
 - every update adds one to ``off_policy_steps`` of each sample still generating; a group with a
   sample above ``max_off_policy_steps`` is cancelled at once (``off_policy``).
 Acceptance, in order: any error drops the group (reason = the error kind), then ``max_async``,
@@ -721,7 +723,23 @@ class RolloutEngine:
         self.step += 1
         self._last_batch_t = now
         self._stats.clear()
+        self._cancel_unkeepable()
         self._batches.put_nowait(batch)
+
+    def _cancel_unkeepable(self) -> None:
+        """Cancel the groups still generating that can no longer be kept (reason ``max_async``).
+
+        A group lands at the earliest in the batch being filled now, so its staleness is at least
+        ``step - v0`` (``v0``: the oldest version its samples started under); once that exceeds
+        ``max_async_rollout`` it would only finish to be dropped. Cancelling it at once gives its
+        server back to groups that can still be kept (and, on a machine shared with the trainer,
+        its cores): in a synchronous run the groups begun while a batch filled are all of this kind.
+        """
+        limit = self.settings.max_async_rollout
+        for group in list(self._groups.values()):
+            started = [r.out.version_start for r in group.runs if r.started]
+            if started and self.step - min(started) > limit:
+                self._cancel_group(group, "max_async")
 
     def _metrics(self, batch: RolloutBatch, now: float) -> dict[str, float]:
         samples = batch.samples
