@@ -11,9 +11,9 @@ measured here and documented in the ``top_p`` field's description.
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
+from e2e_support import free_port
 
 from telescope_cli._vllm import ServerSettings, launch_server
 from telescope_rollout import InferenceClient, Tokenizer
@@ -22,12 +22,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm"
 
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore"}
 PROMPTS = ["Count to ten: 1 2 3", "The quick brown fox", "What is 2 + 3?"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def _sample(url: str, prompts: list[list[int]], sampling: dict) -> list:
@@ -74,7 +68,7 @@ def test_server_logprobs_equal_the_trainers_temperature_scaled_ones(tiny_model_d
         1.0: {"temperature": 1.0},
         "top_p": {"temperature": 0.7, "top_p": 0.5},
     }
-    with launch_server(cfg, port=_free_port(), log_path=tmp_path / "vllm_0.log", env=CPU_ENV) as server:
+    with launch_server(cfg, port=free_port(), log_path=tmp_path / "vllm_0.log", env=CPU_ENV) as server:
         server.wait_healthy(timeout_s=300)
         out = {name: asyncio.run(_sample(server.url, prompts, s)) for name, s in runs.items()}
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
