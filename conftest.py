@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,9 +85,11 @@ def tiny_tied_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free run of ports for a server (``telescope_cli._vllm.free_port_run``: below the ephemeral
+    range, where no outgoing connection takes it before the server binds it)."""
+    from telescope_cli._vllm import free_port_run
+
+    return free_port_run()
 
 
 @contextlib.contextmanager

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -37,29 +35,11 @@ SCALE_DOWN = [
 """Overrides that scale an example config down to a tiny model on a 2-core CPU machine."""
 
 
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+def free_port() -> int:
+    """A free run of ports for a run's servers (``telescope_cli._vllm.free_port_run``)."""
+    from telescope_cli._vllm import free_port_run
 
-
-def free_port(span: int = 8) -> int:
-    """The first of ``span`` free ports, below the kernel's ephemeral range: a port the kernel hands
-    out is soon taken again by some outgoing connection (Ray opens many), as a vLLM server found
-    ("Address already in use") when it bound one a few seconds after this picked it."""
-    rng = random.SystemRandom()
-    high = min(_ephemeral_low(), 32768) - span
-    for _ in range(200):
-        port = rng.randrange(20000, high)
-        try:
-            for p in range(port, port + span):
-                with socket.socket() as s:
-                    s.bind(("0.0.0.0", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port range below the ephemeral ports")
+    return free_port_run()
 
 
 def base_args(model_dir: Path) -> list[str]:

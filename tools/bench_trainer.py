@@ -12,7 +12,13 @@ at least one row):
   greedily into micro-batches (the next sample joins while rows × the micro-batch's longest stays
   within the budget), each micro-batch right-padded to its own longest sample;
 * ``padded``: the naive baseline: every sample padded to the longest of the step, in input order,
-  ``seq_len // longest`` rows per micro-batch.
+  ``seq_len // longest`` rows per micro-batch;
+* ``packed_shared``, only with ``--group-size G`` > 1 (the samples then come in groups of G that
+  share their prompt, as a GRPO step's do): ``pack_samples(..., share_prompts=True)``, each group's
+  prompt packed and computed once (docs/algorithms.md#shared-prompts), on the trainer's per-sample
+  SDPA (``telescope_packed_sdpa``, the CPU default; on a GPU it replaces flash-attn for this
+  variant only). Its real tokens per computed token exceed 1: a sample's real tokens count its
+  whole prompt.
 
 Each variant runs in a fresh child process (the script re-executed with ``--only VARIANT --json``):
 one model load, ``--warmup`` untimed steps (at least one: it creates the optimizer state), then
@@ -37,9 +43,10 @@ tokens/s) / peak bf16 dense FLOP/s (989e12 for H100/H200; the recomputation of g
 is not counted, as usual). On CPU it is a 2-layer Llama of 3.6M parameters in float32.
 
 Usage: ``python tools/bench_trainer.py [--samples 24] [--seq-len 512] [--steps 3] [--repeats 2]
-[--size cpu|0.5b]``. The last line is ``RESULT packed_vs_sorted=<tokens/s ratio>
-packed_vs_padded=<tokens/s ratio> memory_vs_sorted=<peak ratio> memory_vs_padded=<peak ratio>
-[mfu=<x>]`` (packed over the baseline: above 1 is faster, below 1 is less memory).
+[--size cpu|0.5b] [--group-size 1]``. The last line is ``RESULT [shared_vs_packed=<tokens/s ratio>
+shared_vs_sorted=<tokens/s ratio>] packed_vs_sorted=<tokens/s ratio> packed_vs_padded=<tokens/s
+ratio> memory_vs_sorted=<peak ratio> memory_vs_padded=<peak ratio> [mfu=<x>]`` (the first over the
+second: above 1 is faster, below 1 is less memory).
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ SIZES = {
 }
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 VARIANTS = ("packed", "sorted_padded", "padded")
+SHARED = "packed_shared"
 CHILD_MARKER = "BENCH_TRAINER_VARIANT "
 
 
@@ -91,21 +99,28 @@ def build_model(out: Path, size: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def draw_samples(n: int, *, max_len: int, vocab: int, seed: int):
-    """Long-tailed lengths: prompt ~ U(max_len/64, max_len/16), completion ~ LogNormal, capped."""
+def draw_samples(n: int, *, max_len: int, vocab: int, seed: int, group_size: int = 1):
+    """Long-tailed lengths: prompt ~ U(max_len/64, max_len/16), completion ~ LogNormal, capped; every
+    ``group_size`` consecutive samples share one prompt."""
     import numpy as np
 
     from telescope_algos import TrainingSample
 
     rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        p = int(rng.integers(max(2, max_len // 64), max(3, max_len // 16)))
+    out: list = []
+    prompt: list[int] = []
+    p = 0
+    for i in range(n):
+        new_prompt = i % group_size == 0
+        if new_prompt:
+            p = int(rng.integers(max(2, max_len // 64), max(3, max_len // 16)))
         median = max_len / 8
         c = int(np.clip(rng.lognormal(math.log(median), 1.0), 4, max_len - p))
+        if new_prompt:  # drawn here: with group_size 1 the draws are those of every earlier run
+            prompt = rng.integers(3, vocab, p).tolist()
         out.append(
             TrainingSample(
-                prompt_ids=rng.integers(3, vocab, p).tolist(),
+                prompt_ids=prompt,
                 completion_ids=rng.integers(3, vocab, c).tolist(),
                 advantage=float(rng.standard_normal()),
                 rollout_logprobs=(-rng.random(c) * 3).tolist(),
@@ -179,16 +194,18 @@ def sorted_padded_micro_batches(samples, seq_len: int):
 
 def micro_batches_for(variant: str, samples, seq_len: int):
     """The micro-batches ``variant`` trains on (module docstring)."""
-    if variant == "packed":
+    if variant in ("packed", SHARED):
         from telescope_algos import pack_samples
 
-        (packed,) = pack_samples(samples, seq_len=seq_len, pad_to_multiple_of=64)
+        (packed,) = pack_samples(
+            samples, seq_len=seq_len, pad_to_multiple_of=64, share_prompts=variant == SHARED
+        )
         return packed
     if variant == "sorted_padded":
         return sorted_padded_micro_batches(samples, seq_len)
     if variant == "padded":
         return padded_micro_batches(samples, seq_len)
-    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+    raise ValueError(f"unknown variant {variant!r}; known: {', '.join((*VARIANTS, SHARED))}")
 
 
 # -- measurement (in one process) -------------------------------------------------------------------
@@ -326,13 +343,22 @@ def run_variant(args: argparse.Namespace) -> dict:
     from telescope_trainer_fsdp import create_trainer
 
     gpu = torch.cuda.is_available()
-    samples = draw_samples(args.samples, max_len=args.seq_len, vocab=SIZES[args.size][5], seed=args.seed)
+    samples = draw_samples(
+        args.samples,
+        max_len=args.seq_len,
+        vocab=SIZES[args.size][5],
+        seed=args.seed,
+        group_size=args.group_size,
+    )
     mbs = micro_batches_for(args.only, samples, args.seq_len)
+    attention = {"attn_implementation": "telescope_packed_sdpa"} if args.only == SHARED else {}
     lengths = sorted(sample_length(s) for s in samples)
     real, computed = sum(lengths), sum(mb.input_ids.numel() for mb in mbs)
     with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
         n_params = build_model(Path(tmp), args.size)
-        trainer = create_trainer(_config(tmp, args.seq_len, gpu))
+        trainer = create_trainer(_config(tmp, args.seq_len, gpu), **attention)
+        if args.only == SHARED and not trainer.shares_prompts:
+            raise SystemExit("bench_trainer: this trainer's attention does not share prompts")
         try:
             res = _train(trainer, mbs, args, real)
         finally:
@@ -357,7 +383,8 @@ def run_child(args: argparse.Namespace, variant: str, *, profile: bool = False) 
     """Run ``variant`` in a fresh interpreter; its JSON (its other output goes to stderr)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--only", variant, "--json", "--size", args.size,
            "--samples", str(args.samples), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
-           "--steps", str(args.steps), "--seed", str(args.seed)]  # fmt: skip
+           "--steps", str(args.steps), "--seed", str(args.seed),
+           "--group-size", str(args.group_size)]  # fmt: skip
     if profile:
         cmd.append("--profile")
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
@@ -371,16 +398,22 @@ def run_child(args: argparse.Namespace, variant: str, *, profile: bool = False) 
     return json.loads(found[-1][len(CHILD_MARKER) :])
 
 
-def variant_order(round_index: int) -> tuple[str, ...]:
-    """Even rounds in ``VARIANTS`` order, odd rounds reversed."""
-    return VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]
+def variants(group_size: int) -> tuple[str, ...]:
+    """The variants a run compares: ``packed_shared`` too when samples come in groups."""
+    return (SHARED, *VARIANTS) if group_size > 1 else VARIANTS
+
+
+def variant_order(round_index: int, group_size: int = 1) -> tuple[str, ...]:
+    """Even rounds in :func:`variants` order, odd rounds reversed."""
+    order = variants(group_size)
+    return order if round_index % 2 == 0 else order[::-1]
 
 
 def run_rounds(args: argparse.Namespace) -> dict[str, list[dict]]:
     """``args.repeats`` rounds of every variant, each run in its own process; the runs per variant."""
-    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    runs: dict[str, list[dict]] = {v: [] for v in variants(args.group_size)}
     for r in range(args.repeats):
-        for variant in variant_order(r):
+        for variant in variant_order(r, args.group_size):
             print(f"bench_trainer: round {r + 1}/{args.repeats}: {variant}", file=sys.stderr, flush=True)
             runs[variant].append(run_child(args, variant))
     return runs
@@ -404,8 +437,14 @@ def _ratio(a: float, b: float) -> float:
 
 
 def result_line(res: dict[str, dict], first: dict) -> str:
-    """``RESULT packed_vs_sorted=… packed_vs_padded=… memory_vs_sorted=… memory_vs_padded=… [mfu=…]``."""
+    """``RESULT [shared_vs_packed=… shared_vs_sorted=…] packed_vs_sorted=… packed_vs_padded=…
+    memory_vs_sorted=… memory_vs_padded=… [mfu=…]``."""
     packed, ratios = res["packed"], []
+    if SHARED in res:
+        for short, variant in (("packed", "packed"), ("sorted", "sorted_padded")):
+            ratios.append(
+                f"shared_vs_{short}={_ratio(res[SHARED]['tokens_per_s'], res[variant]['tokens_per_s']):.2f}"
+            )
     for key, field in (("packed_vs", "tokens_per_s"), ("memory_vs", "peak_extra_mb")):
         for short, variant in (("sorted", "sorted_padded"), ("padded", "padded")):
             ratios.append(f"{key}_{short}={_ratio(packed[field], res[variant][field]):.2f}")
@@ -425,12 +464,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the variants, order alternating")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--group-size", type=int, default=1, help="samples per prompt (>1 adds packed_shared)"
+    )
     parser.add_argument("--profile", action="store_true", help="print the top ops of one packed step")
-    parser.add_argument("--only", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=(*VARIANTS, SHARED), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.steps < 1 or args.repeats < 1:
-        parser.error("--steps and --repeats must be at least 1")
+    if args.steps < 1 or args.repeats < 1 or args.group_size < 1:
+        parser.error("--steps, --repeats and --group-size must be at least 1")
     if args.size is None:
         import torch
 
@@ -449,11 +491,13 @@ def main() -> None:
     if args.profile:
         run_child(args, "packed", profile=True)
     runs = run_rounds(args)
-    res = {v: summarise(runs[v]) for v in VARIANTS}
+    res = {v: summarise(runs[v]) for v in variants(args.group_size)}
     first = runs["packed"][0]
     keys = ("device", "params", "real_tokens", "length_p50_p90_max")
     summary = {**{k: first[k] for k in keys}, "model": args.size, "samples": args.samples}
-    summary.update(seq_len=args.seq_len, steps=args.steps, repeats=args.repeats, **res)
+    summary.update(
+        seq_len=args.seq_len, steps=args.steps, repeats=args.repeats, group_size=args.group_size, **res
+    )
     print(json.dumps(summary, indent=1))
     print(result_line(res, first))
     sys.stdout.flush()

@@ -201,3 +201,13 @@ def test_stop_ends_every_server_process(tmp_path):
     handles[1].stop(timeout_s=10)
     assert [h.process.poll() for h in handles] == [-signal.SIGTERM, -signal.SIGTERM]
     handles[1].stop(timeout_s=10)  # idempotent
+
+
+def test_free_port_run_is_free_and_below_the_ephemeral_range():
+    from telescope_cli._vllm import free_port_run, port_in_use
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    port = free_port_run(span=4)
+    assert port >= 20000
+    assert port + 4 <= min(low, 32768)
+    assert not any(port_in_use("0.0.0.0", p) for p in range(port, port + 4))

@@ -239,6 +239,25 @@ def server_command(
     return [*cmd, *s.extra_args]
 
 
+def free_port_run(span: int = 8) -> int:
+    """The first of ``span`` consecutive ports free on this machine, below the kernel's ephemeral range
+    (for tests and tools that start servers). A port the kernel hands out for ``bind(0)`` is soon taken
+    again by some outgoing connection (Ray opens many): a vLLM server that bound one a few seconds
+    after it was picked found it in use."""
+    import random
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(20000, min(low, 32768) - span)
+        if not any(port_in_use("0.0.0.0", p) for p in range(port, port + span)):
+            return port
+    raise RuntimeError("no free run of ports below the ephemeral range")
+
+
 def port_in_use(host: str, port: int) -> bool:
     """True when something already listens on ``host:port`` (or it cannot be bound)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
