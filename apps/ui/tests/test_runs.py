@@ -107,6 +107,12 @@ def test_a_live_driver_of_this_machine_is_running(tmp_path: Path) -> None:
     driver = subprocess.Popen([sys.executable, "-c", code, "telescope", "train"])  # a telescope command
     other = subprocess.Popen([sys.executable, "-c", code])  # a pid reused by another program
     try:
+        # right after the fork the child's command line is still this process's: wait for the exec
+        # (a loaded CI machine once checked too early and found no driver)
+        deadline = time.monotonic() + 30
+        while b"telescope" not in Path(f"/proc/{driver.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the driver stand-in never started"
+            time.sleep(0.05)
         for proc in (driver, other):
             name = f"a000-{socket.gethostname()}-{proc.pid}-000001.parquet"
             pq.write_table(pa.table({"time": [1.0]}), run / "records" / "infra" / name)
