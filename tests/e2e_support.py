@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,6 +105,20 @@ def start(run_dir: Path, *args: str) -> subprocess.Popen:
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with (run_dir.parent / f"{run_dir.name}.console").open("ab") as log:
         return subprocess.Popen(command(run_dir, *args), env=run_env(), stdout=log, stderr=log)
+
+
+def stuck_report(run_dir: Path, proc: subprocess.Popen) -> str:
+    """What a run that does not stop is doing: every thread's stack (``kill -USR1``, see
+    docs/troubleshooting.md), the tail of its console and of its driver log."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+    parts = []
+    for path in (run_dir / "logs" / "stacks.txt", run_dir.parent / f"{run_dir.name}.console",
+                 run_dir / "logs" / "telescope.jsonl"):  # fmt: skip
+        text = path.read_text(errors="replace") if path.is_file() else "(missing)"
+        parts.append(f"--- {path.name}\n{text[-6000:]}")
+    return "\n".join(parts)
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout_s: float) -> None:

@@ -12,6 +12,7 @@ a random model's groups have spread and every step really trains.
 - the final eval runs after step 4 and lands in the record (``eval_samples``) and in a last metrics
   line of its own;
 - the record survives the kill: every file readable, each step's samples once, two attempts;
+- ``kill -USR1`` writes the driver's stacks to ``logs/stacks.txt`` and the run goes on;
 - Ctrl-C (SIGINT) stops a run with exit code 130 and leaves no process behind.
 """
 
@@ -21,10 +22,11 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from e2e_support import ROOT, free_port, processes_of, run_env, start, wait_for, wait_gone
+from e2e_support import ROOT, free_port, processes_of, run_env, start, stuck_report, wait_for, wait_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
@@ -124,8 +126,21 @@ def test_ctrl_c_stops_every_process(args, tmp_path: Path):
     try:
         wait_for(run / "metrics.jsonl", proc, timeout_s=400)
         assert processes_of(run), "the run's processes cannot be found (marker missing)"
+        proc.send_signal(signal.SIGUSR1)  # where is it waiting? every thread's stack, and the run goes on
+        stacks = run / "logs" / "stacks.txt"
+        deadline = time.monotonic() + 30
+        while "asyncio tasks" not in (stacks.read_text() if stacks.is_file() else ""):
+            assert time.monotonic() < deadline, "kill -USR1 wrote no stacks to logs/stacks.txt"
+            time.sleep(0.1)
+        assert "most recent call first" in stacks.read_text()  # the threads
+        assert "in training_loop" in stacks.read_text()  # the loop's task, suspended where it waits
+        assert proc.poll() is None, "kill -USR1 stopped the run"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run did not stop within 120 s of Ctrl-C:\n{stuck_report(run, proc)}")
+        assert code == 130, stuck_report(run, proc)
     finally:
         if proc.poll() is None:
             proc.kill()

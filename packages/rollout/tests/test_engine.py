@@ -514,3 +514,20 @@ def test_config_mismatches_names_each_disagreement():
         "Drifted.policy: 'fcfs' != 'priority'",
         "Drifted.max_tokens no longer differs from the config: drop it from OWN_DEFAULTS",
     ]
+
+
+async def test_cancelling_next_batch_as_its_batch_arrives_cancels_and_keeps_the_batch(tokenizer):
+    # Ctrl-C cancels the training loop while it waits for a batch; when the batch lands in the
+    # same turn of the event loop, the wait must still end cancelled (Python 3.11's wait_for
+    # returned the batch instead, and the run trained on) and the batch must stay queued.
+    server = FakeInferenceServer(hold=lambda r: True)
+    engine = make_engine(tokenizer, server)
+    async with engine:
+        waiter = asyncio.create_task(engine.next_batch(timeout_s=60))
+        await settle()
+        marker = object()
+        engine._batches.put_nowait(marker)  # the batch arrives ...
+        waiter.cancel()  # ... and Ctrl-C, before the waiter runs again
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert await engine.next_batch(timeout_s=1) is marker

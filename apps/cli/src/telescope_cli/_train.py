@@ -68,6 +68,9 @@ def _open_run(resolved: ResolvedConfig, run_dir: str | None, debug: bool) -> Run
         f"TELESCOPE_RUN_ID={os.environ['TELESCOPE_RUN_ID']}", log_file=run.path / "logs" / "guard.log"
     )
     _setup_file_logging(run, debug)
+    from telescope_cli._stacks import dump_stacks_on_sigusr1
+
+    dump_stacks_on_sigusr1(run.path / "logs" / "stacks.txt")
     return run
 
 
@@ -197,9 +200,11 @@ def _stop(state: _Run) -> None:
     """Close what the run started, whatever stopped it: sandboxes (unless the loop did), every
     process of the run, then W&B (after the workers stopped: their logs are complete)."""
     state.console.close()
+    reason = _stop_reason()
+    log.info("stopping", reason=reason)
     if state.infra is not None:
         state.infra.stop()
-    state.run.records.event("stop", None, reason=_stop_reason())
+    state.run.records.event("stop", None, reason=reason)
     state.run.records.close()  # never raises
     if state.sandboxes and not state.loop_started:
         from telescope_cli._sandboxes import close_sandboxes
@@ -208,6 +213,7 @@ def _stop(state: _Run) -> None:
     try:
         with state.console.phase("stopping every process of the run"):
             state.cluster.close()
+        log.info("stopped every process of the run")
     finally:
         if state.wandb is not None:
             _finish_wandb(state.wandb, state.resolved.config, state.run)

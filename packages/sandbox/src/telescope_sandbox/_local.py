@@ -350,7 +350,8 @@ class _Run:
         before the kernel has finished killing the namespace's other processes.
         """
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.info_task), 1.0)
+            async with asyncio.timeout(1.0):
+                await asyncio.shield(self.info_task)
         pidfd = self.init_pidfd
         if pidfd is None:
             return
@@ -358,7 +359,8 @@ class _Run:
         exited = loop.create_future()
         loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
         try:
-            await asyncio.wait_for(exited, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await exited
         except TimeoutError:
             _log.warning("sandbox_init_slow_to_exit", timeout_s=timeout_s)
         finally:
@@ -385,7 +387,8 @@ class _Run:
         stdin_task = asyncio.create_task(self._feed_stdin())
         try:
             try:
-                await asyncio.wait_for(self.proc.wait(), timeout=self.limits.timeout_s)
+                async with asyncio.timeout(self.limits.timeout_s):
+                    await self.proc.wait()
             except TimeoutError:
                 self.kill("timeout")
                 await self.proc.wait()

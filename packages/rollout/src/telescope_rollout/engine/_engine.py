@@ -263,7 +263,10 @@ class RolloutEngine:
         if not self._tasks:
             raise RuntimeError("start the engine first: `async with engine:` or engine.start()")
         try:
-            item = await asyncio.wait_for(self._batches.get(), timeout=timeout_s)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation (Ctrl-C)
+            # that arrives with the batch, and the run would train on
+            async with asyncio.timeout(timeout_s):
+                item = await self._batches.get()
         except TimeoutError:
             raise TimeoutError(
                 f"no rollout batch within {timeout_s} s: {len(self._groups)} groups in flight, "

@@ -171,7 +171,8 @@ class ToolEnvironment(MultiTurnEnvironment):
         try:
             out = func(**args)
             if inspect.isawaitable(out):
-                out = await asyncio.wait_for(out, timeout=self.tool_timeout_s)
+                async with asyncio.timeout(self.tool_timeout_s):
+                    out = await out
         except TypeError as exc:
             return _ToolRun(False, f"argument_error: {exc}")
         except TimeoutError:
