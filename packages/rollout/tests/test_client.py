@@ -57,6 +57,9 @@ async def fake_vllm(seen: list[dict], fail_first: int = 0, hang: bool = False) -
         seen.append(body)
         if hang:
             await asyncio.sleep(3600)
+        if body["prompt"] == [66]:  # vLLM's answer once its engine core died
+            msg = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+            return web.json_response({"error": {"message": msg, "type": "InternalServerError"}}, status=500)
         if len(body["prompt"]) > 10:
             msg = (
                 "This model's maximum context length is 10 tokens. However, your request has 12 input tokens."
@@ -135,6 +138,14 @@ async def test_context_length_error_becomes_prompt_too_long():
         with pytest.raises(PromptTooLongError) as info:
             await c.complete(url, list(range(12)), max_tokens=1)
     assert (info.value.prompt_tokens, info.value.max_model_len) == (12, 10)
+
+
+async def test_a_server_whose_engine_died_is_unavailable():
+    # vLLM's API process still answers, with a 500 naming the dead engine: the server is gone (a
+    # supervisor restarts it), not this sample's fault
+    async with fake_vllm([]) as url, InferenceClient([url], model="m") as c:
+        with pytest.raises(ServerUnavailableError, match="its engine died"):
+            await c.complete(url, [66], max_tokens=1)
 
 
 async def test_many_requests_in_flight_share_the_pool():

@@ -169,3 +169,59 @@ def test_server_errors_cross_a_process_boundary_whole(cls):
     assert type(err) is cls
     assert err.server == "http://127.0.0.1:8100"
     assert str(err) == "update failed: out of memory"
+
+
+def test_connect_again_asks_only_the_named_servers_and_replaces_the_group(monkeypatch):
+    # a dead server (B) is left out of the groups: connecting again must not need its answer
+    pub = WeightPublisher([A, B], PublisherSettings(backend="gloo", timeout_s=5))
+    asked: list[tuple[str, str]] = []
+    joined: list[str] = []
+
+    def rpc(url, method, payload, timeout_s):
+        asked.append((url, method))
+        if method == "telescope_join":
+            joined.append(payload["prefix"])
+        if url == B:
+            raise ServerError(B, "connection refused")
+        return [{"tp_rank": 0, "tp_size": 1, "rank": payload["rank_offset"]}] if payload else [{}]
+
+    class Store:
+        class underlying_store:
+            port = 1234
+
+    made: list[_FakeGroup] = []
+
+    def make_group(store, **kwargs):
+        made.append(_FakeGroup())
+        return made[-1]
+
+    monkeypatch.setattr(pub, "_rpc", rpc)
+    prefixes: list[str] = []
+
+    def open_store(*args, prefix, **kwargs):
+        prefixes.append(prefix)
+        return Store()
+
+    monkeypatch.setattr(publisher_module, "open_store", open_store)
+    monkeypatch.setattr(publisher_module, "make_group", make_group)
+    pub._client = httpx.Client(
+        transport=httpx.MockTransport(lambda r: httpx.Response(200, json={"results": [{}]}))
+    )
+    try:
+        pub.connect({"full": [A]})
+        pub.connect({"full": [A], "restart": [A]})
+        assert {url for url, _ in asked} == {A}
+        # every forming rendezvous under keys of its own (a group formed again must not read the
+        # addresses of the dead server its earlier forming left in the store); the joins carry them
+        formed = [p for p in prefixes if p != "telescope/"]
+        assert formed == ["telescope/full/1/", "telescope/full/2/", "telescope/restart/3/"]
+        assert joined == formed
+        assert made[0].closed  # the first "full" was replaced
+        assert pub.group_ranks("full") == {A: [1]}
+        assert pub.group_ranks("restart") == {A: [1]}
+        pub.disconnect("restart")
+        with pytest.raises(GroupError, match="'restart' is not connected"):
+            pub.group_ranks("restart")
+        pub.disconnect("restart")  # again: nothing to do
+    finally:
+        pub.close()

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import torch
 
-from telescope_weightsync import PublisherSettings, WeightPublisher, WeightSyncError
+from telescope_weightsync import PublisherSettings, WeightPublisher, WeightSyncError, server_version
 from telescope_weightsync._http import collective_rpc
 
 pytestmark = [
@@ -118,6 +118,7 @@ def test_tied_embeddings_update_matches_hf(vllm_launcher, tiny_tied_model_dir, t
             assert pub.server_versions() == {server.url: -1}
             metrics = pub.publish(state.items(), version=1)
             assert pub.server_versions() == {server.url: 1}
+        assert server_version(server.url + "/") == 1  # the public probe, without a publisher
         assert metrics["bytes"] == sum(t.numel() * 4 for t in state.values())
         _assert_matches_hf(server.url, tiny_tied_model_dir, state)
         new_ids, _ = vllm_greedy(server.url, PROMPT, N_TOKENS)

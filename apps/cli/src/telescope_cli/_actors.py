@@ -197,6 +197,35 @@ class InferenceServerActor:
         if self.handle is not None:
             self.handle.stop(timeout_s=20.0)
 
+    def exit_code(self) -> int | None:
+        """The vLLM process's exit code once it is gone (-1: unknown), None while it runs."""
+        return None if self.handle is None else self.handle.process.poll()
+
+    def restart(self, timeout_s: float) -> str:
+        """Stop what is left of the server (its whole process group), start it again on the same
+        port and wait until ``/health`` answers; returns its URL. A failure raises ServerStartError."""
+        from telescope_cli._vllm import port_in_use
+
+        if self.handle is not None:
+            with contextlib.suppress(Exception):
+                self.handle.stop(timeout_s=10.0)
+            with contextlib.suppress(Exception):
+                self.handle.process.wait(timeout=30.0)  # the reaper is done with the old process group
+        deadline = time.monotonic() + 30.0
+        while port_in_use(self.settings.host or "0.0.0.0", self.port) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        with self.log_path.open("ab") as fh:
+            fh.write(f"\n---- telescope: restarting vLLM server {self.index} ----\n".encode())
+        self.start()
+        return self.wait_healthy(timeout_s)
+
+    def failure_report(self, what: str) -> str:
+        """``what`` with the failure found in the server's log (kind and fix), the log's path and
+        its last lines: what a user reads when the server is given up."""
+        from telescope_cli._vllm import failure_report
+
+        return failure_report(what, self.log_path)
+
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class TrainerActor:
@@ -279,6 +308,17 @@ class TrainerActor:
         self.publisher.connect(groups)
         return True
 
+    def reconnect_weights(self, groups: dict[str, list[str]]) -> bool:
+        """Form the weight-sync groups anew (a server left out, or back after a restart)."""
+        if self.publisher is None:
+            return False
+        self.publisher.connect(groups)
+        return True
+
+    def disconnect_weights(self, group: str) -> None:
+        if self.publisher is not None:
+            self.publisher.disconnect(group)
+
     def train_step(self, micro_batches: list[Any], step: int) -> dict[str, float]:
         return self.trainer.train_step(micro_batches, step=step)
 
@@ -294,7 +334,12 @@ class TrainerActor:
                 for _ in weights:
                     pass
                 return {}
-            return self.publisher.publish(weights, version=version, group=group)
+            try:
+                return self.publisher.publish(weights, version=version, group=group)
+            except BaseException:
+                for _ in weights:  # the other ranks' walk is collective: let it finish
+                    pass
+                raise
         finally:
             self._spans.append(_span(version, "weight_sync", "", 0, start, time.time()))
             for u in getattr(self.publisher, "last_update", None) or []:

@@ -289,12 +289,18 @@ class InTrainingEvals:
             rejoin, self.running = running.servers, None
         t_wait = time.monotonic() - t0
         group = "full" if self.running is None else "training_only"
-        sync = await asyncio.gather(*[a.publish.remote(step, group) for a in ctx.trainers])
-        ctx.engine.weights_updated(step, servers=None if group == "full" else self.groups["training_only"])
+        if ctx.supervisor is not None:  # leaves dead servers out (they get the weights when back)
+            metrics, reached = await ctx.supervisor.publish(step, group)
+            ctx.engine.weights_updated(step, servers=reached)
+        else:
+            sync = await asyncio.gather(*[a.publish.remote(step, group) for a in ctx.trainers])
+            metrics = sync[0] or {}
+            reached = None if group == "full" else self.groups["training_only"]
+            ctx.engine.weights_updated(step, servers=reached)
         if rejoin and not (due and not last):  # back to training, unless a new periodic eval takes them
             ctx.engine.restore_servers(rejoin)
         return {
-            **{f"weight_sync/{k}": v for k, v in (sync[0] or {}).items()},
+            **{f"weight_sync/{k}": v for k, v in metrics.items()},
             "timing/weight_sync_s": time.monotonic() - t0 - t_wait,
             "timing/eval_s": t_wait,
             "weight_sync/training_only": float(group == "training_only"),

@@ -22,6 +22,7 @@ the weight version after step N is N, the base model is version 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ import structlog
 
 from telescope_cli._eval_schedule import InTrainingEvals
 from telescope_cli._rundir import RunDir
+from telescope_cli._supervise import ServersGone, ServerSupervisor
 
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
@@ -71,6 +73,10 @@ class LoopContext:
     """The environments' sandbox pools (``_sandboxes``), closed when the loop ends."""
     records_task: asyncio.Task[None] | None = None
     """The last step's record being written in the background (``_record_step``)."""
+    supervisor: ServerSupervisor | None = None
+    """Restarts dead inference servers (``_supervise``); None: a dead server stays dead."""
+    last_step: int = 0
+    """The last step trained, published and recorded."""
 
 
 def _filtered(s: Any, config: TelescopeConfig) -> dict[str, bool]:
@@ -184,10 +190,17 @@ async def training_loop(ctx: LoopContext) -> None:
         async with ctx.client:
             await evals.before_training()
             async with ctx.engine:
+                if ctx.supervisor is not None:
+                    ctx.supervisor.start()
                 try:
                     for step in range(ctx.start_step + 1, ctx.config.number_of_steps + 1):
                         await _step(ctx, evals, step)
+                except ServersGone:  # keep what was trained, then stop with the server's story
+                    await _checkpoint_before_stopping(ctx)
+                    raise
                 finally:
+                    if ctx.supervisor is not None:
+                        await ctx.supervisor.close()
                     await evals.close()
     finally:
         from telescope_cli._sandboxes import close_sandboxes
@@ -197,6 +210,18 @@ async def training_loop(ctx: LoopContext) -> None:
         finally:
             await close_sandboxes(ctx.sandboxes)
             records.close()
+
+
+async def _checkpoint_before_stopping(ctx: LoopContext) -> None:
+    """A checkpoint of the last finished step, unless it has one or the run trained nothing yet."""
+    step = ctx.last_step
+    if step <= ctx.start_step or _should_checkpoint(ctx.config, step):
+        return
+    try:
+        await _checkpoint(ctx, step)
+        ctx.console.info(f"saved a checkpoint of step {step} before stopping")
+    except Exception as exc:  # the stop's own error says more
+        log.error("checkpoint before stopping failed", step=step, error=f"{type(exc).__name__}: {exc}")
 
 
 async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[str, float]]:
@@ -218,10 +243,48 @@ async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[s
 
 async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
     """One training step, its records and checkpoint, then the evals due after it."""
-    records = ctx.run.records
     t0 = time.monotonic()
     batch = await ctx.engine.next_batch()
     t_rollout = time.monotonic() - t0
+    # the trainer holds the weights of the pool's version outside this block (a restarted server's
+    # resync sends them: _supervise)
+    async with ctx.supervisor.lock if ctx.supervisor is not None else contextlib.nullcontext():
+        metrics = await _train_and_publish(ctx, evals, step, batch)
+    metrics["timing/rollout_wait_s"] = t_rollout
+    metrics["timing/step_s"] = time.monotonic() - t0
+    metrics.update(_derived(batch, metrics))
+    t3 = time.monotonic()
+    try:
+        await _records_written(ctx)  # the previous step's, if still being written
+    except asyncio.CancelledError:  # Ctrl-C: this step trained and published, keep its records
+        _write_step(ctx, step, batch, metrics, spans=[])
+        raise
+    metrics["timing/records_wait_s"] = time.monotonic() - t3
+    ctx.records_task = asyncio.create_task(_record_step(ctx, step, batch), name=f"records-step-{step}")
+    _write_step(ctx, step, batch, metrics, spans=None)
+    ctx.last_step = step
+    if _should_checkpoint(ctx.config, step):
+        await _checkpoint(ctx, step)
+    await evals.after_step(step)
+
+
+async def _checkpoint(ctx: LoopContext, step: int) -> None:
+    """Step ``step``'s checkpoint, with its spans and events filed with the step."""
+    records = ctx.run.records
+    await _records_written(ctx)  # a checkpoint's step has its whole record
+    with records.phase("checkpoint", step):
+        await save_checkpoint(ctx, step)
+    # its spans and event, filed with its step (a resume from it keeps them)
+    spans = await _spans(ctx)
+    await asyncio.to_thread(records.write_checkpoint, step, spans, records.take_events())
+
+
+async def _train_and_publish(
+    ctx: LoopContext, evals: InTrainingEvals, step: int, batch: Any
+) -> dict[str, Any]:
+    """Train on ``batch`` and publish the new weights; returns the step's metrics so far. Once the
+    trainers stepped, the step's records are written whatever stops the publish."""
+    records = ctx.run.records
     samples, filter_stats = to_train_samples(batch, ctx.config)
     num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     t1 = time.monotonic()
@@ -240,7 +303,6 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
         "groups/discarded": len(batch.discarded),
         "groups/cancelled": len(batch.cancelled),
         "throughput/tokens_per_s": num_tokens / max(t_train, 1e-9),
-        "timing/rollout_wait_s": t_rollout,
         "timing/train_s": t_train,
     }
     try:
@@ -249,30 +311,14 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
             metrics.update(await evals.publish(step))
             published["bytes"] = metrics.get("weight_sync/bytes")
         metrics["timing/weight_sync_s"] = time.monotonic() - t2
-        metrics["timing/step_s"] = time.monotonic() - t0
     except BaseException:  # the trainers stepped: keep the step's records whatever stopped us
         log.warning("step interrupted after training: recorded without weight-sync metrics", step=step)
         await _records_written(ctx)
         _write_step(ctx, step, batch, metrics, spans=[])
         raise
-    metrics.update(_derived(batch, metrics))
-    t3 = time.monotonic()
-    try:
-        await _records_written(ctx)  # the previous step's, if still being written
-    except asyncio.CancelledError:  # Ctrl-C: this step trained and published, keep its records
-        _write_step(ctx, step, batch, metrics, spans=[])
-        raise
-    metrics["timing/records_wait_s"] = time.monotonic() - t3
-    ctx.records_task = asyncio.create_task(_record_step(ctx, step, batch), name=f"records-step-{step}")
-    _write_step(ctx, step, batch, metrics, spans=None)
-    if _should_checkpoint(ctx.config, step):
-        await _records_written(ctx)  # a checkpoint's step has its whole record
-        with records.phase("checkpoint", step):
-            await save_checkpoint(ctx, step)
-        # its spans and event, filed with its step (a resume from it keeps them)
-        spans = await _spans(ctx)
-        await asyncio.to_thread(records.write_checkpoint, step, spans, records.take_events())
-    await evals.after_step(step)
+    if ctx.supervisor is not None:
+        metrics.update(ctx.supervisor.metrics())
+    return metrics
 
 
 async def _records_written(ctx: LoopContext) -> None:

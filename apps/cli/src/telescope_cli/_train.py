@@ -179,6 +179,20 @@ def _start(state: _Run) -> Any:
         start_step=start_step, pad_token_id=pad_id, row_multiple=infos[0]["row_multiple"],
         share_prompts=all(i["shares_prompts"] for i in infos),
         wandb=state.wandb, evals=evals, sandboxes=state.sandboxes,
+        supervisor=_supervisor(cfg, engine, servers, trainers, run, console),
+    )  # fmt: skip
+
+
+def _supervisor(cfg: Any, engine: Any, servers: list[dict[str, Any]], trainers: list[Any], run: RunDir,
+                console: Any) -> Any:  # fmt: skip
+    """The watcher that restarts dead inference servers (``_supervise``)."""
+    from telescope_cli._supervise import ServerSupervisor
+
+    groups = weight_groups([s["url"] for s in servers], has_evals=bool(cfg.evals),
+                           eval_num_servers=int(cfg.eval_num_servers))  # fmt: skip
+    return ServerSupervisor(
+        engine=engine, servers=[(s["url"], s["actor"]) for s in servers], trainers=trainers, groups=groups,
+        config=cfg, event=lambda kind, **detail: run.records.event(kind, None, **detail), say=console.info,
     )  # fmt: skip
 
 

@@ -126,12 +126,21 @@ def _tail(path: Path, chars: int = 3000) -> str:
         return ""
 
 
-def _failure(what: str, log_path: Path, cls: type[ServerStartError] = ServerStartError) -> ServerStartError:
+def failure_report(what: str, log_path: Path) -> str:
+    """``what`` with the failure kind and fix found in the server log, its path and last lines."""
+    return _report(what, log_path)[0]
+
+
+def _report(what: str, log_path: Path) -> tuple[str, str]:
     text = _tail(log_path, 200_000)
     found = classify_failure(text)
     kind, fix = found if found else ("unknown", "read the log for the cause.")
     lines = [ln for ln in text.splitlines() if ln.strip()][-15:]
-    msg = f"{what} ({kind}). Fix: {fix}\nLog: {log_path}\n--- last lines ---\n" + "\n".join(lines)
+    return f"{what} ({kind}). Fix: {fix}\nLog: {log_path}\n--- last lines ---\n" + "\n".join(lines), kind
+
+
+def _failure(what: str, log_path: Path, cls: type[ServerStartError] = ServerStartError) -> ServerStartError:
+    msg, kind = _report(what, log_path)
     return cls(msg, kind, log_path)
 
 

@@ -545,6 +545,12 @@ class TelescopeConfig(BaseModel):
         description="Free Megatron's gradient buffers during the broadcast to make room for it; they are "
         "rebuilt for the next step."
     )
+    weight_broadcast_timeout_s: int = Field(
+        ge=1,
+        description="Seconds (>= 1) one weight update may take: each broadcast and every server's apply. A "
+        "server that has not applied it by then, and does not answer a probe, counts as dead and is "
+        "restarted (inference_max_restarts). New in Telescope.",
+    )
 
     # Packing
     seq_len: int = Field(
@@ -567,6 +573,20 @@ class TelescopeConfig(BaseModel):
         "inference_tensor_parallel_size inference workers) listens on inference_base_port + i, on "
         "inference_host of its node. A port already in use stops the run before vLLM starts, naming the "
         "port: choose a free range.",
+    )
+    inference_max_restarts: int = Field(
+        ge=0,
+        description="Restarts of each vLLM server that dies (its process exits, /health fails for "
+        "inference_health_timeout_seconds, or it does not apply a weight update within "
+        "weight_broadcast_timeout_s), >= 0. A restarted server rejoins the weight-sync groups and receives "
+        "the current weights before it serves again; its unfinished groups are generated again (reason "
+        "server_restart in the rollouts). Past this many restarts the run goes on without it, or, with no "
+        "server left, stops after a checkpoint. 0: a dead server is never restarted. New in Telescope.",
+    )
+    inference_health_timeout_seconds: float = Field(
+        ge=1,
+        description="Seconds a vLLM server may fail /health in a row before it counts as dead, >= 1. New in "
+        "Telescope.",
     )
     gpu_memory_utilization: float = Field(
         gt=0,

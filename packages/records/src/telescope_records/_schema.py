@@ -108,7 +108,8 @@ SAMPLES = Table(
         _c(
             "reason",
             STR,
-            "why it was not kept (zero_advantage, max_async, off_policy, eval_drain, an error kind)",
+            "why it was not kept (zero_advantage, max_async, off_policy, eval_drain, server_restart, "
+            "an error kind)",
         ),
         _c("env", STR, "the environment (config entry name)"),
         _c("group_id", I64, "its group (one prompt, group_size completions)"),

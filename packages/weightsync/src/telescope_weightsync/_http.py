@@ -14,7 +14,7 @@ import httpx
 
 from telescope_weightsync._errors import ReceiverMissing, ServerError, ServerTimeout
 
-__all__ = ["collective_rpc"]
+__all__ = ["collective_rpc", "server_version"]
 
 
 def collective_rpc(
@@ -35,6 +35,15 @@ def collective_rpc(
     except httpx.HTTPError as exc:
         raise ServerError(url, f"server {url} failed during {method}: {type(exc).__name__}: {exc}") from exc
     return _results(response, url, method)
+
+
+def server_version(url: str, *, timeout_s: float = 10.0) -> int:
+    """The weight version the server at ``url`` serves (the lowest over its tensor-parallel workers;
+    -1: the base model), asked through its engine: a server whose engine is stuck does not answer in
+    time (``ServerTimeout``), unlike its ``/health``. Raises the errors of :func:`collective_rpc`."""
+    with httpx.Client() as client:
+        results = collective_rpc(client, url.rstrip("/"), "telescope_version", None, timeout_s=timeout_s)
+    return min(int(v) for v in results)
 
 
 def _results(response: httpx.Response, url: str, method: str) -> list[Any]:

@@ -185,6 +185,7 @@ class WeightPublisher:
         self._layouts: dict[str, list[Layout]] = {}
         self._scratch: dict[str, Scratch] = {}
         self._store: Any = None  # the TCPStore the groups rendezvous on (rank 0 hosts it)
+        self._formed = 0  # groups formed so far: each forming's store keys are its own
         self._client: httpx.Client | None = httpx.Client()
         self._pool: cf.ThreadPoolExecutor | None = cf.ThreadPoolExecutor(
             max_workers=max(4, 2 * len(urls)), thread_name_prefix="weightsync"
@@ -196,14 +197,20 @@ class WeightPublisher:
 
     # ----------------------------------------------------------------------------- connect
     def connect(self, groups: dict[str, list[str]] | None = None) -> None:
-        """Form the broadcast groups (default: one group ``full`` of every server)."""
+        """Form the broadcast groups (default: one group ``full`` of every server).
+
+        Call it again to form them anew, e.g. with a dead server left out or a restarted one back:
+        a group of the same name is replaced; only the servers named in ``groups`` are asked.
+        """
         groups = groups or {DEFAULT_GROUP: list(self.server_urls)}
         for name, members in groups.items():
             unknown = [u for u in members if u.rstrip("/") not in self.server_urls]
             if unknown or not members:
                 raise ValueError(f"group {name!r} must list some of {self.server_urls}; unknown: {unknown}")
         timeout = self.settings.init_timeout_s
-        infos = self._call_all(self.server_urls, "telescope_info", None, timeout)
+        wanted = {m.rstrip("/") for members in groups.values() for m in members}
+        named = [u for u in self.server_urls if u in wanted]
+        infos = self._call_all(named, "telescope_info", None, timeout)
         for url, results in infos.items():
             if any(r.get("pp_size", 1) != 1 for r in results):
                 raise ServerError(
@@ -223,16 +230,21 @@ class WeightPublisher:
             old.close()
         timeout = self.settings.init_timeout_s
         world = 1 + sum(self.tp_sizes[u] for u in members)
+        # each forming of a group rendezvous under keys of its own: a group formed again (a server
+        # restarted) must not read the addresses its earlier forming left in the store
+        self._formed += 1
+        prefix = f"telescope/{name}/{self._formed}/"
         offset = 1
         joins: Calls = {}
         for url in members:
             payload = {
                 "group": name, "host": self.host, "port": port, "rank_offset": offset, "world_size": world,
                 "backend": self.backend, "timeout_s": self.settings.timeout_s, "iface_host": iface,
+                "prefix": prefix,
             }  # fmt: skip
             joins[self._submit(url, "telescope_join", payload, timeout)] = url
             offset += self.tp_sizes[url]
-        store = open_store(self.host, port, is_master=False, timeout_s=timeout, prefix=f"telescope/{name}/")
+        store = open_store(self.host, port, is_master=False, timeout_s=timeout, prefix=prefix)
         own = self._executor().submit(
             make_group, store, rank=0, world_size=world, backend=self.backend,
             timeout_s=timeout, name=name, iface_host=iface,
@@ -383,6 +395,10 @@ class WeightPublisher:
         """The weight version each server serves (the lowest over its TP workers; -1: base model)."""
         results = self._call_all(self.server_urls, "telescope_version", None, self.settings.timeout_s)
         return {url: min(int(v) for v in res) for url, res in results.items()}
+
+    def disconnect(self, group: str) -> None:
+        """Leave ``group`` on its servers and release it (a group not connected: nothing to do)."""
+        self._drop_group(group, leave=True)
 
     def close(self) -> None:
         """Leave every group on every reachable server and release sockets (idempotent)."""

@@ -30,10 +30,10 @@ CONFIG_FIELDS: Mapping[str, str] = MappingProxyType(
         "cpu_staging": "weight_broadcast_cpu_staging",
         "pin_memory": "weight_broadcast_pin_memory",
         "init_timeout_s": "ray_broadcast_init_timeout_s",
+        "timeout_s": "weight_broadcast_timeout_s",
     }
 )
-"""The run-config field each setting comes from. ``backend`` and ``timeout_s`` have none: a run
-uses their defaults (``auto``, 300 s)."""
+"""The run-config field each setting comes from. ``backend`` has none: a run uses ``auto``."""
 
 
 class PublisherConfig(Protocol):
@@ -49,6 +49,8 @@ class PublisherConfig(Protocol):
     def weight_broadcast_pin_memory(self) -> bool: ...
     @property
     def ray_broadcast_init_timeout_s(self) -> float: ...
+    @property
+    def weight_broadcast_timeout_s(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class PublisherSettings:
             cpu_staging=config.weight_broadcast_cpu_staging,
             pin_memory=config.weight_broadcast_pin_memory,
             init_timeout_s=float(config.ray_broadcast_init_timeout_s),
+            timeout_s=float(config.weight_broadcast_timeout_s),
         )
 
     @property

@@ -8,7 +8,8 @@ tensor-parallel worker of the server:
 - ``telescope_info()`` -> ``{"tp_rank", "tp_size", "device", "version"}``
 - ``telescope_join(json)`` joins a private broadcast group hosted by the trainer
   (``{"group", "host", "port", "rank_offset", "world_size", "backend", "timeout_s",
-  "iface_host"}``; this worker's rank is ``rank_offset + tp_rank``).
+  "iface_host", "prefix"}``; this worker's rank is ``rank_offset + tp_rank``; ``prefix`` scopes
+  the store keys of this forming of the group).
 - ``telescope_receive(json)`` receives one update on ``{"group", "version"}`` and applies it in
   place with ``model_runner.reload_weights``; returns ``{"version", "bytes", "seconds", ...}``.
 - ``telescope_version()`` -> the version of the weights this worker serves (-1: base model).
@@ -97,8 +98,9 @@ class WeightReceiver:
         tp_rank, _ = self._telescope_tp()
         rank = int(args["rank_offset"]) + tp_rank
         timeout_s = float(args["timeout_s"])
+        prefix = str(args.get("prefix") or f"telescope/{name}/")  # the publisher's, one per forming
         store = open_store(
-            args["host"], int(args["port"]), is_master=False, timeout_s=timeout_s, prefix=f"telescope/{name}/"
+            args["host"], int(args["port"]), is_master=False, timeout_s=timeout_s, prefix=prefix
         )
         device = getattr(self, "device", None)
         group = make_group(

@@ -17,6 +17,13 @@ the prefix-cache salt of its server's version when it is sent (``inference.cache
 vLLM never reuses a prompt prefix computed under older weights (docs/rollout.md, "Prefix caching
 and weight updates").
 
+Supervision (servers restarted by the caller): when ``on_server_down(url, error)`` is set, a
+server found unreachable is reported to it (once, until it is back) and the engine never stops
+because every server is down: the caller restarts servers. ``await engine.server_lost(url)``
+takes a dead server out of the pool: its groups that still need it are cancelled (reason
+``server_restart``) and their prompts queued again (same prompt, fresh samples);
+``engine.server_back(url, version)`` puts it back once it holds the pool's weights.
+
 Counters (version v = number of weight updates applied, 0 = base model; step = batches assembled):
 - pause: no new group starts while ``step - v > max_async_rollout`` (resumes on an update);
 - staleness of a group = the step it lands in minus the oldest version its samples *started*
@@ -159,8 +166,7 @@ class RolloutEngine:
         self.reward_shaping = reward_shaping
         self.clock = clock or time.monotonic
         self.on_event = on_event
-        self.servers: list[str] = list(client.server_urls)
-        self.lanes = {url: LanePool(settings.lanes_per_server) for url in self.servers}
+        self._init_servers(list(client.server_urls))
         kwargs = {} if settings.enable_thinking is None else {"enable_thinking": settings.enable_thinking}
         buffer = settings.prompt_prefetch_buffer_size if settings.enable_prompt_prefetch else 0
         self.prompts = PromptSource(
@@ -171,11 +177,6 @@ class RolloutEngine:
         self.step = 0
         self.next_group_id = 0
         self.next_sample_id = 0
-        self.down: dict[str, str] = {}
-        self.drained: set[str] = set()
-        """Servers out of the training pool (:meth:`drain_servers`)."""
-        self.server_versions = dict.fromkeys(self.servers, 0)
-        """Weight version each server holds."""
         self.paused = False
         self._groups: dict[int, _GroupRun] = {}
         self._bucket: list[ScoredGroup] = []
@@ -197,6 +198,20 @@ class RolloutEngine:
         """Dropped (and, separately, cancelled) groups kept per batch for records; more are counted."""
         self._failed: RolloutError | None = None
         self._warned_unfit: set[str] = set()
+
+    def _init_servers(self, urls: list[str]) -> None:
+        self.servers = urls
+        self.lanes = {url: LanePool(self.settings.lanes_per_server) for url in urls}
+        self.server_versions = dict.fromkeys(urls, 0)
+        """Weight version each server holds."""
+        self.down: dict[str, str] = {}
+        """Servers a request found unreachable, with the error."""
+        self.drained: set[str] = set()
+        """Servers out of the training pool for evals (:meth:`drain_servers`)."""
+        self.lost: set[str] = set()
+        """Dead servers the caller restarts (:meth:`server_lost` until :meth:`server_back`)."""
+        self.on_server_down: Callable[[str, str], None] | None = None
+        """The caller's supervisor (module docstring): hears ``(url, error)`` of unreachable servers."""
 
     # ----------------------------------------------------------------- events
     def _emit(self, kind: str, **detail: Any) -> None:
@@ -288,7 +303,8 @@ class RolloutEngine:
         if version < self.version:
             raise ValueError(f"weight version went back from {self.version} to {version}")
         targets = set(self.servers) if servers is None else self._known(servers)
-        missed = sorted(u for u in self.servers if u not in self.drained and u not in targets)
+        out = self.drained | self.lost
+        missed = sorted(u for u in self.servers if u not in out and u not in targets)
         if missed:
             raise ValueError(
                 f"servers {missed} are in the training pool but did not get weight version {version}: "
@@ -323,28 +339,85 @@ class RolloutEngine:
         """
         urls = self._known(servers)
         self.drained |= urls
-        victims = [
+        victims = self._needing(urls)
+        self._emit("servers_drained", servers=sorted(urls), reason=reason, cancelled_groups=len(victims))
+        self._cancel_all(victims, reason, requeue=False)
+        await self._unwind(victims, timeout_s)
+        return len(victims)
+
+    async def server_lost(self, url: str, *, reason: str = "server_restart", timeout_s: float = 60.0) -> int:
+        """A server of the pool died: nothing goes to it until :meth:`server_back`; returns how many
+        groups were cancelled.
+
+        Each of its groups that still needs it is cancelled with ``reason`` (reported in the next
+        batch's ``cancelled``) and its prompt queued again, handed out before new ones; groups only
+        being scored finish normally. Returns once the cancelled requests have unwound.
+        """
+        (key,) = self._known([url])
+        victims = self._take_out(key, reason)
+        await self._unwind(victims, timeout_s)
+        return len(victims)
+
+    def _take_out(self, url: str, reason: str) -> list[_GroupRun]:
+        """:meth:`server_lost` up to the wait: returns the groups cancelled (prompts queued again)."""
+        new = url not in self.lost
+        self.lost.add(url)
+        victims = self._needing({url})
+        if new:
+            self._emit("server_lost", servers=[url], reason=reason, cancelled_groups=len(victims))
+        self._cancel_all(victims, reason, requeue=True)
+        return victims
+
+    def server_back(self, url: str, version: int) -> None:
+        """A restarted server holds weight ``version`` (it must be the pool's): it serves again."""
+        (key,) = self._known([url])
+        if version != self.version:
+            raise ValueError(
+                f"server {key} holds weight version {version}, the pool is at {self.version}: send it "
+                "the current weights first"
+            )
+        self.server_versions[key] = version
+        self.lost.discard(key)
+        self.down.pop(key, None)
+        self._emit("server_back", servers=[key], version=version)
+        log.info("rollout_server_back", server=key, version=version)
+        self._wake.set()
+
+    def _needing(self, urls: set[str]) -> list[_GroupRun]:
+        """The groups on ``urls`` that still need their server (a sample not started or generating)."""
+        return [
             g
             for g in list(self._groups.values())
             if g.server in urls and any(not r.done and (not r.started or r.generating) for r in g.runs)
         ]
-        tasks = [t for g in victims for t in g.tasks]
-        self._emit("servers_drained", servers=sorted(urls), reason=reason, cancelled_groups=len(victims))
+
+    def _cancel_all(self, victims: list[_GroupRun], reason: str, *, requeue: bool) -> None:
+        """Cancel ``victims`` with ``reason``, optionally queueing their prompts again."""
         for group in victims:
             self._cancel_group(group, reason)
-        log.info(
-            "rollout_servers_drained", servers=sorted(urls), cancelled_groups=len(victims), reason=reason
-        )
+        for group in reversed(victims) if requeue else ():
+            self.prompts.put_back(group.prompt)  # reversed: the oldest is handed out first
+        if victims:
+            log.info("rollout_groups_cancelled", servers=sorted({g.server for g in victims}),
+                     groups=len(victims), reason=reason, requeued=requeue)  # fmt: skip
+        self._wake.set()
+
+    async def _unwind(self, victims: list[_GroupRun], timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the cancelled groups' requests to unwind."""
+        tasks = [t for g in victims for t in g.tasks if t is not asyncio.current_task()]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=timeout_s)
             if pending:
-                log.warning("rollout_drain_slow", servers=sorted(urls), still_unwinding=len(pending))
-        return len(victims)
+                log.warning("rollout_cancel_slow", groups=len(victims), still_unwinding=len(pending))
 
     def restore_servers(self, servers: Sequence[str]) -> None:
         """Put drained ``servers`` back into the training pool (they must hold the pool's version)."""
         urls = self._known(servers)
-        behind = {u: self.server_versions[u] for u in sorted(urls) if self.server_versions[u] != self.version}
+        behind = {
+            u: self.server_versions[u]
+            for u in sorted(urls - self.lost)  # a lost one comes back with server_back
+            if self.server_versions[u] != self.version
+        }
         if behind:
             raise ValueError(
                 f"cannot restore servers holding weight versions {behind} into a pool at version "
@@ -409,7 +482,7 @@ class RolloutEngine:
         G = self.settings.group_size
         for k in range(n):
             url = self.servers[(self._rr + k) % n]
-            if url in self.down or url in self.drained:
+            if url in self.down or url in self.drained or url in self.lost:
                 continue
             pool = self.lanes[url]
             if self.settings.enable_individual_sample_lanes:
@@ -452,7 +525,7 @@ class RolloutEngine:
             dispatched = 0
             while self._failed is None:
                 self._wake.clear()
-                if len(self.down) == len(self.servers):
+                if self.on_server_down is None and len(self.down) == len(self.servers):
                     raise RolloutError(
                         "every inference server is unreachable: "
                         + "; ".join(f"{u}: {e}" for u, e in self.down.items())
@@ -482,6 +555,10 @@ class RolloutEngine:
             if err is not exc:
                 err.__cause__ = exc
             self._fail(err)
+
+    def fail(self, err: RolloutError) -> None:
+        """Stop for good from outside (a supervisor with no server left): ``next_batch()`` raises ``err``."""
+        self._fail(err)
 
     def _fail(self, err: RolloutError) -> None:
         """Stop for good: dispatch ends, no batch is assembled, ``next_batch()`` raises ``err``."""
@@ -594,6 +671,9 @@ class RolloutEngine:
             if unreachable is not None and group.server not in self.down:
                 log.error("inference_server_unreachable", server=group.server, error=str(unreachable))
                 self.down[group.server] = str(unreachable)
+                if self.on_server_down is not None:  # supervised: its groups are generated again
+                    self._take_out(group.server, "server_restart")
+                    self.on_server_down(group.server, str(unreachable))
             if run.generating:
                 run.generating = False
                 out.version_end = self.server_versions[group.server]

