@@ -48,8 +48,11 @@ class _Server(_Actor):
         super().__init__(name, calls)
         self.code: int | None = None
         self.restart_fails = 0
+        self.actor_gone = False
 
     def do_exit_code(self) -> int | None:
+        if self.actor_gone:
+            raise RuntimeError("RayActorError: the actor died unexpectedly")
         return self.code
 
     def do_restart(self, timeout_s: float) -> str:
@@ -67,9 +70,13 @@ class _Trainer(_Actor):
     def __init__(self, calls: list) -> None:
         super().__init__("trainer", calls)
         self.publish_errors: list[Exception] = []
+        self.form_errors: list[Exception] = []
         self.on_failure = lambda: None
 
     def do_reconnect_weights(self, groups: dict) -> bool:
+        if self.form_errors:
+            self.on_failure()
+            raise self.form_errors.pop(0)
         return True
 
     def do_publish(self, version: int, group: str) -> dict:
@@ -123,7 +130,8 @@ async def _settle(sup: ServerSupervisor) -> None:
         await asyncio.sleep(0)
         if not [t for t in sup._tasks if t.get_name() != "server-watch"]:
             return
-    await asyncio.gather(*[t for t in sup._tasks if t.get_name() != "server-watch"])
+    async with asyncio.timeout(10):  # a regression fails here instead of hanging the test
+        await asyncio.gather(*[t for t in sup._tasks if t.get_name() != "server-watch"])
 
 
 @pytest.fixture
@@ -132,12 +140,12 @@ def probe(monkeypatch):
     (the tests' failed updates are of version 3: a server that answers applied it)."""
     dead: set[str] = set()
 
-    def server_version(url: str, *, timeout_s: float) -> int:
+    async def probe_version(client, url: str, *, timeout_s: float) -> int:
         if url in dead:
             raise telescope_weightsync.ServerTimeout(url, "no answer")
         return 3
 
-    monkeypatch.setattr(telescope_weightsync, "server_version", server_version)
+    monkeypatch.setattr(telescope_weightsync, "probe_version", probe_version)
     return dead
 
 
@@ -197,9 +205,11 @@ async def test_a_server_that_did_not_apply_a_failed_update_is_restarted(probe, m
     # its engine answers, but with the old version: its in-place reload broke off midway
     sup, _engine, _actors, trainer, _calls, events = _supervisor()
     trainer.publish_errors = [RuntimeError("the sender's broadcast timed out")]
-    monkeypatch.setattr(
-        telescope_weightsync, "server_version", lambda url, *, timeout_s: 2 if url == A else 3
-    )
+
+    async def probe_version(client, url: str, *, timeout_s: float) -> int:
+        return 2 if url == A else 3
+
+    monkeypatch.setattr(telescope_weightsync, "probe_version", probe_version)
     async with sup.lock:
         _, reached = await sup.publish(3, "full")
     assert reached == [B]
@@ -284,3 +294,79 @@ async def test_the_watcher_restarts_a_server_whose_engine_is_stuck_behind_a_heal
     down = [d for k, d in events if k == "server_down"]
     assert [d["server"] for d in down] == [B]
     assert down[0]["reason"].startswith("its engine did not answer for")
+
+
+async def test_a_failed_forming_with_every_server_alive_restarts_none(monkeypatch):
+    # no weights moved: the servers still serve the old version, and that is no sign of a broken reload
+    async def probe_version(client, url: str, *, timeout_s: float) -> int:
+        return 2
+
+    monkeypatch.setattr(telescope_weightsync, "probe_version", probe_version)
+    sup, _engine, _actors, trainer, calls, events = _supervisor()
+    sup.connected = {}
+    trainer.form_errors = [RuntimeError("GroupError: group 'full': http://b:2 did not join within 20s")]
+    async with sup.lock:
+        _, reached = await sup.publish(3, "full")
+    assert reached == [A, B]
+    assert [k for k, _ in events] == []
+    assert [args for _, what, args in calls if what == "publish"] == [(3, "full")]
+    await sup.close()
+
+
+async def test_a_dead_ray_actor_is_a_dead_server_not_a_crash(probe):
+    sup, _engine, actors, _trainer, _calls, events = _supervisor()
+    actors[B].actor_gone = True
+    actors[B].restart_fails = 99
+    async with sup.lock:
+        _, reached = await sup.publish(3, "full")
+    assert reached == [A]
+    down = [d for k, d in events if k == "server_down"]
+    assert down[0]["reason"] == (
+        "before weight update 3: its actor does not answer (RuntimeError: RayActorError: the actor died "
+        "unexpectedly)"
+    )
+    await sup.close()
+
+
+async def test_a_resync_broken_by_another_server_loses_that_one_and_restarts_vllm_once(probe):
+    sup, _engine, actors, trainer, calls, events = _supervisor()
+    trainer.form_errors = [RuntimeError("GroupError: http://a:1 failed to join")]
+    trainer.on_failure = lambda: setattr(actors[A], "code", -9)  # a dies while b rejoins
+    actors[A].restart_fails = 99
+    await sup.lose(B, "its vLLM process exited with code -9")
+    for _ in range(100):
+        await asyncio.sleep(0)
+        if ("engine", "server_back", (B, 2)) in calls:
+            break
+    assert ("engine", "server_back", (B, 2)) in calls
+    assert [args for who, what, args in calls if what == "restart" and who == B] == [(60.0,)]
+    down = {d["server"]: d["reason"] for k, d in events if k == "server_down"}
+    assert down[A].startswith("forming the weight-sync groups before the resync of http://b:2 failed")
+    await sup.close()
+
+
+async def test_the_watcher_leaves_engines_alone_while_a_step_or_update_holds_the_lock(probe, monkeypatch):
+    monkeypatch.setattr(_supervise, "POLL_S", 0.01)
+    sup, _engine, _actors, _trainer, _calls, events = _supervisor(health_timeout_s=0.05)
+    sup._http = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
+    probe.add(B)  # its engine is busy applying an update: a probe would wait behind it
+    async with sup.lock:
+        sup._spawn(sup._watch(), name="server-watch")
+        await asyncio.sleep(0.3)
+        assert [k for k, _ in events] == []
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if events:
+            break
+    await sup.close()
+    assert [d["server"] for k, d in events if k == "server_down"] == [B]
+
+
+async def test_after_close_a_reported_server_starts_nothing(probe):
+    sup, engine, _actors, _trainer, calls, events = _supervisor()
+    await sup.close()
+    engine.on_server_down(B, "ConnectError")
+    await asyncio.sleep(0)
+    assert sup._tasks == set()
+    assert events == []
+    assert calls == []

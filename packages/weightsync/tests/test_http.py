@@ -70,3 +70,23 @@ def test_a_refused_connection_is_a_server_error():
         _call(handler)
     assert not isinstance(info.value, ServerTimeout)
     assert info.value.server == URL
+
+
+async def test_the_async_version_probe_takes_the_lowest_worker_version_and_types_its_failures():
+    from telescope_weightsync import probe_version
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert json.loads(request.read())["method"] == "telescope_version"
+        return httpx.Response(200, json={"results": [4, 3]})
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        assert await probe_version(client, URL + "/", timeout_s=1.0) == 3  # a TP worker behind
+    async with httpx.AsyncClient(transport=httpx.MockTransport(slow)) as client:
+        with pytest.raises(ServerTimeout, match="did not answer telescope_version within 1s"):
+            await probe_version(client, URL, timeout_s=1.0)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(500))) as client:
+        with pytest.raises(ServerError, match="HTTP 500"):
+            await probe_version(client, URL, timeout_s=1.0)

@@ -249,8 +249,7 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
     # the trainer holds the weights of the pool's version outside this block (a restarted server's
     # resync sends them: _supervise)
     async with ctx.supervisor.lock if ctx.supervisor is not None else contextlib.nullcontext():
-        metrics = await _train_and_publish(ctx, evals, step, batch)
-    metrics["timing/rollout_wait_s"] = t_rollout
+        metrics = await _train_and_publish(ctx, evals, step, batch, {"timing/rollout_wait_s": t_rollout})
     metrics["timing/step_s"] = time.monotonic() - t0
     metrics.update(_derived(batch, metrics))
     t3 = time.monotonic()
@@ -280,7 +279,7 @@ async def _checkpoint(ctx: LoopContext, step: int) -> None:
 
 
 async def _train_and_publish(
-    ctx: LoopContext, evals: InTrainingEvals, step: int, batch: Any
+    ctx: LoopContext, evals: InTrainingEvals, step: int, batch: Any, timing: dict[str, float]
 ) -> dict[str, Any]:
     """Train on ``batch`` and publish the new weights; returns the step's metrics so far. Once the
     trainers stepped, the step's records are written whatever stops the publish."""
@@ -303,6 +302,7 @@ async def _train_and_publish(
         "groups/discarded": len(batch.discarded),
         "groups/cancelled": len(batch.cancelled),
         "throughput/tokens_per_s": num_tokens / max(t_train, 1e-9),
+        **timing,
         "timing/train_s": t_train,
     }
     try:

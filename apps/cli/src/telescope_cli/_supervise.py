@@ -103,6 +103,7 @@ class ServerSupervisor:
         self.restarts = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._http: httpx.AsyncClient | None = None
+        self._closed = False
         engine.on_server_down = lambda url, error: self._spawn(self._reported(url, error))
 
     # ------------------------------------------------------------------ lifecycle
@@ -111,6 +112,7 @@ class ServerSupervisor:
         self._spawn(self._watch(), name="server-watch")
 
     async def close(self) -> None:
+        self._closed = True  # the engine may still report servers while the run stops: no restarts
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -123,9 +125,20 @@ class ServerSupervisor:
         return {"restarts/inference": float(self.restarts), "servers/out": float(out)}
 
     def _spawn(self, coro: Any, name: str | None = None) -> None:
+        if self._closed:
+            coro.close()
+            return
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error(
+                "server supervision task failed", task=task.get_name(), error=f"{type(exc).__name__}: {exc}"
+            )
 
     # ------------------------------------------------------------------ weight updates
     def groups_now(self, back: str | None = None) -> dict[str, list[str]]:
@@ -155,16 +168,15 @@ class ServerSupervisor:
             members = self.groups_now().get(group, [])
             if not members:
                 return {}, []
+            if await self._formed(self.groups_now(), f"weight update {step}", retry=not attempt):
+                continue
             try:
-                if self.connected != self.groups_now():
-                    await self._form(self.groups_now())
                 sync = await asyncio.gather(*[a.publish.remote(step, group) for a in self.trainers])
                 return sync[0] or {}, members
-            except Exception as exc:  # forming the groups, or the update, failed
+            except Exception as exc:
                 error = f"{type(_cause(exc)).__name__}: {_cause(exc)}"
                 self.connected = {}  # a failed update drops its group
-                others = sorted({u for ms in self.groups_now().values() for u in ms} - set(members))
-                dead = {**await self._probe(others), **await self._probe(members, version=step)}
+                dead = await self._probe(members, version=step)
                 log.warning("weight update failed", step=step, group=group, error=error, dead=dead)
                 if not dead and attempt:
                     raise
@@ -172,20 +184,42 @@ class ServerSupervisor:
                     await self.lose(url, f"weight update {step} failed: {why} ({error[:300]})")
         raise RuntimeError(f"weight update {step} failed on every attempt")  # pragma: no cover
 
-    async def _probe(self, urls: list[str], version: int | None = None) -> dict[str, str]:
-        """Why each server among ``urls`` is dead, for those that are: out already, its process
-        exited, its engine does not answer, or (``version`` given) it does not serve ``version``."""
-        from telescope_weightsync import server_version
+    async def _formed(self, groups: dict[str, list[str]], what: str, *, retry: bool) -> dict[str, str]:
+        """Form ``groups`` unless they are; ``{}`` when they are formed, else the dead servers
+        found (those up are lost: form again) or, with none found, ``{"": error}`` when ``retry``
+        (else that raises). No weights moved: no version to check."""
+        if self.connected == groups:
+            return {}
+        try:
+            await self._form(groups)
+            return {}
+        except Exception as exc:
+            error = f"{type(_cause(exc)).__name__}: {_cause(exc)}"
+            dead = await self._probe(sorted({u for ms in groups.values() for u in ms}), any_state=True)
+            log.warning("forming the weight-sync groups failed", before=what, error=error, dead=dead)
+            if not dead and not retry:
+                raise
+            for url, why in dead.items():
+                await self.lose(url, f"forming the weight-sync groups before {what} failed: {why}")
+            return dead or {"": error}
+
+    async def _probe(
+        self, urls: list[str], version: int | None = None, *, any_state: bool = False
+    ) -> dict[str, str]:
+        """Why each server among ``urls`` is dead, for those that are: out of the pool (unless
+        ``any_state``), its process exited, its engine does not answer, or (``version`` given) it
+        does not serve ``version``."""
+        from telescope_weightsync import probe_version
 
         async def why(url: str) -> str | None:
             server = self.servers[url]
-            if server.state != "up":
+            if server.state != "up" and not any_state:
                 return "out of the pool"
-            code = await server.actor.exit_code.remote()
-            if code is not None:
-                return f"its vLLM process exited with code {code}"
+            exited = await self._exited(server)
+            if exited is not None:
+                return exited
             try:
-                served = await asyncio.to_thread(server_version, url, timeout_s=self.update_timeout_s)
+                served = await probe_version(self._client(), url, timeout_s=self.update_timeout_s)
             except Exception as exc:
                 return f"its engine does not answer ({type(exc).__name__}: {str(exc)[:200]})"
             if version is not None and served != version:
@@ -194,6 +228,19 @@ class ServerSupervisor:
 
         found = await asyncio.gather(*[why(u) for u in urls])
         return {u: w for u, w in zip(urls, found, strict=True) if w is not None}
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        return self._http
+
+    async def _exited(self, server: _Server) -> str | None:
+        """Why ``server``'s process is gone (it exited, or its Ray actor does not answer), else None."""
+        try:
+            code = await server.actor.exit_code.remote()
+        except Exception as exc:  # its Ray actor is gone (a dead node): restarting it will say so
+            return f"its actor does not answer ({type(_cause(exc)).__name__}: {_cause(exc)})"
+        return None if code is None else f"its vLLM process exited with code {code}"
 
     # ------------------------------------------------------------------ death and restart
     async def _reported(self, url: str, error: str) -> None:
@@ -234,7 +281,7 @@ class ServerSupervisor:
             self.event("server_restarting", server=server.url, attempt=server.restarts)
             try:
                 await server.actor.restart.remote(self.start_timeout_s)
-                version = await self._resync(server)
+                version = await self._resync_soon(server)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -254,12 +301,29 @@ class ServerSupervisor:
             self.say(f"inference server {server.url} is back ({seconds:.0f} s, weights of step {version})")
             return
 
-    async def _resync(self, server: _Server) -> int:
-        """Groups with ``server`` again, the pool's weights sent to it, then back in the pool."""
+    async def _resync_soon(self, server: _Server) -> int:
+        """:meth:`_resync`, again while the groups fail to form because *other* servers died (they
+        are lost meanwhile); raises when ``server`` itself is the trouble."""
+        for _ in range(len(self.servers) + 1):
+            version = await self._resync(server)
+            if version is not None:
+                return version
+        raise RuntimeError("the weight-sync groups did not form with it")
+
+    async def _resync(self, server: _Server) -> int | None:
+        """Groups with ``server`` again, the pool's weights sent to it, then back in the pool;
+        None when the groups did not form because of other servers (lost now: try again)."""
         async with self.lock:
             version = int(self.engine.version)
             groups = self.groups_now(back=server.url)
-            await self._form({**groups, RESTART_GROUP: [server.url]})
+            dead = await self._formed({**groups, RESTART_GROUP: [server.url]}, f"the resync of {server.url}",
+                                      retry=True)  # fmt: skip
+            if server.url in dead or "" in dead:
+                raise RuntimeError(
+                    f"it did not join the weight-sync groups: {dead.get(server.url) or dead['']}"
+                )
+            if dead:
+                return None
             await asyncio.gather(*[a.publish.remote(version, RESTART_GROUP) for a in self.trainers])
             await asyncio.gather(*[a.disconnect_weights.remote(RESTART_GROUP) for a in self.trainers])
             self.connected = groups
@@ -294,21 +358,21 @@ class ServerSupervisor:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(POLL_S)
-            up = [s for s in self.servers.values() if s.state == "up"]
-            reasons = await asyncio.gather(*[self._check(s) for s in up])
-            for server, reason in zip(up, reasons, strict=True):
-                if reason is not None:
-                    await self.lose(server.url, reason)
+            try:
+                up = [s for s in self.servers.values() if s.state == "up"]
+                reasons = await asyncio.gather(*[self._check(s) for s in up])
+                for server, reason in zip(up, reasons, strict=True):
+                    if reason is not None:
+                        await self.lose(server.url, reason)
+            except Exception as exc:  # one bad round must not end the watching
+                log.error("server watch failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _check(self, server: _Server) -> str | None:
         """Why ``server`` is dead (its process exited, or ``/health`` or its engine failing for
         ``inference_health_timeout_seconds``), else None."""
-        try:
-            code = await server.actor.exit_code.remote()
-        except Exception as exc:  # its Ray actor is gone (a dead node): restarting it will say so
-            return f"its actor does not answer ({type(_cause(exc)).__name__}: {_cause(exc)})"
-        if code is not None:
-            return f"its vLLM process exited with code {code}"
+        exited = await self._exited(server)
+        if exited is not None:
+            return exited
         failing = await self._unresponsive(server.url)
         now = time.monotonic()
         if failing is None:
@@ -322,17 +386,19 @@ class ServerSupervisor:
     async def _unresponsive(self, url: str) -> str | None:
         """What fails on a running server: ``/health``, or its engine (a stuck engine core still
         lets ``/health`` answer), else None."""
-        from telescope_weightsync import server_version
+        from telescope_weightsync import probe_version
 
-        assert self._http is not None
         try:
-            if (await self._http.get(f"{url}/health", timeout=5.0)).status_code != 200:
+            if (await self._client().get(f"{url}/health", timeout=5.0)).status_code != 200:
                 return "/health failed"
         except httpx.HTTPError:
             return "/health failed"
+        if self.lock.locked():
+            # a step or a weight update is under way: the engine runs an update's calls one at a
+            # time, so a probe would wait behind them (a stuck engine is found before the update)
+            return None
         try:
-            timeout = min(PROBE_TIMEOUT_S, self.health_timeout_s)
-            await asyncio.to_thread(server_version, url, timeout_s=timeout)
+            await probe_version(self._client(), url, timeout_s=min(PROBE_TIMEOUT_S, self.health_timeout_s))
         except Exception:
             return "its engine did not answer"
         return None

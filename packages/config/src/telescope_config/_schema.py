@@ -585,8 +585,8 @@ class TelescopeConfig(BaseModel):
     )
     inference_health_timeout_seconds: float = Field(
         ge=1,
-        description="Seconds a vLLM server may fail /health in a row before it counts as dead, >= 1. New in "
-        "Telescope.",
+        description="Seconds a vLLM server may fail /health, or a probe through its engine (a stuck engine "
+        "still answers /health), in a row before it counts as dead and is restarted, >= 1. New in Telescope.",
     )
     gpu_memory_utilization: float = Field(
         gt=0,

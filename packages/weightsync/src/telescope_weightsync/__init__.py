@@ -16,7 +16,7 @@ from telescope_weightsync._errors import (
     UpdateError,
     WeightSyncError,
 )
-from telescope_weightsync._http import server_version
+from telescope_weightsync._http import probe_version, server_version
 from telescope_weightsync._protocol import plan_buckets
 from telescope_weightsync._publisher import PublishSpan, ServerUpdate, WeightPublisher
 from telescope_weightsync._settings import PublisherConfig, PublisherSettings
@@ -33,6 +33,7 @@ __all__ = [
     # Versions
     "BASE_VERSION",
     "WeightVersion",
+    "probe_version",
     "server_version",
     # Errors: the base class, and a server's failures (``.server`` is its URL)
     "WeightSyncError",

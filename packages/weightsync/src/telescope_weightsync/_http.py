@@ -14,7 +14,7 @@ import httpx
 
 from telescope_weightsync._errors import ReceiverMissing, ServerError, ServerTimeout
 
-__all__ = ["collective_rpc", "server_version"]
+__all__ = ["collective_rpc", "probe_version", "server_version"]
 
 
 def collective_rpc(
@@ -44,6 +44,24 @@ def server_version(url: str, *, timeout_s: float = 10.0) -> int:
     with httpx.Client() as client:
         results = collective_rpc(client, url.rstrip("/"), "telescope_version", None, timeout_s=timeout_s)
     return min(int(v) for v in results)
+
+
+async def probe_version(client: httpx.AsyncClient, url: str, *, timeout_s: float = 10.0) -> int:
+    """:func:`server_version` for an event loop, on the caller's ``client`` (cancelling it
+    cancels the request: nothing is left waiting in a thread)."""
+    body = {"method": "telescope_version", "timeout": timeout_s}
+    base = url.rstrip("/")
+    try:
+        response = await client.post(f"{base}/collective_rpc", json=body, timeout=timeout_s + 5.0)
+    except httpx.TimeoutException as exc:
+        raise ServerTimeout(
+            base, f"server {base} did not answer telescope_version within {timeout_s:.0f}s"
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise ServerError(
+            base, f"server {base} failed during telescope_version: {type(exc).__name__}: {exc}"
+        ) from exc
+    return min(int(v) for v in _results(response, base, "telescope_version"))
 
 
 def _results(response: httpx.Response, url: str, method: str) -> list[Any]:
