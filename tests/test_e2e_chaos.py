@@ -22,7 +22,9 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+import yaml
 from e2e_support import ROOT, Finished, base_args, check_finished, start, stuck_report, wait_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.xdist_group("e2e_chaos")]
@@ -83,13 +85,15 @@ def events(run: Path) -> list[tuple[str, dict]]:
 def test_a_killed_server_is_restarted_with_the_current_weights_and_nothing_is_lost(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
     t0 = time.monotonic()
-    # completions of 64 tokens: step 3's groups take a while to generate, the kill lands meanwhile
-    proc = start(
-        run, *args(tiny_model_dir, "--number_of_steps", "5", "--max_async_rollout", "0", "--max_tokens", "64")
-    )
+    # completions of 200 tokens: step 3's groups, dispatched just before step 2's metrics line, take
+    # a while; vLLM's pause freezes them (or queues them) before the kill, so it lands mid-generation
+    proc = start(run, *args(tiny_model_dir, "--number_of_steps", "5", "--max_async_rollout", "0",
+                            "--max_tokens", "200"))  # fmt: skip
     wait_for_step(run, proc, 2)
+    base_port = yaml.safe_load((run / "config.yaml").read_text())["inference_base_port"]
+    httpx.post(f"http://127.0.0.1:{base_port}/pause", params={"mode": "keep"}, timeout=30).raise_for_status()
     api, _ = server_pids(run)
-    os.kill(api, signal.SIGKILL)  # step 3's groups are generating on it
+    os.kill(api, signal.SIGKILL)
     finished = finish(run, proc, t0)
     lines = check_finished(finished, 5)
 
