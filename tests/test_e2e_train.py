@@ -129,11 +129,11 @@ def test_ctrl_c_stops_every_process(args, tmp_path: Path):
         proc.send_signal(signal.SIGUSR1)  # where is it waiting? every thread's stack, and the run goes on
         stacks = run / "logs" / "stacks.txt"
         deadline = time.monotonic() + 30
-        while "asyncio tasks" not in (stacks.read_text() if stacks.is_file() else ""):
-            assert time.monotonic() < deadline, "kill -USR1 wrote no stacks to logs/stacks.txt"
+        while "in training_loop" not in (stacks.read_text() if stacks.is_file() else ""):  # the loop's task
+            assert time.monotonic() < deadline, "kill -USR1 wrote no task stacks to logs/stacks.txt"
             time.sleep(0.1)
         assert "most recent call first" in stacks.read_text()  # the threads
-        assert "in training_loop" in stacks.read_text()  # the loop's task, suspended where it waits
+        assert "asyncio tasks at" in stacks.read_text()
         assert proc.poll() is None, "kill -USR1 stopped the run"
         proc.send_signal(signal.SIGINT)
         try:

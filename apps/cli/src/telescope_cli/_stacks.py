@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import io
 import signal
 import time
 from pathlib import Path
@@ -28,10 +29,12 @@ def dump_stacks_on_sigusr1(path: Path) -> None:
             out.write("no asyncio event loop is running\n\n")
             return
         pending = sorted(asyncio.all_tasks(loop), key=lambda t: t.get_name())
-        out.write(f"{len(pending)} asyncio tasks at {time.strftime('%Y-%m-%dT%H:%M:%S')}:\n")
+        text = io.StringIO()  # one write: a reader never sees the header without the stacks
+        text.write(f"{len(pending)} asyncio tasks at {time.strftime('%Y-%m-%dT%H:%M:%S')}:\n")
         for task in pending:
-            task.print_stack(file=out)
-        out.write("\n")
+            task.print_stack(file=text)
+        out.write(text.getvalue() + "\n")
+        out.flush()
 
     signal.signal(signal.SIGUSR1, tasks)
     # the threads at once (signal-safe), then the Python handler above once the main thread runs
