@@ -64,6 +64,13 @@ def server_pids(run: Path, index: int = 0) -> tuple[int, int]:
     return api, -1
 
 
+def pause_generation(run: Path, index: int = 0) -> None:
+    """vLLM's ``/pause?mode=keep`` on server ``index``: its requests in flight freeze, new ones wait."""
+    base_port = yaml.safe_load((run / "config.yaml").read_text())["inference_base_port"]
+    url = f"http://127.0.0.1:{base_port + index}/pause"
+    httpx.post(url, params={"mode": "keep"}, timeout=30).raise_for_status()
+
+
 def finish(run: Path, proc: subprocess.Popen, t0: float, timeout_s: float = 600) -> Finished:
     try:
         code = proc.wait(timeout=timeout_s)
@@ -91,8 +98,7 @@ def test_a_killed_server_is_restarted_with_the_current_weights_and_nothing_is_lo
     proc = start(run, *args(tiny_model_dir, "--number_of_steps", "5", "--max_async_rollout", "0",
                             "--max_tokens", "200"))  # fmt: skip
     wait_for_step(run, proc, 2)
-    base_port = yaml.safe_load((run / "config.yaml").read_text())["inference_base_port"]
-    httpx.post(f"http://127.0.0.1:{base_port}/pause", params={"mode": "keep"}, timeout=30).raise_for_status()
+    pause_generation(run)
     api, _ = server_pids(run)
     os.kill(api, signal.SIGKILL)
     finished = finish(run, proc, t0)
@@ -135,8 +141,7 @@ def test_a_server_whose_engine_hangs_is_restarted_within_the_health_timeout(tmp_
                             "--max_tokens", "200", "--inference_health_timeout_seconds", "15",
                             "--weight_broadcast_timeout_s", "30"))  # fmt: skip
     wait_for_step(run, proc, 2)
-    base_port = yaml.safe_load((run / "config.yaml").read_text())["inference_base_port"]
-    httpx.post(f"http://127.0.0.1:{base_port}/pause", params={"mode": "keep"}, timeout=30).raise_for_status()
+    pause_generation(run)
     _, engine = server_pids(run)
     assert engine > 0, "the server's engine core was not found"
     os.kill(engine, signal.SIGSTOP)  # /health still answers
