@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from telescope_cli._rollout import build_training_environments
-from telescope_cli._sandboxes import SandboxSetupError, attach_sandboxes, close_sandboxes, needs_sandbox
+from telescope_cli._sandboxes import (
+    SandboxSetupError,
+    attach_sandboxes,
+    close_sandboxes,
+    needs_sandbox,
+    sandbox_metrics,
+)
 from telescope_rollout import get_environment
 from telescope_sandbox import SandboxPool
 
@@ -19,7 +25,13 @@ class _Config:
 
 
 async def test_i3_code_gets_a_local_pool_and_its_rewards_run_in_bubblewrap():
-    kwargs = {"provider": "local", "pool_size": 3, "dataset": "bundled"}
+    kwargs = {
+        "provider": "local",
+        "pool_size": 3,
+        "dataset": "bundled",
+        "infra_retries": 1,
+        "breaker_after": 4,
+    }
     cfg = _Config([{"name": "i3_code", "kwargs": kwargs}])
     built, pools = build_training_environments(cfg)
     env = built[0].env
@@ -27,11 +39,16 @@ async def test_i3_code_gets_a_local_pool_and_its_rewards_run_in_bubblewrap():
         assert isinstance(env.sandbox, SandboxPool)
         assert pools == [env.sandbox]
         assert env.sandbox.max_concurrency == 3
+        assert (env.sandbox.infra_retries, env.sandbox.breaker.threshold) == (1, 4)
+        assert env.sandbox.breaker.cooldown_s == 30.0  # the pool's default
         samples = env.load_dataset()
         add = next(s for s in samples if "sum" in str(s.prompt))
         result = await env.score(SUM, add)
         assert result.total_reward == 1.0, result.info_turns
         assert env.sandbox.metrics()["runs"] >= 1
+        counted = sandbox_metrics(pools)
+        assert counted == {"sandbox/failures": 0.0, "sandbox/infra_retries": 0.0, "sandbox/fast_failed": 0.0,
+                           "sandbox/breaker_opened": 0.0}  # fmt: skip
     finally:
         await close_sandboxes(pools)
 

@@ -13,8 +13,10 @@ from telescope_sandbox import (
     Sandbox,
     SandboxInfraError,
     SandboxPool,
+    SandboxProviderDownError,
     SandboxRequestError,
 )
+from telescope_sandbox._breaker import Breaker, backoff_s
 
 
 class FakeSandbox(Sandbox):
@@ -24,6 +26,8 @@ class FakeSandbox(Sandbox):
     created = 0
     active = 0
     peak = 0
+    flaky = 0
+    """Runs of ``flaky`` that fail with an infrastructure error before it works."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,6 +39,9 @@ class FakeSandbox(Sandbox):
         FakeSandbox.peak = max(FakeSandbox.peak, FakeSandbox.active)
         try:
             await asyncio.sleep(0.01)
+            if request.argv[0] == "flaky" and FakeSandbox.flaky > 0:
+                FakeSandbox.flaky -= 1
+                raise SandboxInfraError("the fake provider had a bad minute")
             if request.argv[0] == "infra-fail":
                 raise SandboxInfraError("the fake machine went away")
             if request.argv[0] == "bug":
@@ -46,7 +53,7 @@ class FakeSandbox(Sandbox):
 
 @pytest.fixture(autouse=True)
 def _reset_fake():
-    FakeSandbox.created = FakeSandbox.active = FakeSandbox.peak = 0
+    FakeSandbox.created = FakeSandbox.active = FakeSandbox.peak = FakeSandbox.flaky = 0
 
 
 async def test_concurrency_is_bounded_and_sandboxes_reused():
@@ -82,7 +89,7 @@ async def test_max_lifetime_retires_sandboxes():
 
 
 async def test_infra_errors_retire_the_sandbox_and_count_as_failures():
-    async with SandboxPool(FakeSandbox, max_concurrency=1) as pool:
+    async with SandboxPool(FakeSandbox, max_concurrency=1, infra_retries=0) as pool:
         with pytest.raises(SandboxInfraError):
             await pool.run_command(["infra-fail"])
         with pytest.raises(RuntimeError):
@@ -146,3 +153,69 @@ async def test_default_pool_uses_local_sandboxes(sandbox: LocalSandbox):
         metrics = pool.metrics()
     assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(5)]
     assert metrics["created"] >= 3
+
+
+def test_backoff_doubles_up_to_its_cap():
+    assert [backoff_s(a, 0.5) for a in (1, 2, 3, 4, 5, 6)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0]
+    assert backoff_s(3, 0.0) == 0.0
+
+
+async def test_infra_errors_are_retried_on_new_sandboxes_after_a_backoff():
+    FakeSandbox.flaky = 2
+    async with SandboxPool(FakeSandbox, max_concurrency=1, retry_backoff_s=0.05) as pool:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        ok = await pool.run_command(["flaky"])
+        waited = loop.time() - t0
+        m = pool.metrics()
+    assert ok.stdout == "3:flaky"  # the third sandbox: each failed one was retired
+    assert waited >= 0.05 + 0.1  # 0.05 s, then 0.1 s
+    assert (m["infra_retries"], m["failures"], m["runs"], m["breaker_opened"]) == (2, 2, 1, 0)
+    FakeSandbox.flaky = 5
+    async with SandboxPool(FakeSandbox, max_concurrency=1, infra_retries=2, retry_backoff_s=0) as pool:
+        with pytest.raises(SandboxInfraError, match="bad minute"):
+            await pool.run_command(["flaky"])  # three attempts, then the error
+        assert FakeSandbox.flaky == 2
+
+
+async def test_a_provider_that_stays_down_fails_runs_at_once_until_a_probe_works():
+    async with SandboxPool(
+        FakeSandbox, max_concurrency=4, infra_retries=0, breaker_after=3, breaker_cooldown_s=0.2
+    ) as pool:
+        for _ in range(3):
+            with pytest.raises(SandboxInfraError, match="went away"):
+                await pool.run_command(["infra-fail"])
+        created = FakeSandbox.created
+        with pytest.raises(SandboxProviderDownError) as err:
+            await pool.run_command(["x"])  # a good run fails at once: no sandbox is made for it
+        assert "3 runs in a row failed" in str(err.value)
+        assert "went away" in str(err.value)
+        assert FakeSandbox.created == created
+        await asyncio.sleep(0.25)
+        ok = await pool.run_command(["x"])  # the probe after the cooldown: closed again
+        assert ok.exit_code == 0
+        again = await pool.run_command(["x"])
+        m = pool.metrics()
+    assert again.exit_code == 0
+    assert (m["breaker_opened"], m["fast_failed"], m["runs"]) == (1, 1, 2)
+
+
+def test_a_failed_probe_opens_the_breaker_again():
+    now = [0.0]
+    b = Breaker(threshold=2, cooldown_s=10.0, clock=lambda: now[0])
+    b.failed("e1")
+    assert b.check() is None
+    b.failed("e2")
+    assert b.check() == 10.0
+    assert b.opened == 1
+    now[0] = 10.0
+    assert b.check() is None  # the probe goes
+    assert b.check() == 0.0  # the others wait for it
+    b.failed("e3")
+    assert b.check() == 10.0
+    assert b.opened == 2
+    now[0] = 21.0
+    assert b.check() is None
+    b.succeeded()
+    assert b.check() is None
+    assert b.failures == 0

@@ -282,7 +282,7 @@ async def test_sdk_specific_calls(tmp_path: Path):
 
 async def test_api_failure_is_an_infra_error_and_the_pool_retires(tmp_path: Path):
     FakeE2B.boxes.clear()
-    async with SandboxPool(lambda: _make("e2b", tmp_path), max_concurrency=1) as pool:
+    async with SandboxPool(lambda: _make("e2b", tmp_path), max_concurrency=1, infra_retries=0) as pool:
         await pool.run("print(1)")
         FakeE2B.boxes[0].fail = True
         with pytest.raises(SandboxInfraError, match="sandbox not running"):
@@ -292,6 +292,18 @@ async def test_api_failure_is_an_infra_error_and_the_pool_retires(tmp_path: Path
     assert len(FakeE2B.boxes) == 2
     assert metrics["failures"] == 1
     assert FakeE2B.boxes[0].killed
+
+
+async def test_a_run_whose_machine_fails_goes_again_on_a_new_one(tmp_path: Path):
+    FakeE2B.boxes.clear()
+    async with SandboxPool(lambda: _make("e2b", tmp_path), max_concurrency=1, retry_backoff_s=0) as pool:
+        await pool.run("print(1)")
+        FakeE2B.boxes[0].fail = True
+        assert (await pool.run("print(2)")).stdout == "2\n"  # the caller never sees the failure
+        metrics = pool.metrics()
+    assert len(FakeE2B.boxes) == 2
+    assert FakeE2B.boxes[0].killed  # the failed machine was stopped
+    assert (metrics["failures"], metrics["infra_retries"], metrics["runs"]) == (1, 1, 2)
 
 
 async def test_pool_rejects_sharing_a_stateful_sandbox(tmp_path: Path):

@@ -259,6 +259,10 @@ class TrainerActor:
     def set_master(self, addr: str, port: int) -> None:
         self.master = (addr, port)
 
+    def ping(self) -> int:
+        """This rank's number: it answers (a rank stuck in a collective with a dead peer does not)."""
+        return self.rank
+
     def setup(self) -> dict[str, int]:
         """Create the backend (collective); returns this rank's place in the trainer world."""
         from importlib.metadata import entry_points

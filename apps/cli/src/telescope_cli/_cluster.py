@@ -104,6 +104,8 @@ class Cluster:
     server_actors: list[Any] = field(default_factory=list)
     trainer_actors: list[Any] = field(default_factory=list)
     groups: list[Any] = field(default_factory=list)
+    trainer_group: Any = None
+    """The trainer ranks' placement group (also in ``groups``)."""
 
     def start(self, *, run_env: dict[str, str]) -> None:
         import ray
@@ -213,7 +215,9 @@ class Cluster:
         bundle: dict[str, float] = {"CPU": cfg.ray_trainer_cpus_per_worker}
         if self.gpu:
             bundle["GPU"] = 1.0
-        pg = self._placement_group([bundle] * n, cfg.ray_trainer_placement_strategy, "trainer")
+        pg = self.trainer_group = self._placement_group(
+            [bundle] * n, cfg.ray_trainer_placement_strategy, "trainer"
+        )
         gpus = 1.0 if self.gpu else 0.0
         plan = self._cpu_plan()
 
@@ -238,6 +242,22 @@ class Cluster:
         for actor in self.trainer_actors:
             actor.set_master.remote(addr, port)
         return self.trainer_actors
+
+    def stop_trainers(self) -> None:
+        """Kill every trainer rank and free their placement group (a rank died: they are placed
+        again with :meth:`place_trainers`). Never raises."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in self.trainer_actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        self.trainer_actors = []
+        if self.trainer_group is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.trainer_group)
+            self.groups = [g for g in self.groups if g is not self.trainer_group]
+            self.trainer_group = None
 
     def close(self) -> None:
         """Stop trainers first (a collective may hang), then servers, then Ray if we started it."""

@@ -15,6 +15,10 @@ written before any eval of it runs, and once its trainers have stepped its recor
 whatever happens next (a failed publish, Ctrl-C while waiting for a running eval): an eval never
 costs a trained step. Eval failures are recorded and training goes on (see ``_eval_schedule``).
 
+A trainer rank that dies is replaced: the step's training, weight update or checkpoint goes again
+on new ranks that loaded the last checkpoint and trained again on the steps since
+(``_trainer_restart``); no step is recorded twice.
+
 Steps are counted from 1 in metrics, rollouts and checkpoints (``step_N`` holds N finished steps);
 the weight version after step N is N, the base model is version 0.
 """
@@ -33,8 +37,11 @@ import structlog
 from telescope_cli._eval_schedule import InTrainingEvals
 from telescope_cli._rundir import RunDir
 from telescope_cli._supervise import ServersGone, ServerSupervisor
+from telescope_cli._trainer_restart import TrainerRestarts, TrainersGone, dead_ranks, replay_diff
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from telescope_config import TelescopeConfig
 
 __all__ = ["LoopContext", "to_train_samples", "training_loop"]
@@ -77,6 +84,8 @@ class LoopContext:
     """Restarts dead inference servers (``_supervise``); None: a dead server stays dead."""
     last_step: int = 0
     """The last step trained, published and recorded."""
+    trainer_restarts: TrainerRestarts | None = None
+    """Replaces dead trainer ranks (``_trainer_restart``); None: a dead rank's error stops the run."""
 
 
 def _filtered(s: Any, config: TelescopeConfig) -> dict[str, bool]:
@@ -263,7 +272,9 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
     _write_step(ctx, step, batch, metrics, spans=None)
     ctx.last_step = step
     if _should_checkpoint(ctx.config, step):
-        await _checkpoint(ctx, step)
+        await _on_trainers(
+            ctx, f"the checkpoint of step {step}", lambda: _checkpoint(ctx, step), locked=False
+        )
     await evals.after_step(step)
 
 
@@ -272,7 +283,9 @@ async def _checkpoint(ctx: LoopContext, step: int) -> None:
     records = ctx.run.records
     await _records_written(ctx)  # a checkpoint's step has its whole record
     with records.phase("checkpoint", step):
-        await save_checkpoint(ctx, step)
+        path = await save_checkpoint(ctx, step)
+    if ctx.trainer_restarts is not None:
+        ctx.trainer_restarts.checkpointed(step, str(path))
     # its spans and event, filed with its step (a resume from it keeps them)
     spans = await _spans(ctx)
     await asyncio.to_thread(records.write_checkpoint, step, spans, records.take_events())
@@ -288,8 +301,10 @@ async def _train_and_publish(
     num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     t1 = time.monotonic()
     with records.phase("train_step", step, samples=len(samples), tokens=num_tokens):
-        per_rank = await _train(ctx, samples, step)
+        per_rank = await _on_trainers(ctx, f"the training of step {step}", lambda: _train(ctx, samples, step))
     t_train = time.monotonic() - t1
+    if ctx.trainer_restarts is not None:
+        ctx.trainer_restarts.trained(step, samples, _mean_metrics(per_rank))
     metrics: dict[str, Any] = {
         "step": step,
         "time": time.time(),
@@ -308,7 +323,9 @@ async def _train_and_publish(
     try:
         t2 = time.monotonic()
         with records.phase("weights_published", step) as published:
-            metrics.update(await evals.publish(step))
+            metrics.update(
+                await _on_trainers(ctx, f"the weight update of step {step}", lambda: evals.publish(step))
+            )
             published["bytes"] = metrics.get("weight_sync/bytes")
         metrics["timing/weight_sync_s"] = time.monotonic() - t2
     except BaseException:  # the trainers stepped: keep the step's records whatever stopped us
@@ -318,7 +335,64 @@ async def _train_and_publish(
         raise
     if ctx.supervisor is not None:
         metrics.update(ctx.supervisor.metrics())
+    if ctx.trainer_restarts is not None:
+        metrics["restarts/trainer"] = float(ctx.trainer_restarts.restarts)
+    from telescope_cli._sandboxes import sandbox_metrics
+
+    metrics.update(sandbox_metrics(ctx.sandboxes))
     return metrics
+
+
+async def _on_trainers(
+    ctx: LoopContext, what: str, call: Callable[[], Awaitable[Any]], *, locked: bool = True
+) -> Any:
+    """``call()``; when a trainer rank died in it, the ranks are restarted and it goes again
+    (``_trainer_restart``). ``locked``: the caller holds the supervisor's lock."""
+    dead: dict[int, str] = {}
+    while True:
+        try:
+            if dead:
+                async with (
+                    ctx.supervisor.lock
+                    if ctx.supervisor is not None and not locked
+                    else contextlib.nullcontext()
+                ):
+                    await _recover_trainers(ctx, dead, what)
+                dead = {}
+            return await call()
+        except TrainersGone:
+            raise
+        except Exception as exc:
+            if ctx.trainer_restarts is None:
+                raise
+            restarting = bool(dead)
+            dead = await dead_ranks(ctx.trainers)
+            if not dead and restarting:
+                raise TrainersGone(
+                    f"the trainer ranks could not be restarted: {type(exc).__name__}: {exc}"
+                ) from exc
+            if not dead:
+                raise
+
+
+async def _recover_trainers(ctx: LoopContext, dead: dict[int, str], what: str) -> None:
+    """New trainer ranks where the dead ones were: placed, the restore point loaded, the steps since
+    trained again, the weight-sync groups formed (see ``_trainer_restart``)."""
+    rt = ctx.trainer_restarts
+    assert rt is not None
+    rt.lost(dead, what)  # raises when they are not restarted
+    t0 = time.monotonic()
+    ctx.trainers[:] = await asyncio.to_thread(rt.place)
+    if rt.restore_from is not None:
+        await _gather([a.load_checkpoint.remote(rt.restore_from) for a in ctx.trainers])
+    diffs = {}
+    for step, samples, recorded in rt.replay:
+        diffs[step] = replay_diff(recorded, _mean_metrics(await _train(ctx, samples, step)))
+    groups = ctx.supervisor.groups_now() if ctx.supervisor is not None else None
+    await asyncio.to_thread(rt.connect, ctx.trainers, groups)
+    if ctx.supervisor is not None and groups is not None:
+        ctx.supervisor.trainers, ctx.supervisor.connected = ctx.trainers, groups
+    rt.back(time.monotonic() - t0, diffs)
 
 
 async def _records_written(ctx: LoopContext) -> None:
@@ -395,7 +469,7 @@ def _write_step(
     log.info("step done", **{k: v for k, v in metrics.items() if not k.startswith("rollout/")})
 
 
-async def save_checkpoint(ctx: LoopContext, step: int) -> None:
+async def save_checkpoint(ctx: LoopContext, step: int) -> Any:
     """``step_<step>`` under the checkpoint root: every rank writes into one temporary folder, then
     the folder gets its ``meta.json`` (with the engine's state) and its name, then retention runs
     (layout and rules: ``_checkpoints``)."""
@@ -420,3 +494,4 @@ async def save_checkpoint(ctx: LoopContext, step: int) -> None:
     keep = {"keep_last": cfg.checkpoint_keep_last, "keep_every": cfg.checkpoint_keep_every}
     deleted = await asyncio.to_thread(ck.prune, ctx.checkpoint_root, current=step, **keep)
     log.info("checkpoint saved", step=step, path=str(path), deleted=[str(p) for p in deleted])
+    return path

@@ -7,7 +7,11 @@ An environment that lists ``"sandbox"`` in its ``needs`` (i3_code does) and has 
 - ``provider``: a ``telescope.sandboxes`` entry point (``local`` = bubblewrap on this machine,
   ``e2b``, ``modal``, ``daytona``); default ``local``;
 - ``provider_kwargs``: passed to the provider's constructor (``api_key``, ``template``, ...);
-- ``pool_size`` (default 10): programs run at once.
+- ``pool_size`` (default 10): programs run at once;
+- ``infra_retries`` (2), ``breaker_after`` (10), ``breaker_cooldown_s`` (30): a run that fails on
+  the provider's side is retried on a new sandbox after a backoff, and a provider that fails that
+  many runs in a row fails runs at once for the cooldown (``telescope_sandbox.SandboxPool``);
+  counted in the step metrics by :func:`sandbox_metrics`.
 
 Everything a provider needs is checked here, at start-up: a missing SDK extra, missing
 credentials or a missing bubblewrap is one :class:`SandboxSetupError` naming the environment, the
@@ -24,7 +28,12 @@ from typing import Any
 
 import structlog
 
-__all__ = ["SandboxSetupError", "attach_sandboxes", "close_sandboxes", "needs_sandbox"]
+__all__ = ["SandboxSetupError", "attach_sandboxes", "close_sandboxes", "needs_sandbox", "sandbox_metrics"]
+
+RESILIENCE = ("infra_retries", "breaker_after", "breaker_cooldown_s")
+"""The pool's retry and circuit-breaker kwargs an environment may set."""
+COUNTED = ("failures", "infra_retries", "fast_failed", "breaker_opened")
+"""The pools' counters in the step metrics (``sandbox/<name>``, summed over the pools)."""
 
 log = structlog.get_logger()
 
@@ -92,10 +101,13 @@ def build_pool(env_name: str, kwargs: Mapping[str, Any]) -> Any:
         probe = get_sandbox(provider, **provider_kwargs)  # checks the SDK extra / bubblewrap now
     except (ImportError, SandboxError, TypeError) as exc:
         raise _fail(env_name, provider, str(exc)) from exc
-    if probe.stateless:
-        pool = SandboxPool(probe, max_concurrency=pool_size)
-    else:  # one remote machine per slot, created on first use; the probe never started one
-        pool = SandboxPool(lambda: get_sandbox(provider, **provider_kwargs), max_concurrency=pool_size)
+    settings = {k: kwargs[k] for k in RESILIENCE if kwargs.get(k) is not None}
+    # one remote machine per slot, created on first use (the probe never started one)
+    factory = probe if probe.stateless else (lambda: get_sandbox(provider, **provider_kwargs))
+    try:
+        pool = SandboxPool(factory, max_concurrency=pool_size, **settings)
+    except SandboxError as exc:
+        raise _fail(env_name, provider, str(exc)) from exc
     log.info("sandbox pool ready", environment=env_name, provider=provider, pool_size=pool_size)
     return pool
 
@@ -118,6 +130,16 @@ def attach_sandboxes(envs: Iterable[tuple[str, Any, Mapping[str, Any]]]) -> list
     if problems:
         raise SandboxSetupError("\n".join(problems))
     return pools
+
+
+def sandbox_metrics(pools: Iterable[Any]) -> dict[str, float]:
+    """``sandbox/<counter>`` summed over the pools since the run started ({} without pools)."""
+    out: dict[str, float] = {}
+    for pool in pools:
+        m = pool.metrics()
+        for key in COUNTED:
+            out[f"sandbox/{key}"] = out.get(f"sandbox/{key}", 0.0) + float(m.get(key, 0.0))
+    return out
 
 
 async def close_sandboxes(pools: Iterable[Any]) -> None:

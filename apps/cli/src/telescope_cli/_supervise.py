@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +104,9 @@ class ServerSupervisor:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._http: httpx.AsyncClient | None = None
         self._closed = False
+        self.trainers_dead: Callable[[], Awaitable[dict[int, str]]] | None = None
+        """Which trainer ranks died (``_trainer_restart.dead_ranks``): a failed update or forming with a
+        dead rank is the trainer's failure, not the servers' (the loop restarts the ranks)."""
         engine.on_server_down = lambda url, error: self._spawn(self._reported(url, error))
 
     # ------------------------------------------------------------------ lifecycle
@@ -176,6 +179,8 @@ class ServerSupervisor:
             except Exception as exc:
                 error = f"{type(_cause(exc)).__name__}: {_cause(exc)}"
                 self.connected = {}  # a failed update drops its group
+                if await self._trainer_died():
+                    raise
                 dead = await self._probe(members, version=step)
                 log.warning("weight update failed", step=step, group=group, error=error, dead=dead)
                 if not dead and attempt:
@@ -195,6 +200,8 @@ class ServerSupervisor:
             return {}
         except Exception as exc:
             error = f"{type(_cause(exc)).__name__}: {_cause(exc)}"
+            if await self._trainer_died():
+                raise
             dead = await self._probe(sorted({u for ms in groups.values() for u in ms}), any_state=True)
             log.warning("forming the weight-sync groups failed", before=what, error=error, dead=dead)
             if not dead and not retry:
@@ -202,6 +209,9 @@ class ServerSupervisor:
             for url, why in dead.items():
                 await self.lose(url, f"forming the weight-sync groups before {what} failed: {why}")
             return dead or {"": error}
+
+    async def _trainer_died(self) -> bool:
+        return self.trainers_dead is not None and bool(await self.trainers_dead())
 
     async def _probe(
         self, urls: list[str], version: int | None = None, *, any_state: bool = False

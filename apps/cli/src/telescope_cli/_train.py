@@ -24,6 +24,7 @@ import structlog
 from telescope_cli._eval_schedule import weight_groups
 from telescope_cli._guard import start_guard
 from telescope_cli._rundir import RunDir, choose_run_dir
+from telescope_cli._trainer_restart import dead_ranks
 
 if TYPE_CHECKING:
     from telescope_config import ResolvedConfig, TelescopeConfig
@@ -112,11 +113,13 @@ def train(
         ctx = _start(state)
         state.loop_started = True
         from telescope_cli._loop import training_loop
+        from telescope_cli._trainer_restart import TrainersGone
         from telescope_rollout import RolloutError
 
         try:
             asyncio.run(training_loop(ctx))
-        except RolloutError as err:  # the input cannot make progress (hopeless prompts, every sample failing)
+        # the input cannot make progress (hopeless prompts, every sample failing), or its parts died
+        except (RolloutError, TrainersGone) as err:
             raise TrainError(str(err)) from None
         console.close()
         console.info(f"[green]finished[/green] {cfg.number_of_steps} steps; records in {run.path}")
@@ -164,13 +167,18 @@ def _start(state: _Run) -> Any:
     state.infra = start_infra(
         run, pids=pids, urls=urls, interval_s=float(cfg.system_metrics_collection_interval_seconds)
     )
-    _connect_weights(resolved, trainers, urls, console)
+    groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
+    with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
+        _connect_weights(resolved, trainers, groups)
     start_step = 0
     if inputs.resume is not None:
         with console.phase("resume from checkpoint"):
             start_step = _resume(inputs.resume, trainers, engine, run)
     if cfg.use_wandb:
         state.wandb = _start_wandb(cfg, resolved, run)
+    restarts = _trainer_restarts(state, inputs, groups)
+    supervisor = _supervisor(cfg, engine, servers, trainers, run, console)
+    supervisor.trainers_dead = lambda: dead_ranks(trainers)
     return LoopContext(
         config=cfg, engine=engine, client=client, trainers=trainers,
         dp_ranks=[i["dp_rank"] for i in infos],
@@ -179,8 +187,35 @@ def _start(state: _Run) -> Any:
         start_step=start_step, pad_token_id=pad_id, row_multiple=infos[0]["row_multiple"],
         share_prompts=all(i["shares_prompts"] for i in infos),
         wandb=state.wandb, evals=evals, sandboxes=state.sandboxes,
-        supervisor=_supervisor(cfg, engine, servers, trainers, run, console),
+        supervisor=supervisor, trainer_restarts=restarts,
     )  # fmt: skip
+
+
+def _trainer_restarts(state: _Run, inputs: _Inputs, groups: dict[str, list[str]]) -> Any:
+    """What restarting dead trainer ranks takes (``_trainer_restart``): placing them again, forming
+    their weight-sync groups (``groups`` less the servers that are out), the restore point."""
+    import ray
+
+    from telescope_cli._trainer_restart import TrainerRestarts
+
+    cfg, cluster, run = state.resolved.config, state.cluster, state.run
+    log_dir = run.path / "logs" / "trainer"
+
+    def place() -> list[Any]:
+        cluster.stop_trainers()
+        trainers = cluster.place_trainers(inputs.model_path, str(log_dir))
+        ray.get([a.setup.remote() for a in trainers], timeout=float(cfg.ray_placement_timeout_s))
+        return list(trainers)
+
+    def connect(trainers: list[Any], now: dict[str, list[str]] | None) -> None:
+        _connect_weights(state.resolved, trainers, groups if now is None else now)
+
+    restarts = TrainerRestarts(config=cfg, place=place, connect=connect, log_dir=log_dir,
+                               event=lambda kind, **detail: run.records.event(kind, None, **detail),
+                               say=state.console.info)  # fmt: skip
+    if inputs.resume is not None:
+        restarts.restore_from, restarts.restore_step = str(inputs.resume[0]), int(inputs.resume[1]["step"])
+    return restarts
 
 
 def _supervisor(cfg: Any, engine: Any, servers: list[dict[str, Any]], trainers: list[Any], run: RunDir,
@@ -196,18 +231,16 @@ def _supervisor(cfg: Any, engine: Any, servers: list[dict[str, Any]], trainers: 
     )  # fmt: skip
 
 
-def _connect_weights(resolved: ResolvedConfig, trainers: list[Any], urls: list[str], console: Any) -> None:
+def _connect_weights(resolved: ResolvedConfig, trainers: list[Any], groups: dict[str, list[str]]) -> None:
     """The weight-sync group(s) between the broadcast rank and the servers."""
     import ray
 
-    cfg = resolved.config
-    groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
-    with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
-        from telescope_weightsync import PublisherSettings
+    from telescope_weightsync import PublisherSettings
 
-        settings = PublisherSettings.from_config(cfg, user_keys=resolved.user_keys)
-        loopback = cfg.ray_broadcast_prefer_loopback_if_single_node
-        ray.get([a.connect_weights.remote(groups, settings, loopback) for a in trainers])
+    cfg = resolved.config
+    settings = PublisherSettings.from_config(cfg, user_keys=resolved.user_keys)
+    loopback = cfg.ray_broadcast_prefer_loopback_if_single_node
+    ray.get([a.connect_weights.remote(groups, settings, loopback) for a in trainers])
 
 
 def _stop(state: _Run) -> None:

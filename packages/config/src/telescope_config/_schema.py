@@ -193,6 +193,14 @@ class TelescopeConfig(BaseModel):
         description="GPUs (ranks) of the trainer, >= 1; with train_backend megatron a multiple of "
         "megatron_tensor_parallel_size x megatron_pipeline_parallel_size x megatron_context_parallel_size.",
     )
+    trainer_max_restarts: int = Field(
+        ge=0,
+        description="Restarts of the trainer ranks in a run, >= 0. When a rank dies, every rank is stopped "
+        "and placed again, loads the last checkpoint and trains again on the batches of the steps since "
+        "(kept in the driver's memory): the run goes on where it was, no step recorded twice. Needs "
+        "checkpoint_every and checkpoint_save_training_state; without them, or past this many restarts, "
+        "the run stops with a message. 0: a dead rank stops the run. New in Telescope.",
+    )
 
     # Environments
     environments: list[EnvironmentEntry] = Field(

@@ -15,6 +15,7 @@ from telescope_sandbox._errors import (
     SandboxLimitError,
     SandboxMemoryError,
     SandboxOutputLimitError,
+    SandboxProviderDownError,
     SandboxRequestError,
     SandboxTimeoutError,
     SandboxUnavailableError,
@@ -45,6 +46,7 @@ __all__ = [
     # Errors the sandbox raises: the base class, a bad request, a failed sandbox
     "SandboxError",
     "SandboxInfraError",
+    "SandboxProviderDownError",
     "SandboxRequestError",
     "SandboxUnavailableError",
     # Errors for a program stopped by a limit (ExecResult.raise_for_limit)

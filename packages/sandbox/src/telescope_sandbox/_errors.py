@@ -16,7 +16,8 @@ Two kinds of trouble are kept apart:
 SandboxError
 ├── SandboxRequestError (also ValueError)
 ├── SandboxInfraError
-│   └── SandboxUnavailableError
+│   ├── SandboxUnavailableError
+│   └── SandboxProviderDownError
 └── SandboxLimitError            (.result holds the ExecResult)
     ├── SandboxTimeoutError
     │   └── SandboxCPULimitError
@@ -41,6 +42,7 @@ __all__ = [
     "SandboxLimitError",
     "SandboxMemoryError",
     "SandboxOutputLimitError",
+    "SandboxProviderDownError",
     "SandboxRequestError",
     "SandboxTimeoutError",
     "SandboxUnavailableError",
@@ -67,6 +69,11 @@ class SandboxUnavailableError(SandboxInfraError):
 
     The message says what to install or change.
     """
+
+
+class SandboxProviderDownError(SandboxInfraError):
+    """A pool's provider failed so many runs in a row that runs now fail at once for a while
+    (``SandboxPool``'s circuit breaker); the message has the last failure."""
 
 
 class SandboxLimitError(SandboxError):

@@ -3,9 +3,12 @@
 A run waits for one of ``max_concurrency`` slots (that wait is ``queue_wait``), takes an idle
 sandbox or creates one, runs, and hands the sandbox back. A sandbox is retired (closed, never
 reused) when it has served ``max_uses_per_sandbox`` runs, has lived ``max_lifetime_s``, or raised
-an infrastructure error. What "warm" buys depends on the provider: for a remote provider it is a
-booted machine; for ``LocalSandbox`` it is only the prepared bubblewrap command line, since every
-local run gets fresh namespaces anyway.
+an infrastructure error. A run that fails with an infrastructure error (the sandbox failed, not the
+program) goes again on another sandbox, ``infra_retries`` times, after a backoff from
+``retry_backoff_s``; a provider that fails ``breaker_after`` runs in a row is taken for down and
+runs fail at once for ``breaker_cooldown_s`` (``_breaker``). What "warm" buys depends on the
+provider: for a remote provider it is a booted machine; for ``LocalSandbox`` it is only the
+prepared bubblewrap command line, since every local run gets fresh namespaces anyway.
 
 Given a *stateless* sandbox object (``LocalSandbox()``) instead of a factory, the pool shares
 that one object among all runs and never closes it; uses and lifetime limits then do not apply.
@@ -24,7 +27,13 @@ from typing import Any, Self
 
 import structlog
 
-from telescope_sandbox._errors import SandboxInfraError, SandboxRequestError
+from telescope_sandbox._breaker import Breaker, backoff_s
+from telescope_sandbox._errors import (
+    SandboxInfraError,
+    SandboxProviderDownError,
+    SandboxRequestError,
+    SandboxUnavailableError,
+)
 from telescope_sandbox._provider import Sandbox
 from telescope_sandbox._result import ExecResult
 
@@ -67,6 +76,10 @@ class SandboxPool:
         max_concurrency: int = 8,
         max_uses_per_sandbox: int | None = None,
         max_lifetime_s: float | None = None,
+        infra_retries: int = 2,
+        retry_backoff_s: float = 0.5,
+        breaker_after: int = 10,
+        breaker_cooldown_s: float = 30.0,
     ) -> None:
         if max_concurrency < 1:
             raise SandboxRequestError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -76,6 +89,13 @@ class SandboxPool:
             )
         if max_lifetime_s is not None and max_lifetime_s <= 0:
             raise SandboxRequestError(f"max_lifetime_s must be > 0 or None, got {max_lifetime_s}")
+        if infra_retries < 0 or retry_backoff_s < 0 or breaker_after < 1 or breaker_cooldown_s < 0:
+            raise SandboxRequestError(
+                "infra_retries and retry_backoff_s must be >= 0, breaker_after >= 1 and breaker_cooldown_s "
+                f">= 0; got {infra_retries}, {retry_backoff_s}, {breaker_after}, {breaker_cooldown_s}"
+            )
+        self.infra_retries, self.retry_backoff_s = infra_retries, retry_backoff_s
+        self.breaker = Breaker(breaker_after, breaker_cooldown_s)
         if provider is None:
             from telescope_sandbox._local import LocalSandbox
 
@@ -180,6 +200,33 @@ class SandboxPool:
     # -- running ---------------------------------------------------------------------------------
 
     async def _timed(self, call: Callable[[Sandbox], Awaitable[ExecResult]]) -> ExecResult:
+        """One run, again on another sandbox after an infrastructure error (see the module)."""
+        attempt = 0
+        while True:
+            if (left := self.breaker.check()) is not None:
+                self._counts["fast_failed"] += 1
+                raise SandboxProviderDownError(
+                    f"the sandbox provider looks down: {self.breaker.failures} runs in a row failed on "
+                    f"infrastructure errors (last: {self.breaker.last_error}); runs fail at once for "
+                    f"{left:.0f} s more, then one tries it again"
+                )
+            try:
+                result = await self._timed_once(call)
+            except SandboxUnavailableError:  # this host cannot run it at all: no retry helps
+                raise
+            except SandboxInfraError as exc:
+                attempt += 1
+                if attempt > self.infra_retries:
+                    self.breaker.failed(f"{type(exc).__name__}: {str(exc)[:500]}")
+                    raise
+                self._counts["infra_retries"] += 1
+                _log.warning("sandbox_infra_retry", attempt=attempt, error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(backoff_s(attempt, self.retry_backoff_s))
+                continue
+            self.breaker.succeeded()
+            return result
+
+    async def _timed_once(self, call: Callable[[Sandbox], Awaitable[ExecResult]]) -> ExecResult:
         async with self.sandbox() as sandbox:
             started = time.monotonic()
             try:
@@ -212,15 +259,26 @@ class SandboxPool:
     def metrics(self) -> dict[str, float]:
         """Counts and timings since creation; percentiles over the last 10,000 runs.
 
-        Keys: ``runs`` (finished, any exit), ``failures`` (infrastructure errors),
-        ``bad_requests``, ``killed_by_<limit>``, ``created`` / ``retired`` (sandboxes),
+        Keys: ``runs`` (finished, any exit), ``failures`` (infrastructure errors, each attempt),
+        ``infra_retries`` (attempts made again), ``fast_failed`` (runs failed at once while the
+        provider looked down), ``breaker_opened`` (times it was taken for down), ``bad_requests``,
+        ``killed_by_<limit>``, ``created`` / ``retired`` (sandboxes),
         ``idle``, ``in_flight``, ``max_in_flight``, and ``queue_wait_s_{sum,p50,p99,max}``,
         ``run_time_s_{sum,p50,p99,max}``.
         """
         out: dict[str, float] = {
             key: float(self._counts[key])
-            for key in ("runs", "failures", "bad_requests", "created", "retired")
+            for key in (
+                "runs",
+                "failures",
+                "infra_retries",
+                "fast_failed",
+                "bad_requests",
+                "created",
+                "retired",
+            )
         }
+        out["breaker_opened"] = float(self.breaker.opened)
         out |= {key: float(n) for key, n in self._counts.items() if key.startswith("killed_by_")}
         out |= {
             "idle": float(len(self._idle)),
