@@ -168,6 +168,33 @@ async def test_a_dead_server_leaves_the_pool_restarts_and_gets_the_pool_s_weight
     assert sup.connected == {"full": [A, B]}
 
 
+async def test_a_lost_server_is_reported_to_the_evals_under_way(probe):
+    sup, _engine, _actors, _trainer, _calls, _events = _supervisor()
+    told: list[str] = []
+    sup.on_lost = told.append
+    await sup.lose(B, "its vLLM process exited with code -9")
+    await sup.lose(B, "reported again while out")  # once
+    await _settle(sup)
+    assert told == [B]
+
+
+async def test_an_update_that_fails_because_a_trainer_rank_died_loses_no_server(probe):
+    sup, _engine, _actors, trainer, _calls, events = _supervisor()
+    trainer.publish_errors = [RuntimeError("RayActorError: the actor died unexpectedly")]
+    trainer.on_failure = lambda: probe.add(B)  # b would look dead too: the rank's death comes first
+
+    async def dead() -> dict[int, str]:
+        return {0: "its process is gone (ActorDiedError)"}
+
+    sup.trainers_dead = dead
+    with pytest.raises(RuntimeError, match="RayActorError"):
+        async with sup.lock:
+            await sup.publish(3, "full")
+    assert not [k for k, _ in events if k == "server_down"]
+    assert sup.connected == {}  # the next update forms the groups again (with new ranks)
+    await sup.close()
+
+
 async def test_a_failed_update_probes_its_servers_loses_the_dead_one_and_sends_again(probe):
     sup, _engine, actors, trainer, calls, events = _supervisor()
     trainer.publish_errors = [RuntimeError("UpdateError: servers ['http://b:2'] did not apply version 3")]

@@ -306,6 +306,39 @@ async def test_a_server_that_stops_answering_gets_no_more_requests(tokenizer):
     assert (warn["server"], warn["reason"]) == ("http://fake-1", "2 requests in a row got no answer in time")
 
 
+async def test_a_server_reported_lost_gets_no_more_requests_in_the_calls_under_way(tokenizer):
+    server = quiz_server(tokenizer, {i: 9 for i in range(4)})
+    server.hold = lambda req: True  # every request waits until released
+    r = runner(
+        tokenizer,
+        server,
+        {"name": "quiz", "num_samples": 4, "pass_k": [2]},
+        max_concurrent_prompts_per_server=1,
+        group_size=1,
+    )  # one request in flight per server
+    call = asyncio.ensure_future(r.run(step=1))
+    while len(server.pending) < 2:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.01)  # whatever else goes out before the loss
+    before = [q.url for q in server.requests]
+    assert "http://fake-1" in before
+    r.server_lost("http://fake-1/")
+    r.server_lost("http://fake-1")  # twice: marked once
+    server.hold = None
+    server.release()
+    [res] = await call
+    after = [q.url for q in server.requests][len(before) :]
+    assert after
+    assert set(after) == {"http://fake-0"}  # nothing more to the lost server in this call
+    assert len(before) + len(after) == 8
+    assert not res.failed
+    assert r._calls == []
+    r.server_lost("http://fake-1")  # no call under way: nothing to mark
+    server.requests.clear()
+    await r.run(step=2)  # a later call uses it again (restarted with current weights)
+    assert {q.url for q in server.requests} == {"http://fake-0", "http://fake-1"}
+
+
 def test_server_health_counts_timeouts_in_a_row_only():
     timeout = ServerTimeoutError("x: no answer", "x")
     health = _ServerHealth()

@@ -107,6 +107,9 @@ class ServerSupervisor:
         self.trainers_dead: Callable[[], Awaitable[dict[int, str]]] | None = None
         """Which trainer ranks died (``_trainer_restart.dead_ranks``): a failed update or forming with a
         dead rank is the trainer's failure, not the servers' (the loop restarts the ranks)."""
+        self.on_lost: Callable[[str], None] | None = None
+        """Told of each server lost (``EvalRunner.server_lost``: an eval under way sends it nothing
+        more, since back it holds newer weights than the step the eval measures)."""
         engine.on_server_down = lambda url, error: self._spawn(self._reported(url, error))
 
     # ------------------------------------------------------------------ lifecycle
@@ -274,6 +277,8 @@ class ServerSupervisor:
         log.error("inference server died", server=url, reason=reason, restarts=server.restarts)
         self.event("server_down", server=url, reason=reason, restarts=server.restarts)
         await self.engine.server_lost(url)
+        if self.on_lost is not None:
+            self.on_lost(url)
         if server.restarts >= self.max_restarts:
             await self._give_up(server, reason)
             return

@@ -179,6 +179,7 @@ def _start(state: _Run) -> Any:
     restarts = _trainer_restarts(state, inputs, groups)
     supervisor = _supervisor(cfg, engine, servers, trainers, run, console)
     supervisor.trainers_dead = lambda: dead_ranks(trainers)
+    supervisor.on_lost = evals.server_lost if evals is not None else None
     return LoopContext(
         config=cfg, engine=engine, client=client, trainers=trainers,
         dp_ranks=[i["dp_rank"] for i in infos],

@@ -26,7 +26,9 @@ Failures never raise out of ``run`` (cancellation does): a completion that fails
 its ``error`` and is left out of the means; a server that cannot be reached
 (``ServerUnavailableError``), or that lets ``HUNG_AFTER_TIMEOUTS`` (2) requests in a row time out
 (``ServerTimeoutError``: it takes requests and never answers), gets no more requests in that call
-(the rest go to the other servers, or are recorded as errors when none is left); an eval that
+(the rest go to the other servers, or are recorded as errors when none is left), and so does a
+server its caller reports dead (:meth:`EvalRunner.server_lost`: restarted, it would hold newer
+weights than the step evaluated); an eval that
 raises or runs past ``timeout_s`` comes back as a failed :class:`EvalResult` (``error`` set, metrics
 ``{"failed": 1.0, "time_s": ...}``, no rows). ``timeout_s`` defaults to
 ``TIMEOUT_FACTOR`` (4) times the client's per-request ``timeout_s`` (4 x 1200 s = 80 min with the
@@ -229,6 +231,8 @@ class EvalRunner:
         self._in_flight: dict[str, int] = {}
         self._prepared: dict[str, list[PreparedPrompt]] = {}
         self._next_id = 0
+        self._calls: list[_ServerHealth] = []
+        """The server health of each :meth:`run` under way (:meth:`server_lost` marks them)."""
         self._warned: set[tuple[str, str]] = set()
 
     @property
@@ -296,7 +300,19 @@ class EvalRunner:
             self._in_flight.setdefault(u, 0)
         health = _ServerHealth()  # servers found unreachable or hung in this call get no more requests
         runs = (self._run_guarded(spec, step, urls, slots, health) for spec in specs)
-        return list(await asyncio.gather(*runs))
+        self._calls.append(health)
+        try:
+            return list(await asyncio.gather(*runs))
+        finally:
+            self._calls.remove(health)
+
+    def server_lost(self, url: str) -> None:
+        """``url`` died (its supervisor restarts it): the calls under way send it nothing more, for
+        once back it holds newer weights than the step they evaluate; later calls use it again."""
+        for health in self._calls:
+            if url.rstrip("/") not in health.down:
+                health.down.add(url.rstrip("/"))
+                log.warning("eval server lost: no more eval requests go to it in this run", server=url)
 
     async def _run_guarded(
         self, spec: EvalSpec, step: int, urls: list[str], slots: asyncio.Semaphore, health: _ServerHealth
