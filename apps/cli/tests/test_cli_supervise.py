@@ -168,14 +168,16 @@ async def test_a_dead_server_leaves_the_pool_restarts_and_gets_the_pool_s_weight
     assert sup.connected == {"full": [A, B]}
 
 
-async def test_a_lost_server_is_reported_to_the_evals_under_way(probe):
-    sup, _engine, _actors, _trainer, _calls, _events = _supervisor()
+async def test_a_lost_server_is_reported_to_the_evals_and_a_restarted_one_to_the_sampler(probe):
+    sup, _engine, actors, _trainer, _calls, _events = _supervisor()
     told: list[str] = []
-    sup.on_lost = told.append
+    restarted: list = []
+    sup.on_lost, sup.on_restarted = told.append, restarted.append
     await sup.lose(B, "its vLLM process exited with code -9")
     await sup.lose(B, "reported again while out")  # once
     await _settle(sup)
     assert told == [B]
+    assert restarted == [actors[B]]  # the infrastructure sampler takes its new pid
 
 
 async def test_an_update_that_fails_because_a_trainer_rank_died_loses_no_server(probe):

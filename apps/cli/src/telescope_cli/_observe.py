@@ -16,7 +16,7 @@ import structlog
 
 from telescope_cli._rundir import RunDir
 
-__all__ = ["environment_rows", "record_setup", "start_infra"]
+__all__ = ["environment_rows", "local_pids", "record_setup", "start_infra"]
 
 log = structlog.get_logger()
 
@@ -71,12 +71,22 @@ def record_setup(run: RunDir, cfg: Any, *, servers: Sequence[Any], trainers: Seq
     models = [{**i["model"], "model": cfg.model} for i in infos if "model" in i]
     records.write_once("model", models)
     records.write_once("environments", environment_rows(built, evals))
-    pids = {"driver": os.getpid()}
+    return {"driver": os.getpid(), **_on_this_node(infos)}
+
+
+def local_pids(actors: Sequence[Any]) -> dict[str, int]:
+    """Role -> pid of the workers ``actors`` (trainer ranks placed again) on this node."""
+    return _on_this_node(_gather_infos(list(actors)))
+
+
+def _on_this_node(infos: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """The driver samples the processes of its own node (psutil is local)."""
     here = socket.gethostname()
-    for i in infos:  # the driver samples the processes of its own node (psutil is local)
-        if i.get("pid") and i["setup"].get("node") == here:
-            pids[str(i["setup"]["role"])] = int(i["pid"])
-    return pids
+    return {
+        str(i["setup"]["role"]): int(i["pid"])
+        for i in infos
+        if i.get("pid") and i.get("setup", {}).get("node") == here
+    }
 
 
 def start_infra(run: RunDir, *, pids: dict[str, int], urls: Sequence[str], interval_s: float) -> Any:

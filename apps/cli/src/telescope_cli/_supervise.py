@@ -107,6 +107,9 @@ class ServerSupervisor:
         self.trainers_dead: Callable[[], Awaitable[dict[int, str]]] | None = None
         """Which trainer ranks died (``_trainer_restart.dead_ranks``): a failed update or forming with a
         dead rank is the trainer's failure, not the servers' (the loop restarts the ranks)."""
+        self.on_restarted: Callable[[Any], None] | None = None
+        """Told of each server actor whose vLLM was restarted (blocking, run in a thread: the
+        infrastructure sampler takes its new pid)."""
         self.on_lost: Callable[[str], None] | None = None
         """Told of each server lost (``EvalRunner.server_lost``: an eval under way sends it nothing
         more, since back it holds newer weights than the step the eval measures)."""
@@ -310,6 +313,8 @@ class ServerSupervisor:
                 await asyncio.sleep(RETRY_S)
                 continue
             seconds = time.monotonic() - t0
+            if self.on_restarted is not None:
+                await asyncio.to_thread(self.on_restarted, server.actor)
             log.info("inference server back", server=server.url, version=version, seconds=round(seconds, 1))
             self.event("server_restarted", server=server.url, attempt=server.restarts, version=version,
                        seconds=seconds)  # fmt: skip

@@ -176,10 +176,8 @@ def _start(state: _Run) -> Any:
             start_step = _resume(inputs.resume, trainers, engine, run)
     if cfg.use_wandb:
         state.wandb = _start_wandb(cfg, resolved, run)
-    restarts = _trainer_restarts(state, inputs, groups)
-    supervisor = _supervisor(cfg, engine, servers, trainers, run, console)
-    supervisor.trainers_dead = lambda: dead_ranks(trainers)
-    supervisor.on_lost = evals.server_lost if evals is not None else None
+    restarts = _trainer_restarts(state, inputs, groups, pids)
+    supervisor = _supervisor(state, engine, servers, trainers, evals, pids)
     return LoopContext(
         config=cfg, engine=engine, client=client, trainers=trainers,
         dp_ranks=[i["dp_rank"] for i in infos],
@@ -192,9 +190,12 @@ def _start(state: _Run) -> Any:
     )  # fmt: skip
 
 
-def _trainer_restarts(state: _Run, inputs: _Inputs, groups: dict[str, list[str]]) -> Any:
-    """What restarting dead trainer ranks takes (``_trainer_restart``): placing them again, forming
-    their weight-sync groups (``groups`` less the servers that are out), the restore point."""
+def _trainer_restarts(
+    state: _Run, inputs: _Inputs, groups: dict[str, list[str]], pids: dict[str, int]
+) -> Any:
+    """What restarting dead trainer ranks takes (``_trainer_restart``): placing them again (their
+    new pids go to the infrastructure sampler's ``pids``), forming their weight-sync groups
+    (``groups`` less the servers that are out), the restore point."""
     import ray
 
     from telescope_cli._trainer_restart import TrainerRestarts
@@ -206,6 +207,9 @@ def _trainer_restarts(state: _Run, inputs: _Inputs, groups: dict[str, list[str]]
         cluster.stop_trainers()
         trainers = cluster.place_trainers(inputs.model_path, str(log_dir))
         ray.get([a.setup.remote() for a in trainers], timeout=float(cfg.ray_placement_timeout_s))
+        from telescope_cli._observe import local_pids
+
+        pids.update(local_pids(trainers))
         return list(trainers)
 
     def connect(trainers: list[Any], now: dict[str, list[str]] | None) -> None:
@@ -219,17 +223,26 @@ def _trainer_restarts(state: _Run, inputs: _Inputs, groups: dict[str, list[str]]
     return restarts
 
 
-def _supervisor(cfg: Any, engine: Any, servers: list[dict[str, Any]], trainers: list[Any], run: RunDir,
-                console: Any) -> Any:  # fmt: skip
-    """The watcher that restarts dead inference servers (``_supervise``)."""
+def _supervisor(state: _Run, engine: Any, servers: list[dict[str, Any]], trainers: list[Any], evals: Any,
+                pids: dict[str, int]) -> Any:  # fmt: skip
+    """The watcher that restarts dead inference servers (``_supervise``): it tells the evals under
+    way of a lost server and the infrastructure sampler of a restarted one's pid, and leaves a
+    failure of the trainer ranks to the loop."""
+    from telescope_cli._observe import local_pids
     from telescope_cli._supervise import ServerSupervisor
 
+    cfg, run = state.resolved.config, state.run
     groups = weight_groups([s["url"] for s in servers], has_evals=bool(cfg.evals),
                            eval_num_servers=int(cfg.eval_num_servers))  # fmt: skip
-    return ServerSupervisor(
+    supervisor = ServerSupervisor(
         engine=engine, servers=[(s["url"], s["actor"]) for s in servers], trainers=trainers, groups=groups,
-        config=cfg, event=lambda kind, **detail: run.records.event(kind, None, **detail), say=console.info,
+        config=cfg, event=lambda kind, **detail: run.records.event(kind, None, **detail),
+        say=state.console.info,
     )  # fmt: skip
+    supervisor.trainers_dead = lambda: dead_ranks(trainers)
+    supervisor.on_lost = evals.server_lost if evals is not None else None
+    supervisor.on_restarted = lambda actor: pids.update(local_pids([actor]))
+    return supervisor
 
 
 def _connect_weights(resolved: ResolvedConfig, trainers: list[Any], groups: dict[str, list[str]]) -> None:
