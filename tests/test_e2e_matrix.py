@@ -19,7 +19,10 @@ rollouts file per step with no sample errors, no traceback, no process left.
   (the built-in environments give a random tiny model reward 0 everywhere, so the cases that must
   train use ``e2e_envs.DigitsEnv``, whose groups have spread);
 - a periodic eval on a drained second server while training goes on (the example with evals);
-- the Megatron backend: two steps, checkpoint, kill -9, resume to step 3, ``telescope convert``.
+- the Megatron backend: two steps, checkpoint, kill -9, resume to step 3, ``telescope convert``;
+- LoRA (``lora_rank``): a synchronous run keeps ``kl_divergence_inference`` below 1e-3, only the
+  targeted projections move, and ``telescope convert`` gives the merged model and a PEFT adapter
+  that agree.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from e2e_support import ROOT, SCALE_DOWN, base_args, check_finished, start, train, wait_for, wait_gone
 
@@ -211,6 +215,43 @@ def test_megatron_checkpoint_kill_resume_and_convert(tmp_path, tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.num_hidden_layers == 2
+
+
+@pytest.mark.xdist_group("e2e_b")
+def test_a_lora_run_trains_adapters_the_servers_follow_and_converts(tmp_path, tiny_model_dir):
+    run = train(
+        tmp_path / "run", *base_args(tiny_model_dir), *SCALE_DOWN, "--environments", DIGITS,
+        "--number_of_steps", "3", "--max_async_rollout", "0", "--lora_rank", "8", "--lora_alpha", "16",
+        "--learning_rate", "1e-2", "--checkpoint_every", "3",
+    )  # fmt: skip
+    lines = check_finished(run, 3)
+    # a synchronous run: the servers hold the trainer's (merged) weights at every step
+    assert all(m["kl_divergence_inference"] < 1e-3 for m in lines), [
+        m["kl_divergence_inference"] for m in lines
+    ]
+    assert all(m["grad_norm"] > 0 for m in lines)
+    step_3 = run.run_dir / "checkpoints" / "step_3"
+    meta = json.loads((step_3 / "meta.json").read_text())
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # the default
+    assert meta["lora"] == {"rank": 8, "alpha": 16.0, "dropout": 0.0, "targets": targets}
+    out = tmp_path / "hf"
+    convert = [sys.executable, "-m", "telescope_cli", "convert", str(step_3), str(out)]
+    done = subprocess.run(convert, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    moved = [n for n, t in merged.state_dict().items() if not torch.equal(t, base.state_dict()[n])]
+    assert moved  # the adapters trained and are merged in
+    assert all(n.endswith("_proj.weight") for n in moved), moved  # nothing else moved
+    adapted = PeftModel.from_pretrained(base, str(out / "adapter"))
+    ids = torch.tensor([[5, 17, 250, 33]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            adapted(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5, rtol=0
+        )
 
 
 @pytest.mark.xdist_group("e2e_b")

@@ -32,6 +32,24 @@ def test_megatron_needs_megatron_core_and_names_the_extra(monkeypatch):
     assert "pip install 'telescope-trainer-megatron[megatron]'" in problem
 
 
+def test_lora_without_peft_names_the_extra(monkeypatch):
+    real = _checks.importlib.util.find_spec
+    present = {"peft": True}
+
+    def find_spec(name, *args):
+        if name == "peft":
+            return object() if present["peft"] else None
+        return real(name, *args)
+
+    monkeypatch.setattr(_checks.importlib.util, "find_spec", find_spec)
+    assert _checks.backend_problem("fsdp", lora=True) is None
+    present["peft"] = False
+    assert _checks.backend_problem("fsdp") is None  # no LoRA: PEFT is not needed
+    problem = _checks.backend_problem("fsdp", lora=True)
+    assert problem is not None
+    assert "pip install 'telescope-trainer-fsdp[lora]'" in problem
+
+
 def _config(**over) -> TelescopeConfig:
     return TelescopeConfig.model_validate({**defaults(), "environments": [{"name": "countdown"}], **over})
 

@@ -19,9 +19,9 @@ def _defaults_text() -> str:
     return resources.files("telescope_config").joinpath("defaults.yaml").read_text(encoding="utf-8")
 
 
-def test_defaults_and_schema_list_the_same_157_fields_in_the_same_order():
+def test_defaults_and_schema_list_the_same_161_fields_in_the_same_order():
     assert list(defaults()) == list(TelescopeConfig.model_fields)
-    assert len(TelescopeConfig.model_fields) == 157
+    assert len(TelescopeConfig.model_fields) == 161
 
 
 def test_the_defaults_file_is_the_only_source_of_defaults():
@@ -35,7 +35,8 @@ def test_defaults_match_upstream_except_the_deliberate_differences():
     assert set(ours) - set(upstream) == {
         "environments", "evals", "seed", "max_consecutive_unfit_prompts", "enable_prefix_caching",
         "fsdp_gradient_checkpointing", "inference_max_restarts", "inference_health_timeout_seconds",
-        "weight_broadcast_timeout_s", "trainer_max_restarts",
+        "weight_broadcast_timeout_s", "trainer_max_restarts", "lora_rank", "lora_alpha", "lora_dropout",
+        "lora_target_modules",
     }  # fmt: skip
     assert set(upstream) <= set(ours)
     changed = {k for k in upstream if upstream[k] != ours[k] or type(upstream[k]) is not type(ours[k])}

@@ -113,6 +113,38 @@ def test_rule8_fsdp_context_parallel_needs_fsdp(run, problems, only):
     )
 
 
+def test_lora_needs_the_fsdp_backend(run, problems, only):
+    p = only(problems({"lora_rank": 8, "train_backend": "megatron"}), "lora_rank")
+    assert p.value == 8
+    assert "train_backend fsdp only" in p.rule
+    assert "train_backend: fsdp" in p.fix
+    assert "lora_rank: 0" in p.fix
+    assert run({"lora_rank": 8}).config.lora_rank == 8
+    assert run({"lora_rank": 0, "train_backend": "megatron"}).config.train_backend == "megatron"
+
+
+@pytest.mark.parametrize("bad", ["*proj", "[qk]_proj", " "])
+def test_lora_targets_are_layer_names(bad, run, problems, only):
+    p = only(problems({"lora_target_modules": ["q_proj", bad]}), "lora_target_modules")
+    assert repr(bad) in p.rule
+    assert "q_proj, v_proj" in p.fix
+    assert run({"lora_target_modules": ["q_proj", "v_proj"]}).config.lora_target_modules == [
+        "q_proj",
+        "v_proj",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fragment"),
+    [("lora_rank", -1, "greater than or equal to 0"), ("lora_alpha", 0, "greater than 0"),
+     ("lora_dropout", 1.0, "less than 1"), ("lora_target_modules", [], "at least 1")],
+)  # fmt: skip
+def test_lora_values_out_of_range_name_the_field(field, value, fragment, problems, only):
+    p = only(problems({field: value}), field)
+    assert p.value == value
+    assert fragment in p.rule
+
+
 def test_rule8_seq_len_divisible_by_twice_cp(run, problems, only):
     # 4098 = 4 * 1024 + 2 is not a multiple of 2 * 2 = 4; the next multiple is 4100
     p = only(problems({"fsdp_context_parallel_size": 2, "seq_len": 4098}), "seq_len")

@@ -2,8 +2,9 @@
 
 - :func:`cpu_torch_conflict`: PyPI's torchvision/torchaudio beside torch's CPU build (they break
   vLLM and transformers' model classes);
-- :func:`backend_problem`: the ``train_backend`` is not installed, or lacks its extra (the trainer
-  processes would otherwise fail later with a bare ``No module named ...``);
+- :func:`backend_problem`: the ``train_backend`` is not installed, or lacks its extra, or PEFT is
+  missing for ``lora_rank`` > 0 (the trainer processes would otherwise fail later with a bare
+  ``No module named ...``);
 - :func:`truncated_sampling_warning`: ``top_p`` < 1 with a loss term or filter that compares the
   trainer's log-probabilities with the servers'.
 """
@@ -59,8 +60,9 @@ def cpu_torch_conflict() -> str | None:
     )
 
 
-def backend_problem(backend: str) -> str | None:
-    """Why ``backend`` cannot train here (with what to install), or None."""
+def backend_problem(backend: str, *, lora: bool = False) -> str | None:
+    """Why ``backend`` cannot train here, with LoRA adapters when ``lora`` (with what to install), or
+    None."""
     found = sorted(ep.name for ep in entry_points(group="telescope.trainers"))
     if backend not in found:
         return (
@@ -73,6 +75,9 @@ def backend_problem(backend: str) -> str | None:
             f"train_backend {backend!r} needs the {module!r} package, which is not installed: "
             f"pip install '{extra}'"
         )
+    if lora and importlib.util.find_spec("peft") is None:
+        fix = f"pip install 'telescope-trainer-{backend}[lora]'"
+        return f"lora_rank > 0 needs PEFT, which is not installed: {fix}"
     return None
 
 

@@ -311,7 +311,7 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
     from telescope_cli._sandboxes import SandboxSetupError
     from telescope_rollout import UnknownEnvironmentError
 
-    if (problem := backend_problem(cfg.train_backend)) is not None:
+    if (problem := backend_problem(cfg.train_backend, lora=cfg.lora_rank > 0)) is not None:
         raise TrainError(problem)
     if (warning := truncated_sampling_warning(cfg)) is not None:
         log.warning("truncated sampling", detail=warning)

@@ -192,6 +192,30 @@ def _whole_inference_servers(c: TelescopeConfig) -> Iterator[Violation]:
         )
 
 
+@_rule("lora_rank", "train_backend")
+def _lora_needs_fsdp(c: TelescopeConfig) -> Iterator[Violation]:
+    if c.lora_rank and c.train_backend != "fsdp":
+        yield Violation(
+            "lora_rank",
+            c.lora_rank,
+            f"LoRA is trained with train_backend fsdp only; this run has train_backend {c.train_backend!r} "
+            "(Megatron adapters are not supported yet)",
+            "set train_backend: fsdp, or lora_rank: 0 to train the whole model with Megatron",
+        )
+
+
+@_rule("lora_target_modules")
+def _lora_targets_are_names(c: TelescopeConfig) -> Iterator[Violation]:
+    bad = [m for m in c.lora_target_modules if not m.strip() or any(ch in m for ch in " */[]")]
+    if bad:
+        yield Violation(
+            "lora_target_modules",
+            c.lora_target_modules,
+            f"each target is the name of a linear layer (the end of its module name); {bad} is not",
+            "list layer names such as q_proj, v_proj, down_proj",
+        )
+
+
 @_rule("fsdp_context_parallel_size", "train_backend", "seq_len", "trainer_num_workers")
 def _fsdp_context_parallel(c: TelescopeConfig) -> Iterator[Violation]:
     cp = c.fsdp_context_parallel_size

@@ -314,6 +314,29 @@ class TelescopeConfig(BaseModel):
         "about twice the step time). Keep it on for large models and long rows; the CPU quickstart "
         "turns it off.",
     )
+    lora_rank: int = Field(
+        ge=0,
+        description="LoRA (PEFT's r), >= 0: train low-rank adapters of this rank on the frozen base model "
+        "instead of every weight (optimizer state for the adapters only). 0 (the default) trains the whole "
+        "model. Needs train_backend fsdp. New in Telescope.",
+    )
+    lora_alpha: float = Field(
+        gt=0,
+        description="LoRA scaling numerator (PEFT's lora_alpha), > 0: an adapter adds "
+        "(lora_alpha / lora_rank) x B A to its layer's weight.",
+    )
+    lora_dropout: float = Field(
+        ge=0,
+        lt=1,
+        description="Dropout on the adapters' input during training (PEFT's lora_dropout), in [0, 1). Keep 0 "
+        "for RL: with dropout the trainer's logprobs differ from the inference servers' by design.",
+    )
+    lora_target_modules: list[str] = Field(
+        min_length=1,
+        description="Names of the linear layers that get adapters (PEFT's target_modules, matched against "
+        "the end of each module's name); the default covers the attention and MLP projections of "
+        "Llama-, Qwen- and Mistral-style models.",
+    )
 
     # Megatron
     megatron_tensor_parallel_size: int = Field(

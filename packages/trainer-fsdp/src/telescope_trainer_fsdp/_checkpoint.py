@@ -7,6 +7,7 @@ rank returned)::
     .metadata, *.distcp      PyTorch DCP: {"model": ...} and, with the training state, "optimizer"
     trainer_state.pt         LR scheduler and trainer counters (training state only)
     rng_state_rank_<r>.pt    Python, NumPy, torch (and CUDA) RNG of rank r (training state only)
+    lora.json                with LoRA: rank, alpha, dropout, targets (``_lora.lora_settings``)
 
 Model and optimizer are sharded by DCP (each rank writes its shards, no gather), so a checkpoint
 loads at another world size. ``convert_checkpoint`` turns the folder into a Hugging Face one.
@@ -16,9 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["HF_META_DIR", "TRAINER_STATE_FILE", "check_folder", "rng_file"]
+__all__ = ["HF_META_DIR", "LORA_FILE", "TRAINER_STATE_FILE", "check_folder", "rng_file"]
 
 HF_META_DIR = "hf_meta"
+LORA_FILE = "lora.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
 _DCP_METADATA = ".metadata"
 

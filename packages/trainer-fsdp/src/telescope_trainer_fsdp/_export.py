@@ -7,7 +7,9 @@
 * :func:`convert_checkpoint` reads the ``model.*`` tensors of a DCP checkpoint without a process
   group, a few hundred MB at a time, and writes ``model.safetensors`` (or shards plus
   ``model.safetensors.index.json``) next to the checkpoint's ``hf_meta`` files, a folder that
-  ``AutoModelForCausalLM.from_pretrained`` loads.
+  ``AutoModelForCausalLM.from_pretrained`` loads. A LoRA checkpoint (``lora.json``) comes out
+  merged, ``W + (alpha / rank) B A`` under the base model's names, with the adapter alone in PEFT's
+  format in ``adapter/`` (``PeftModel.from_pretrained(base, out / "adapter")``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -26,12 +29,13 @@ from torch.distributed.tensor import DTensor
 
 from telescope_trainer_fsdp import _checkpoint as ck
 
-__all__ = ["convert_checkpoint", "iter_hf_weights"]
+__all__ = ["convert_checkpoint", "hf_name", "iter_hf_weights"]
 
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
 
-def _hf_name(name: str) -> str:
+def hf_name(name: str) -> str:
+    """A parameter's Hugging Face name: without the wrappers' parts (checkpointing, compile, FSDP)."""
     for part in _WRAPPER_PARTS:
         name = name.replace(part, "")
     return name
@@ -48,7 +52,7 @@ def iter_hf_weights(
         full = full.detach()
         if dtype is not None:
             full = full.to(dtype)
-        yield _hf_name(name), full
+        yield hf_name(name), full
         del full
 
 
@@ -94,14 +98,74 @@ def convert_checkpoint(
     for f in hf_meta.iterdir():
         if f.is_file():
             shutil.copy2(f, out / f.name)
+    merge = None
+    if (ckpt / ck.LORA_FILE).is_file():
+        lora = json.loads((ckpt / ck.LORA_FILE).read_text(encoding="utf-8"))
+        adapters = _read(reader, {k: md for k, md in entries.items() if _is_adapter(k)})
+        entries = {k: md for k, md in entries.items() if not _is_adapter(k)}
+        merge = _Merge(adapters, lora["alpha"] / lora["rank"])
+        _write_adapter(out / "adapter", adapters, lora, base=str(config.get("_name_or_path") or ""))
 
     def nbytes(md: TensorStorageMetadata) -> int:
         want = dtype or md.properties.dtype
         return md.size.numel() * torch.empty((), dtype=want).element_size()
 
     shards = _plan_shards({k: nbytes(md) for k, md in entries.items()}, max_shard_bytes)
-    _write_shards(reader, entries, shards, out, dtype=dtype)
+    _write_shards(reader, entries, shards, out, dtype=dtype, merge=merge)
     return out
+
+
+_LORA_PREFIX = "model.base_model.model."
+"""A LoRA checkpoint's model keys: PEFT's wrapper around the base model's names."""
+
+
+def _is_adapter(key: str) -> bool:
+    return ".lora_A." in key or ".lora_B." in key
+
+
+def _read(reader: FileSystemReader, entries: dict[str, TensorStorageMetadata]) -> dict[str, torch.Tensor]:
+    state = {k: torch.empty(md.size, dtype=md.properties.dtype) for k, md in entries.items()}
+    if state:
+        with warnings.catch_warnings():  # "torch.distributed is disabled ...": reading alone is the point
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp_load(state, storage_reader=reader, no_dist=True)
+    return state
+
+
+class _Merge:
+    """Names and merged weights of a LoRA checkpoint's base tensors (the adapters read up front)."""
+
+    def __init__(self, adapters: dict[str, torch.Tensor], scale: float) -> None:
+        self.adapters, self.scale = adapters, scale
+
+    def __call__(self, key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
+        name = hf_name(key[len(_LORA_PREFIX) :]).replace(".base_layer.", ".")
+        if key.endswith(".base_layer.weight"):
+            layer = key[: -len(".base_layer.weight")]
+            a = self.adapters[f"{layer}.lora_A.default.weight"].float()
+            b = self.adapters[f"{layer}.lora_B.default.weight"].float()
+            tensor = (tensor.float() + self.scale * (b @ a)).to(tensor.dtype)
+        return name, tensor
+
+
+def _write_adapter(
+    folder: Path, adapters: dict[str, torch.Tensor], lora: dict[str, Any], *, base: str
+) -> None:
+    """The adapter alone in PEFT's format: ``adapter_config.json`` and ``adapter_model.safetensors``."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    alpha: Any = float(lora["alpha"])  # PEFT annotates an int; a float scales the same (alpha / r)
+    LoraConfig(
+        r=int(lora["rank"]), lora_alpha=alpha, lora_dropout=float(lora["dropout"]),
+        target_modules=list(lora["targets"]), bias="none", task_type="CAUSAL_LM",
+        base_model_name_or_path=base or None,
+    ).save_pretrained(str(folder))  # fmt: skip
+    # PEFT's own names: the key without the leading "model." of the trainer's state, nor the adapter's name
+    tensors = {
+        hf_name(k[len("model.") :]).replace(".default.", "."): t.contiguous() for k, t in adapters.items()
+    }
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
 def _model_entries(reader: FileSystemReader, *, tied: bool) -> dict[str, TensorStorageMetadata]:
@@ -114,6 +178,7 @@ def _model_entries(reader: FileSystemReader, *, tied: bool) -> dict[str, TensorS
     }
     if tied:
         entries.pop("model.lm_head.weight", None)
+        entries.pop(f"{_LORA_PREFIX}lm_head.weight", None)
     return entries
 
 
@@ -124,9 +189,10 @@ def _write_shards(
     out: Path,
     *,
     dtype: torch.dtype | None,
+    merge: _Merge | None = None,
 ) -> None:
     """Read each shard's tensors from the checkpoint and write them as safetensors (plus the index
-    when there is more than one file)."""
+    when there is more than one file); ``merge`` names and merges a LoRA checkpoint's tensors."""
     from safetensors.torch import save_file
 
     names = (
@@ -137,14 +203,11 @@ def _write_shards(
     weight_map: dict[str, str] = {}
     total = 0
     for keys, fname in zip(shards, names, strict=True):
-        state = {k: torch.empty(entries[k].size, dtype=entries[k].properties.dtype) for k in keys}
-        with warnings.catch_warnings():  # "torch.distributed is disabled ...": reading alone is the point
-            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp_load(state, storage_reader=reader, no_dist=True)
+        state = _read(reader, {k: entries[k] for k in keys})
         tensors = {}
         for k in keys:
-            t = state.pop(k)
-            tensors[_hf_name(k[len("model.") :])] = (t if dtype is None else t.to(dtype)).contiguous()
+            name, t = (hf_name(k[len("model.") :]), state.pop(k)) if merge is None else merge(k, state.pop(k))
+            tensors[name] = (t if dtype is None else t.to(dtype)).contiguous()
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         for name, t in tensors.items():
             weight_map[name] = fname

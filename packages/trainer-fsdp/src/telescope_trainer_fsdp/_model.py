@@ -8,6 +8,7 @@
   ``attention_mask``, so flash-attn runs its varlen kernel, transformers' mask builder (for SDPA and
   eager) detects the packed layout and adds a segment mask, and the CPU kernel cuts the row into its
   samples; samples sharing a row never attend to each other, whichever kernel runs.
+* With LoRA (``lora_rank`` > 0) the model gets PEFT adapters before sharding (``_lora``).
 * ``fully_shard`` on every module whose class is in ``_no_split_modules`` (the decoder layers), on
   untied input embeddings, then on the root; ``MixedPrecisionPolicy(param_dtype=mixed_precision_dtype,
   reduce_dtype=float32)``.
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import structlog
 import torch
@@ -59,8 +61,10 @@ def load_sharded_model(
     gradient_checkpointing: bool = True,
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
+    lora: dict[str, Any] | None = None,
 ) -> torch.nn.Module:
-    """Load ``model_path`` on ``device`` and return it wrapped by FSDP2 (collective: every rank calls it)."""
+    """Load ``model_path`` on ``device`` and return it wrapped by FSDP2 (collective: every rank calls it);
+    with ``lora`` (``_lora.lora_settings``) the base model is frozen and carries PEFT adapters."""
     from transformers import AutoModelForCausalLM
 
     attn = attention_implementation(device, attn_implementation)
@@ -75,6 +79,10 @@ def load_sharded_model(
     model.config.use_cache = False
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None:
+        from telescope_trainer_fsdp._lora import add_adapters
+
+        model = add_adapters(model, lora)
     model.to(device)  # pyright: ignore[reportArgumentType] (transformers' annotation of `to`)
     if mixed_precision_dtype is None:
         mp = MixedPrecisionPolicy()

@@ -28,6 +28,7 @@ weight export is ``hf_weights``, from the first tensor asked for to the last.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import warnings
 from collections.abc import Iterator, Sequence
@@ -55,6 +56,7 @@ from telescope_algos import (
     seed_everything,
     step_counts,
 )
+from telescope_trainer_fsdp import _checkpoint as ck
 from telescope_trainer_fsdp import _export, _state, _step
 from telescope_trainer_fsdp._context_parallel import (
     ATTENTION,
@@ -64,6 +66,7 @@ from telescope_trainer_fsdp._context_parallel import (
     register_attention,
 )
 from telescope_trainer_fsdp._distributed import DistInfo, init_distributed
+from telescope_trainer_fsdp._lora import lora_settings, merged_hf_weights
 from telescope_trainer_fsdp._metrics import StepMetrics
 from telescope_trainer_fsdp._model import load_sharded_model
 from telescope_trainer_fsdp._packed_attention import PACKED_SDPA
@@ -177,7 +180,13 @@ class FSDPTrainer:
     def hf_weights(self, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """The model in Hugging Face names, one gathered parameter at a time (every rank must exhaust it);
         the whole export is the span ``hf_weights``."""
-        return self.timeline.span_iter("hf_weights", _export.iter_hf_weights(self.model, dtype=dtype))
+        lora = lora_settings(self.config)
+        weights = (
+            _export.iter_hf_weights(self.model, dtype=dtype)
+            if lora is None
+            else merged_hf_weights(self.model, lora, dtype=dtype)
+        )
+        return self.timeline.span_iter("hf_weights", weights)
 
     def save_checkpoint(self, directory: str | Path, *, training_state: bool = True) -> dict[str, Any]:
         """Write this rank's part into exactly ``directory`` (layout: ``_checkpoint``); see the protocol."""
@@ -195,11 +204,15 @@ class FSDPTrainer:
                 write_hf_meta=self._write_hf_meta,
                 timeline=self.timeline,
             )
+        lora = lora_settings(self.config)
+        if lora is not None and self.rank == 0:
+            (Path(directory) / ck.LORA_FILE).write_text(json.dumps(lora), encoding="utf-8")
         return {
             "backend": "fsdp",
             "world_size": self.world_size,
             "model_path": str(self.model_path),
             "model_dtype": self.config.model_dtype,
+            **({"lora": lora} if lora is not None else {}),
         }
 
     def load_checkpoint(self, directory: str | Path, *, weights_only: bool = False) -> None:
@@ -389,6 +402,7 @@ def create_trainer(
             gradient_checkpointing=config.fsdp_gradient_checkpointing if recompute is None else recompute,
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
+            lora=lora_settings(config),
         )
     except BaseException:
         if info.owns_group and dist.is_initialized():

@@ -1,0 +1,111 @@
+"""LoRA adapters (PEFT) on the frozen base model, and the merged weights the servers receive.
+
+* :func:`add_adapters` wraps the loaded model with PEFT's ``get_peft_model`` before it is sharded:
+  a ``LoraConfig`` from ``lora_rank``, ``lora_alpha``, ``lora_dropout`` and ``lora_target_modules``.
+  The base weights are frozen (no gradient, no optimizer state); each target linear layer gets
+  ``A`` (rank x in, random) and ``B`` (out x rank, zeros), so step 0 is the base model exactly.
+  A target that matches no layer, or a rank above a target layer's smaller dimension, is refused
+  with the layer and the fix.
+* :func:`merged_hf_weights` streams the model as Hugging Face tensors with every adapter merged,
+  ``W + (lora_alpha / lora_rank) B A`` (computed in float32), under the base model's names: what
+  a vLLM server without LoRA serves. Like ``_export.iter_hf_weights`` it gathers one parameter at a
+  time and is collective over the FSDP group.
+
+PEFT is the extra ``telescope-trainer-fsdp[lora]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from telescope_trainer_fsdp._export import hf_name
+
+__all__ = ["ADAPTER", "add_adapters", "lora_settings", "merged_hf_weights"]
+
+ADAPTER = "default"
+"""PEFT's adapter name (the one adapter a Telescope model carries)."""
+_PREFIX = "base_model.model."
+"""What PEFT puts before the base model's parameter names."""
+
+
+def lora_settings(config: Any) -> dict[str, Any] | None:
+    """The run's LoRA settings (``rank``, ``alpha``, ``dropout``, ``targets``), or None without LoRA."""
+    rank = int(getattr(config, "lora_rank", 0) or 0)
+    if rank <= 0:
+        return None
+    return {
+        "rank": rank,
+        "alpha": float(config.lora_alpha),
+        "dropout": float(config.lora_dropout),
+        "targets": list(config.lora_target_modules),
+    }
+
+
+def add_adapters(model: torch.nn.Module, settings: dict[str, Any]) -> torch.nn.Module:
+    """``model`` with trainable LoRA adapters on its target layers, the rest frozen (see the module)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise ImportError("lora_rank > 0 needs PEFT: pip install 'telescope-trainer-fsdp[lora]'") from exc
+    rank, targets = settings["rank"], settings["targets"]
+    found = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    missing = [t for t in targets if t.rsplit(".", 1)[-1] not in found]
+    if missing:
+        raise ValueError(
+            f"lora_target_modules {missing} match no linear layer of {type(model).__name__}; its linear "
+            f"layers are {sorted(found)}: list some of those"
+        )
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and _targeted(name, targets):
+            smaller = min(module.in_features, module.out_features)
+            if rank > smaller:
+                raise ValueError(
+                    f"lora_rank {rank} is larger than layer {name} ({module.in_features} -> "
+                    f"{module.out_features}) allows: a rank above {smaller} adds nothing; use lora_rank "
+                    f"<= {smaller}, or leave that layer out of lora_target_modules"
+                )
+    lora = LoraConfig(
+        r=rank,
+        lora_alpha=settings["alpha"],
+        lora_dropout=settings["dropout"],
+        target_modules=targets,
+        bias="none",
+    )
+    return get_peft_model(model, lora)
+
+
+def _targeted(name: str, targets: list[str]) -> bool:
+    """PEFT's rule for a list of names: the module's name is a target or ends with ``.target``."""
+    return any(name == t or name.endswith(f".{t}") for t in targets)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+
+
+def merged_hf_weights(
+    model: torch.nn.Module, settings: dict[str, Any], *, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(hf_name, full tensor)`` of the base model with the adapters merged; collective."""
+    scale = settings["alpha"] / settings["rank"]
+    params = dict(model.named_parameters())
+    persistent = set(model.state_dict().keys())
+    named = list(params.items()) + [(n, b) for n, b in model.named_buffers() if n in persistent]
+    for pname, tensor in named:
+        if f".lora_A.{ADAPTER}." in pname or f".lora_B.{ADAPTER}." in pname:
+            continue  # merged into their layer's weight below
+        full, name = _full(tensor), pname.replace(".base_layer.", ".")
+        if pname.endswith(".base_layer.weight"):
+            layer = pname[: -len(".base_layer.weight")]
+            a = _full(params[f"{layer}.lora_A.{ADAPTER}.weight"]).float()
+            b = _full(params[f"{layer}.lora_B.{ADAPTER}.weight"]).float()
+            full = (full.float() + scale * (b @ a)).to(full.dtype)
+        if dtype is not None:
+            full = full.to(dtype)
+        out = hf_name(name)
+        yield (out[len(_PREFIX) :] if out.startswith(_PREFIX) else out), full
+        del full
