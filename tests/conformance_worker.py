@@ -71,6 +71,12 @@ def main(spec: dict) -> None:
     out["initial_seed"] = torch.initial_seed()
     out["is_protocol"] = isinstance(trainer, TrainerBackend)
     out["row_multiple"] = trainer.row_multiple
+    out["adapter_config"] = trainer.adapter_config()  # lora_rank 0: no adapter, and none to stream
+    try:
+        next(iter(trainer.adapter_weights()))
+        out["adapter_weights_error"] = None
+    except ValueError as exc:
+        out["adapter_weights_error"] = str(exc)
     out["shares_prompts"] = trainer.shares_prompts
     root = Path(spec["dir"]) / "checkpoints"
     metrics = []

@@ -20,9 +20,10 @@ rollouts file per step with no sample errors, no traceback, no process left.
   train use ``e2e_envs.DigitsEnv``, whose groups have spread);
 - a periodic eval on a drained second server while training goes on (the example with evals);
 - the Megatron backend: two steps, checkpoint, kill -9, resume to step 3, ``telescope convert``;
-- LoRA (``lora_rank``): a synchronous run keeps ``kl_divergence_inference`` below 1e-3, only the
-  targeted projections move, and ``telescope convert`` gives the merged model and a PEFT adapter
-  that agree.
+- LoRA (``lora_rank``): a synchronous run, the servers getting the adapter alone, checkpointed,
+  killed with SIGKILL and resumed, keeps ``kl_divergence_inference`` below 1e-3 at every step; only
+  the targeted projections move; ``telescope convert`` gives the PEFT adapter, and with ``--merge``
+  the merged model, and the two agree; on the digits task the reward rises with LoRA too.
 """
 
 from __future__ import annotations
@@ -218,40 +219,81 @@ def test_megatron_checkpoint_kill_resume_and_convert(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.xdist_group("e2e_b")
-def test_a_lora_run_trains_adapters_the_servers_follow_and_converts(tmp_path, tiny_model_dir):
-    run = train(
-        tmp_path / "run", *base_args(tiny_model_dir), *SCALE_DOWN, "--environments", DIGITS,
-        "--number_of_steps", "3", "--max_async_rollout", "0", "--lora_rank", "8", "--lora_alpha", "16",
-        "--learning_rate", "1e-2", "--checkpoint_every", "3",
-    )  # fmt: skip
-    lines = check_finished(run, 3)
-    # a synchronous run: the servers hold the trainer's (merged) weights at every step
+def test_a_lora_run_killed_resumes_the_servers_follow_and_it_converts(tmp_path, tiny_model_dir):
+    args = [
+        *base_args(tiny_model_dir), *SCALE_DOWN, "--environments", DIGITS, "--number_of_steps", "4",
+        "--max_async_rollout", "0", "--lora_rank", "8", "--lora_alpha", "16", "--learning_rate", "1e-2",
+        "--checkpoint_every", "2",
+    ]  # fmt: skip
+    run_dir = tmp_path / "run"
+    first = start(run_dir, *args)
+    try:
+        wait_for(run_dir / "checkpoints" / "step_2" / "meta.json", first, timeout_s=400)
+    finally:
+        first.kill()  # SIGKILL: no cleanup code of ours runs
+        first.wait()
+    assert wait_gone(run_dir) == [], "processes of the killed run are still alive"
+    resumed = train(run_dir, *args, "--resume_from_checkpoint", "true")
+    lines = check_finished(resumed, 4, resumed_at=2)
+    # synchronous: the servers serve the trainer's adapter at every step, the resumed run's too (the
+    # restored adapter reaches the new servers before the first request)
     assert all(m["kl_divergence_inference"] < 1e-3 for m in lines), [
         m["kl_divergence_inference"] for m in lines
     ]
     assert all(m["grad_norm"] > 0 for m in lines)
-    step_3 = run.run_dir / "checkpoints" / "step_3"
-    meta = json.loads((step_3 / "meta.json").read_text())
+    model_bytes = sum(f.stat().st_size for f in Path(tiny_model_dir).glob("*.safetensors"))
+    assert all(0 < m["weight_sync/bytes"] < model_bytes / 4 for m in lines[2:])  # the adapter alone travels
+    step_4 = run_dir / "checkpoints" / "step_4"
+    meta = json.loads((step_4 / "meta.json").read_text())
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # the default
     assert meta["lora"] == {"rank": 8, "alpha": 16.0, "dropout": 0.0, "targets": targets}
-    out = tmp_path / "hf"
-    convert = [sys.executable, "-m", "telescope_cli", "convert", str(step_3), str(out)]
-    done = subprocess.run(convert, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
+    _check_lora_convert(step_4, tmp_path, tiny_model_dir)
+
+
+def _check_lora_convert(step: Path, tmp_path: Path, model_dir: Path) -> None:
+    """``telescope convert`` gives the PEFT adapter, with ``--merge`` the merged model; they agree."""
+    out, adapter = tmp_path / "hf", tmp_path / "adapter"
+    said = {}
+    for folder, flags in ((adapter, []), (out, ["--merge"])):
+        command = [sys.executable, "-m", "telescope_cli", "convert", str(step), str(folder), *flags]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        said[folder] = done.stdout
+    assert "LoRA adapter" in said[adapter]
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     merged = AutoModelForCausalLM.from_pretrained(out)
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
     moved = [n for n, t in merged.state_dict().items() if not torch.equal(t, base.state_dict()[n])]
     assert moved  # the adapters trained and are merged in
     assert all(n.endswith("_proj.weight") for n in moved), moved  # nothing else moved
-    adapted = PeftModel.from_pretrained(base, str(out / "adapter"))
+    adapted = PeftModel.from_pretrained(base, str(adapter))
     ids = torch.tensor([[5, 17, 250, 33]])
     with torch.no_grad():
         torch.testing.assert_close(
             adapted(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5, rtol=0
         )
+
+
+@pytest.mark.xdist_group("e2e_b")
+def test_reward_rises_with_lora(tmp_path, tiny_model_dir):
+    run = train(
+        tmp_path / "run", *base_args(tiny_model_dir), *SCALE_DOWN, "--environments", DIGITS,
+        "--number_of_steps", "16", "--group_size", "8", "--prompts_batch_size_for_trainer", "4",
+        "--max_tokens", "8", "--max_async_rollout", "1", "--seed", "3",
+        "--lora_rank", "16", "--lora_alpha", "32", "--learning_rate", "2e-2",
+    )  # fmt: skip
+    lines = check_finished(run, 16)
+    rewards = [m["reward/mean"] for m in lines]
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    print(
+        f"digits reward per step with LoRA: {[round(r, 3) for r in rewards]}; "
+        f"first 4 {first:.3f}, last 4 {last:.3f}"
+    )
+    assert last > 1.5 * first, rewards
+    assert last - first > 0.03, rewards
 
 
 @pytest.mark.xdist_group("e2e_b")

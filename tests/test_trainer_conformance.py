@@ -6,7 +6,8 @@ the same steps: ``dr_grpo`` with ``token_sum_norm`` (its loss divides by the ste
 so a backend that normalises by the local micro-batch is caught), a warmup schedule (so a backend
 one step ahead in its LR is caught), float32 and no dropout. What every backend must do:
 
-- be a ``TrainerBackend``; its ``row_multiple`` and ``shares_prompts`` (FSDP's CPU attention shares a
+- be a ``TrainerBackend``; without ``lora_rank`` no adapter (``adapter_config()`` is None and
+  ``adapter_weights()`` refuses); its ``row_multiple`` and ``shares_prompts`` (FSDP's CPU attention shares a
   group's prompt, Megatron's does not: the steps' samples come in groups of one prompt, so the
   backends agreeing also checks shared-prompt packing); the seed it was given is torch's seed;
 - ``train_step`` returns the protocol's metric keys; the LR of step k is ``lr · lr_multiplier(k-1)``;
@@ -117,6 +118,8 @@ def _same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
 def test_protocol_seed_and_metrics(results, backend):
     r = results[backend]
     assert r["is_protocol"]
+    assert r["adapter_config"] is None  # the full model trains: no LoRA adapter to send
+    assert "lora_rank" in r["adapter_weights_error"]
     assert r["row_multiple"] == 1
     assert r["shares_prompts"] == (backend == "fsdp")
     assert r["initial_seed"] == 1234  # the config's seed reached the trainer

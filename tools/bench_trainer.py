@@ -19,6 +19,9 @@ at least one row):
   SDPA (``telescope_packed_sdpa``, the CPU default; on a GPU it replaces flash-attn for this
   variant only). Its real tokens per computed token exceed 1: a sample's real tokens count its
   whole prompt.
+* ``packed_lora``, only with ``--lora-rank R`` > 0: ``packed``'s micro-batches on a trainer with
+  LoRA adapters of rank R on the attention and MLP projections (``lora_rank``, PEFT; the base
+  frozen, optimizer state for the adapters only), against ``packed`` as full fine-tuning.
 
 Each variant runs in a fresh child process (the script re-executed with ``--only VARIANT --json``):
 one model load, ``--warmup`` untimed steps (at least one: it creates the optimizer state), then
@@ -36,6 +39,9 @@ and the median peak memory over rounds, and every round besides.
   the allocator's peak (``torch.cuda.max_memory_allocated``, reset after the untimed steps) minus the
   memory allocated then; on CPU the resident-set high-water mark (``VmHWM``, reset through
   ``/proc/self/clear_refs`` after glibc's ``malloc_trim``) minus the resident set then.
+* ``trainer_mb``: the whole trainer's peak: on CUDA the allocator's peak; on CPU the resident-set
+  high-water mark minus the resident set before the model was loaded (torch and the libraries left
+  out). Model, gradients, optimizer state and activations: what LoRA saves shows here.
 
 On a GPU the model is a random ~0.5B Llama shaped like Qwen2.5-0.5B (hidden 896, 24 layers, 14 heads,
 2 KV heads, vocab 151936, tied), trained in bf16 mixed precision, and MFU = 6·params·(packed real
@@ -43,10 +49,11 @@ tokens/s) / peak bf16 dense FLOP/s (989e12 for H100/H200; the recomputation of g
 is not counted, as usual). On CPU it is a 2-layer Llama of 3.6M parameters in float32.
 
 Usage: ``python tools/bench_trainer.py [--samples 24] [--seq-len 512] [--steps 3] [--repeats 2]
-[--size cpu|0.5b] [--group-size 1]``. The last line is ``RESULT [shared_vs_packed=<tokens/s ratio>
-shared_vs_sorted=<tokens/s ratio>] packed_vs_sorted=<tokens/s ratio> packed_vs_padded=<tokens/s
-ratio> memory_vs_sorted=<peak ratio> memory_vs_padded=<peak ratio> [mfu=<x>]`` (the first over the
-second: above 1 is faster, below 1 is less memory).
+[--size cpu|0.5b|smollm2] [--group-size 1] [--lora-rank 0]``. The last line is ``RESULT
+[lora_memory_vs_full=<trainer_mb ratio> lora_speed_vs_full=<tokens/s ratio>]
+[shared_vs_packed=<tokens/s ratio> shared_vs_sorted=<tokens/s ratio>] packed_vs_sorted=<tokens/s
+ratio> packed_vs_padded=<tokens/s ratio> memory_vs_sorted=<peak ratio> memory_vs_padded=<peak ratio>
+[mfu=<x>]`` (the first over the second: above 1 is faster, below 1 is less memory).
 """
 
 from __future__ import annotations
@@ -70,10 +77,12 @@ SIZES = {
     # layers, hidden, heads, kv_heads, intermediate, vocab, tied
     "cpu": (2, 256, 4, 2, 704, 4096, False),
     "0.5b": (24, 896, 14, 2, 4864, 151936, True),
+    "smollm2": (30, 576, 9, 3, 1536, 49152, True),  # SmolLM2-135M's shape, random weights
 }
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 VARIANTS = ("packed", "sorted_padded", "padded")
 SHARED = "packed_shared"
+LORA = "packed_lora"
 CHILD_MARKER = "BENCH_TRAINER_VARIANT "
 
 
@@ -302,10 +311,11 @@ def _profile(trainer, micro_batches) -> None:
 # -- one variant (the child process) ----------------------------------------------------------------
 
 
-def _config(model: str, seq_len: int, gpu: bool):
+def _config(model: str, seq_len: int, gpu: bool, lora_rank: int = 0):
     import telescope_config
 
     values = {
+        "lora_rank": lora_rank,
         **telescope_config.defaults(),
         "model": model,
         "environments": [{"name": "countdown"}],
@@ -350,19 +360,24 @@ def run_variant(args: argparse.Namespace) -> dict:
         seed=args.seed,
         group_size=args.group_size,
     )
-    mbs = micro_batches_for(args.only, samples, args.seq_len)
+    lora_rank = args.lora_rank if args.only == LORA else 0
+    mbs = micro_batches_for("packed" if args.only == LORA else args.only, samples, args.seq_len)
     attention = {"attn_implementation": "telescope_packed_sdpa"} if args.only == SHARED else {}
     lengths = sorted(sample_length(s) for s in samples)
     real, computed = sum(lengths), sum(mb.input_ids.numel() for mb in mbs)
     with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
         n_params = build_model(Path(tmp), args.size)
-        trainer = create_trainer(_config(tmp, args.seq_len, gpu), **attention)
+        _trim_heap()
+        before = 0 if gpu else _status_kib("VmRSS") * 1024  # the libraries, before the trainer's model
+        trainer = create_trainer(_config(tmp, args.seq_len, gpu, lora_rank), **attention)
         if args.only == SHARED and not trainer.shares_prompts:
             raise SystemExit("bench_trainer: this trainer's attention does not share prompts")
         try:
             res = _train(trainer, mbs, args, real)
         finally:
             trainer.close()
+    if "peak_mb" in res:
+        res["trainer_mb"] = res["peak_mb"] - before / 2**20
     return {
         "variant": args.only,
         "device": _device_name(gpu),
@@ -384,7 +399,7 @@ def run_child(args: argparse.Namespace, variant: str, *, profile: bool = False) 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--only", variant, "--json", "--size", args.size,
            "--samples", str(args.samples), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
            "--steps", str(args.steps), "--seed", str(args.seed),
-           "--group-size", str(args.group_size)]  # fmt: skip
+           "--group-size", str(args.group_size), "--lora-rank", str(args.lora_rank)]  # fmt: skip
     if profile:
         cmd.append("--profile")
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
@@ -398,22 +413,24 @@ def run_child(args: argparse.Namespace, variant: str, *, profile: bool = False) 
     return json.loads(found[-1][len(CHILD_MARKER) :])
 
 
-def variants(group_size: int) -> tuple[str, ...]:
-    """The variants a run compares: ``packed_shared`` too when samples come in groups."""
-    return (SHARED, *VARIANTS) if group_size > 1 else VARIANTS
+def variants(group_size: int, lora_rank: int = 0) -> tuple[str, ...]:
+    """The variants a run compares: ``packed_shared`` too when samples come in groups, ``packed_lora``
+    with a LoRA rank."""
+    extra = ((SHARED,) if group_size > 1 else ()) + ((LORA,) if lora_rank > 0 else ())
+    return (*extra, *VARIANTS)
 
 
-def variant_order(round_index: int, group_size: int = 1) -> tuple[str, ...]:
+def variant_order(round_index: int, group_size: int = 1, lora_rank: int = 0) -> tuple[str, ...]:
     """Even rounds in :func:`variants` order, odd rounds reversed."""
-    order = variants(group_size)
+    order = variants(group_size, lora_rank)
     return order if round_index % 2 == 0 else order[::-1]
 
 
 def run_rounds(args: argparse.Namespace) -> dict[str, list[dict]]:
     """``args.repeats`` rounds of every variant, each run in its own process; the runs per variant."""
-    runs: dict[str, list[dict]] = {v: [] for v in variants(args.group_size)}
+    runs: dict[str, list[dict]] = {v: [] for v in variants(args.group_size, args.lora_rank)}
     for r in range(args.repeats):
-        for variant in variant_order(r, args.group_size):
+        for variant in variant_order(r, args.group_size, args.lora_rank):
             print(f"bench_trainer: round {r + 1}/{args.repeats}: {variant}", file=sys.stderr, flush=True)
             runs[variant].append(run_child(args, variant))
     return runs
@@ -427,6 +444,7 @@ def summarise(runs: list[dict]) -> dict:
         **{k: fastest[k] for k in keep},
         "peak_extra_mb": statistics.median(r["peak_extra_mb"] for r in runs),
         "peak_mb": statistics.median(r["peak_mb"] for r in runs),
+        "trainer_mb": statistics.median(r["trainer_mb"] for r in runs),
         "loss": fastest["loss"],
         "rounds": [{k: r[k] for k in ("step_s", "tokens_per_s", "peak_extra_mb")} for r in runs],
     }
@@ -440,6 +458,9 @@ def result_line(res: dict[str, dict], first: dict) -> str:
     """``RESULT [shared_vs_packed=… shared_vs_sorted=…] packed_vs_sorted=… packed_vs_padded=…
     memory_vs_sorted=… memory_vs_padded=… [mfu=…]``."""
     packed, ratios = res["packed"], []
+    if LORA in res:
+        ratios.append(f"lora_memory_vs_full={_ratio(res[LORA]['trainer_mb'], packed['trainer_mb']):.2f}")
+        ratios.append(f"lora_speed_vs_full={_ratio(res[LORA]['tokens_per_s'], packed['tokens_per_s']):.2f}")
     if SHARED in res:
         for short, variant in (("packed", "packed"), ("sorted", "sorted_padded")):
             ratios.append(
@@ -467,12 +488,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--group-size", type=int, default=1, help="samples per prompt (>1 adds packed_shared)"
     )
+    parser.add_argument(
+        "--lora-rank", type=int, default=0, help="> 0 adds packed_lora: LoRA adapters of this rank"
+    )
     parser.add_argument("--profile", action="store_true", help="print the top ops of one packed step")
-    parser.add_argument("--only", choices=(*VARIANTS, SHARED), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=(*VARIANTS, SHARED, LORA), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 1 or args.repeats < 1 or args.group_size < 1:
         parser.error("--steps, --repeats and --group-size must be at least 1")
+    if not 0 <= args.lora_rank <= 512:
+        parser.error("--lora-rank must be in [0, 512]")
     if args.size is None:
         import torch
 
@@ -491,12 +517,17 @@ def main() -> None:
     if args.profile:
         run_child(args, "packed", profile=True)
     runs = run_rounds(args)
-    res = {v: summarise(runs[v]) for v in variants(args.group_size)}
+    res = {v: summarise(runs[v]) for v in variants(args.group_size, args.lora_rank)}
     first = runs["packed"][0]
     keys = ("device", "params", "real_tokens", "length_p50_p90_max")
     summary = {**{k: first[k] for k in keys}, "model": args.size, "samples": args.samples}
     summary.update(
-        seq_len=args.seq_len, steps=args.steps, repeats=args.repeats, group_size=args.group_size, **res
+        seq_len=args.seq_len,
+        steps=args.steps,
+        repeats=args.repeats,
+        group_size=args.group_size,
+        lora_rank=args.lora_rank,
+        **res,
     )
     print(json.dumps(summary, indent=1))
     print(result_line(res, first))

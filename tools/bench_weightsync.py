@@ -14,8 +14,19 @@ For each model a vLLM server (fp32, eager, with the weight-sync extension) is st
   during the publishes and how many were in flight across a whole publish; every request of the
   phase must succeed with all its tokens (else the script fails).
 
+- ``lora_update_s`` (``--lora-rank`` > 0, the default 16): the same model on a second server started
+  as a LoRA run starts it (``--enable-lora``), and ``publish(..., adapter_config=...)`` of a LoRA
+  adapter of that rank on the attention and MLP projections (PEFT, random weights): the adapter
+  alone travels, each update written to the server's folder and loaded in place (docs/weightsync.md,
+  "LoRA adapters"). The first update (the adapter's registration) is timed apart
+  (``lora_register_s``). After the last one the server's logprobs under the adapter must differ from
+  the base model's (the adapter is in use), else the script fails.
+
 ``update_vs_raw = raw_s / update_s`` is the update's throughput as a fraction of raw (target >= 0.8);
-``busy_vs_idle = update_busy_s / update_s`` is what serving traffic costs an update.
+``busy_vs_idle = update_busy_s / update_s`` is what serving traffic costs an update;
+``lora_update_vs_full = lora_update_s / update_s`` is an adapter update's time as a fraction of a full
+update's of the same model (lower is better), the baseline being what a run without LoRA, or one
+that sends merged weights, does after every step.
 
     python tools/bench_weightsync.py                 # tiny model, then SmolLM2-135M (CPU)
     python tools/bench_weightsync.py --models tiny   # the quick one (about 2 minutes on 2 cores)
@@ -28,8 +39,8 @@ stand-in), for a synthetic Llama-shaped model of about ``--params`` parameters i
 row: there is no server to generate). On a GPU (NCCL) every clock read that times GPU work
 follows ``torch.cuda.synchronize()``: collectives and copies only enqueue work on the host.
 
-Ends with one line ``RESULT update_vs_raw=<ratio> busy_vs_idle=<ratio> update_s=<seconds>
-update_busy_s=<seconds> ...`` (the last model's numbers first, then per-model ones).
+Ends with one line ``RESULT lora_update_vs_full=<ratio> update_vs_raw=<ratio> busy_vs_idle=<ratio>
+update_s=<seconds> update_busy_s=<seconds> ...`` (the last model's numbers first, then per-model ones).
 """
 
 from __future__ import annotations
@@ -73,9 +84,10 @@ def tiny_dir(out: Path) -> Path:
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: Path, log: Path, timeout_s: float = 600) -> Iterator[str]:
+def vllm_server(model_dir: Path, log: Path, timeout_s: float = 600, lora_rank: int = 0) -> Iterator[str]:
     """A vLLM OpenAI server (fp32, eager) on a free port with the weight-sync extension, launched by
-    the CLI's launcher (``telescope_cli._vllm``) and stopped on exit. Yields its URL."""
+    the CLI's launcher (``telescope_cli._vllm``) and stopped on exit (``lora_rank`` > 0: serving a
+    LoRA adapter, as a LoRA run's servers do). Yields its URL."""
     import torch
 
     from telescope_cli._vllm import ServerSettings, launch_server
@@ -86,6 +98,7 @@ def vllm_server(model_dir: Path, log: Path, timeout_s: float = 600) -> Iterator[
     settings = ServerSettings(
         model=str(model_dir), host="127.0.0.1", device="cuda" if torch.cuda.is_available() else "cpu",
         dtype="float32", enforce_eager=True, max_model_len=512, served_model_name=SERVED_NAME,
+        lora_rank=lora_rank,
     )  # fmt: skip
     kv_cache_gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
     env = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_CPU_KVCACHE_SPACE": kv_cache_gib}
@@ -266,6 +279,76 @@ def bench_model(model_dir: Path, log_dir: Path, args: argparse.Namespace) -> dic
     return out
 
 
+def lora_adapter(model_dir: Path, rank: int) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """A LoRA adapter of ``rank`` on the model's attention and MLP projections, as a run's trainer
+    sends it: its ``adapter_config.json`` (``telescope_trainer_fsdp``'s) and its tensors under PEFT's
+    names, seeded random (B too, so that it changes the output)."""
+    import torch
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from telescope_trainer_fsdp._lora import adapter_config
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    settings = {"rank": rank, "alpha": 2.0 * rank, "dropout": 0.0, "targets": targets}
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=2.0 * rank, target_modules=targets))  # pyright: ignore[reportArgumentType]
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
+    tensors = [(k, v.detach().contiguous()) for k, v in get_peft_model_state_dict(model).items()]
+    return adapter_config(settings, base=str(model_dir)), tensors
+
+
+def _logprobs(url: str, model: str) -> list[float]:
+    import httpx
+
+    body = {"model": model, "prompt": BUSY_PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 0,
+            "ignore_eos": True}  # fmt: skip
+    answer = httpx.post(f"{url}/v1/completions", json=body, timeout=300).raise_for_status().json()
+    return [float(x) for x in answer["choices"][0]["logprobs"]["token_logprobs"]]
+
+
+def bench_lora(model_dir: Path, log_dir: Path, args: argparse.Namespace) -> dict[str, float]:
+    """Adapter updates into a LoRA server: registration, then ``--repeats`` in-place loads (seconds)."""
+    from telescope_weightsync import ADAPTER_NAME, PublisherSettings, WeightPublisher
+
+    config, named = lora_adapter(model_dir, args.lora_rank)
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    settings = PublisherSettings(
+        mode=args.mode, bucket_mb=args.bucket_mb, backend=args.backend, timeout_s=600
+    )
+    log = log_dir / f"vllm_{model_dir.name}_lora.log"
+    with (
+        vllm_server(model_dir, log, lora_rank=args.lora_rank) as url,
+        WeightPublisher([url], settings) as pub,
+    ):
+        pub.connect()
+        register_s = pub.publish(iter(named), version=0, adapter_config=config)["seconds"]
+        seconds = [
+            pub.publish(iter(named), version=v, adapter_config=config)["seconds"]
+            for v in range(1, args.repeats + 1)
+        ]
+        if _logprobs(url, ADAPTER_NAME) == _logprobs(url, SERVED_NAME):
+            raise RuntimeError(
+                "the server's logprobs under the adapter equal the base model's: it is not in use"
+            )
+    out = {
+        "lora_update_s": statistics.median(seconds),
+        "lora_register_s": register_s,
+        "lora_mb": nbytes / 2**20,
+    }
+    print(
+        f"{model_dir.name} LoRA rank {args.lora_rank}: adapter {nbytes / 2**20:.2f} MiB, registration "
+        f"{register_s:.3f}s, in-place update {out['lora_update_s']:.3f}s | updates "
+        f"{[round(x, 3) for x in seconds]}",
+        flush=True,
+    )
+    return out
+
+
 TRANSPORT_RECEIVER = r"""
 import sys, torch
 from telescope_weightsync._stream import StreamStats, receive_update
@@ -392,6 +475,9 @@ def main() -> None:
         "--busy-requests", type=int, default=4, help="completions in flight during the busy updates"
     )
     parser.add_argument("--busy-tokens", type=int, default=16, help="tokens per busy completion")
+    parser.add_argument(
+        "--lora-rank", type=int, default=16, help="rank of the adapter updates (lora_update_s); 0 skips them"
+    )
     parser.add_argument("--transport-only", action="store_true", help="no vLLM: a plain receiver process")
     parser.add_argument(
         "--params", type=float, default=1.2e9, help="synthetic model size for --transport-only"
@@ -399,6 +485,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.busy_requests < 1 or args.busy_tokens < 1:
         parser.error("--busy-requests and --busy-tokens must be at least 1")
+    if not 0 <= args.lora_rank <= 512:
+        parser.error("--lora-rank must be in [0, 512]")
     if args.transport_only:
         res = bench_transport(args)
         size = f"{args.params / 1e9:.1f}B"
@@ -415,8 +503,12 @@ def main() -> None:
             else:
                 model_dir, key = Path(spec), Path(spec).name.replace("=", "_").replace(" ", "_")
             results[key] = bench_model(model_dir, Path(tmp), args)
+            if args.lora_rank > 0:
+                results[key] |= bench_lora(model_dir, Path(tmp), args)
+                results[key]["lora_update_vs_full"] = results[key]["lora_update_s"] / results[key]["update_s"]
     last = results[key]
-    fields = [f"update_vs_raw={last['update_vs_raw']:.3f}", f"busy_vs_idle={last['busy_vs_idle']:.3f}"]
+    fields = [f"lora_update_vs_full={last['lora_update_vs_full']:.3f}"] if args.lora_rank > 0 else []
+    fields += [f"update_vs_raw={last['update_vs_raw']:.3f}", f"busy_vs_idle={last['busy_vs_idle']:.3f}"]
     fields += [f"update_s={last['update_s']:.4f}", f"update_busy_s={last['update_busy_s']:.4f}"]
     for name, res in results.items():
         fields += [
@@ -428,10 +520,18 @@ def main() -> None:
             f"{name}_busy_completed={res['busy_completed']}",
             f"{name}_busy_across={res['busy_across']}",
         ]
+        if args.lora_rank > 0:
+            fields += [
+                f"{name}_lora_update_vs_full={res['lora_update_vs_full']:.3f}",
+                f"{name}_lora_update_s={res['lora_update_s']:.4f}",
+                f"{name}_lora_register_s={res['lora_register_s']:.4f}",
+                f"{name}_lora_mb={res['lora_mb']:.2f}",
+            ]
     from telescope_weightsync import PublisherSettings
 
     bucket_mib = PublisherSettings(bucket_mb=args.bucket_mb, backend=args.backend).bucket_bytes / 2**20
     fields += [f"mode={args.mode}", f"bucket_mb={bucket_mib:g}"]
+    fields += [f"lora_rank={args.lora_rank}"] if args.lora_rank > 0 else []
     print("RESULT " + " ".join(fields))
 
 

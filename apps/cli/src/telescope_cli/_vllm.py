@@ -184,6 +184,9 @@ class ServerSettings:
     device: str = "cuda"
     """"cpu" adds ``--dtype float32 --enforce-eager`` (fp32 is ~3x faster than bf16 on AVX2)."""
     enforce_eager: bool = False
+    lora_rank: int = 0
+    """> 0: serve a LoRA adapter (``--enable-lora``, one adapter, vLLM's smallest maximum rank that holds it);
+    the adapter is registered and replaced at run time (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``)."""
     access_log: bool = False
     """uvicorn's line per request in the server log; off by default (thousands of requests per step)."""
     extra_args: tuple[str, ...] = ()
@@ -241,11 +244,36 @@ def server_command(
         cmd += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
     if s.seed is not None:
         cmd += ["--seed", str(s.seed)]
+    if s.lora_rank > 0:
+        cmd += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(vllm_lora_rank(s.lora_rank))]
     if not s.access_log:
         cmd.append("--disable-uvicorn-access-log")
     if extension_cls:
         cmd += ["--worker-extension-cls", extension_cls]
     return [*cmd, *s.extra_args]
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for ``--max-lora-rank`` (a server serves adapters of any rank up to it)."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that serves an adapter of ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"lora_rank {rank} is above {VLLM_LORA_RANKS[-1]}, the largest rank vLLM serves")
+
+
+def server_env(settings: ServerSettings, *, extension_cls: str | None) -> dict[str, str]:
+    """What a server's process needs in its environment on top of the caller's: the dev-mode routes
+    the weight sync drives (``/collective_rpc``), and with LoRA the adapter's registration at run time."""
+    env: dict[str, str] = {}
+    if extension_cls:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    if settings.lora_rank > 0:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # POST /v1/load_lora_adapter
+    return env
 
 
 def free_port_run(span: int = 8) -> int:
@@ -392,9 +420,7 @@ def launch_server(
         )
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {})}
-    if extension_cls:
-        full_env["VLLM_SERVER_DEV_MODE"] = "1"
+    full_env = {**os.environ, **(env or {}), **server_env(settings, extension_cls=extension_cls)}
     cmd = server_command(settings, port, extension_cls=extension_cls)
     with log_path.open("ab") as fh:
         fh.write(f"$ {' '.join(cmd)}\n".encode())

@@ -54,6 +54,21 @@ def _add_config_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     cfg_sub.add_parser("schema", help="print the JSON Schema of run YAML files (for editors)")
 
 
+def _add_convert_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``telescope convert CHECKPOINT OUTPUT [--merge]``."""
+    convert = sub.add_parser(
+        "convert", help="turn a checkpoint into a Hugging Face safetensors folder", allow_abbrev=False
+    )
+    convert.add_argument("checkpoint", help="a checkpoint folder (…/checkpoints/step_N)")
+    convert.add_argument("output", help="the folder to write (config, safetensors, tokenizer)")
+    convert.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA checkpoint as a merged Hugging Face model (W + alpha/r B A) instead of the adapter "
+        "alone in PEFT's format; a checkpoint of the full model always comes out as the model",
+    )
+
+
 def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``telescope eval CHECKPOINT ... [--config] [--run-dir] [FIELD overrides]``."""
     ev = sub.add_parser(
@@ -133,11 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(doctor)
 
-    convert = sub.add_parser(
-        "convert", help="turn a checkpoint into a Hugging Face safetensors folder", allow_abbrev=False
-    )
-    convert.add_argument("checkpoint", help="a checkpoint folder (…/checkpoints/step_N)")
-    convert.add_argument("output", help="the folder to write (config, safetensors, tokenizer)")
+    _add_convert_command(sub)
 
     _add_eval_command(sub)
 

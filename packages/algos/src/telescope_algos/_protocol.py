@@ -68,6 +68,17 @@ class TrainerBackend(Protocol):
         """
         ...
 
+    def adapter_config(self) -> dict[str, Any] | None:
+        """PEFT's ``adapter_config.json`` (as a dict) of the LoRA adapter this run trains on the frozen
+        base model, or None when it trains the full model (``lora_rank`` 0)."""
+        ...
+
+    def adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The LoRA adapter alone under PEFT's names (``base_model.model.<layer>.lora_A.weight``, ...),
+        one gathered tensor at a time (collective, like :meth:`hf_weights`); only when
+        :meth:`adapter_config` is not None (otherwise ``ValueError``)."""
+        ...
+
     def save_checkpoint(self, directory: str | Path, *, training_state: bool = True) -> dict[str, Any]:
         """Write this trainer's state into exactly ``directory`` (collective).
 

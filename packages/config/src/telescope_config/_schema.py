@@ -316,8 +316,10 @@ class TelescopeConfig(BaseModel):
     )
     lora_rank: int = Field(
         ge=0,
-        description="LoRA (PEFT's r), >= 0: train low-rank adapters of this rank on the frozen base model "
-        "instead of every weight (optimizer state for the adapters only). 0 (the default) trains the whole "
+        le=512,
+        description="LoRA (PEFT's r), in [0, 512]: train low-rank adapters of this rank on the frozen base "
+        "model instead of every weight (optimizer state for the adapters only); the inference servers load "
+        "each new adapter in place (512 is the largest rank vLLM serves). 0 (the default) trains the whole "
         "model. Needs train_backend fsdp. New in Telescope.",
     )
     lora_alpha: float = Field(

@@ -8,8 +8,8 @@
   group, a few hundred MB at a time, and writes ``model.safetensors`` (or shards plus
   ``model.safetensors.index.json``) next to the checkpoint's ``hf_meta`` files, a folder that
   ``AutoModelForCausalLM.from_pretrained`` loads. A LoRA checkpoint (``lora.json``) comes out
-  merged, ``W + (alpha / rank) B A`` under the base model's names, with the adapter alone in PEFT's
-  format in ``adapter/`` (``PeftModel.from_pretrained(base, out / "adapter")``).
+  merged, ``W + (alpha / rank) B A`` under the base model's names, or with ``adapter_only`` as the
+  adapter alone in PEFT's format (``PeftModel.from_pretrained(base, out)``).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ def convert_checkpoint(
     *,
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = 5 * 1024**3,
+    adapter_only: bool = False,
 ) -> Path:
     """Turn a folder written by ``FSDPTrainer.save_checkpoint`` into a Hugging Face folder.
 
@@ -82,6 +83,10 @@ def convert_checkpoint(
         out_dir: created if needed; receives safetensors, config and tokenizer files.
         dtype: cast the weights (e.g. ``torch.bfloat16``); default keeps the trained dtype.
         max_shard_bytes: largest safetensors file before sharding.
+        adapter_only: a LoRA checkpoint's adapter alone, in PEFT's format (``adapter_config.json``
+            and ``adapter_model.safetensors``, for ``PeftModel.from_pretrained`` or vLLM's
+            ``--lora-modules``); a checkpoint of the full model has none (``ValueError``). By
+            default a LoRA checkpoint comes out merged.
 
     Returns:
         ``out_dir`` as a Path.
@@ -93,18 +98,23 @@ def convert_checkpoint(
     entries = _model_entries(reader, tied=bool(config.get("tie_word_embeddings", False)))
     if not entries:
         raise ValueError(f"{ckpt} holds no model tensors")
+    lora_file = ckpt / ck.LORA_FILE
+    if adapter_only and not lora_file.is_file():
+        raise ValueError(f"{ckpt} trained the full model (lora_rank 0): it has no adapter to export")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    merge = None
+    if lora_file.is_file():
+        lora = json.loads(lora_file.read_text(encoding="utf-8"))
+        adapters = _read(reader, {k: md for k, md in entries.items() if _is_adapter(k)})
+        if adapter_only:
+            _write_adapter(out, adapters, lora, base=str(config.get("_name_or_path") or ""))
+            return out
+        entries = {k: md for k, md in entries.items() if not _is_adapter(k)}
+        merge = _Merge(adapters, lora["alpha"] / lora["rank"])
     for f in hf_meta.iterdir():
         if f.is_file():
             shutil.copy2(f, out / f.name)
-    merge = None
-    if (ckpt / ck.LORA_FILE).is_file():
-        lora = json.loads((ckpt / ck.LORA_FILE).read_text(encoding="utf-8"))
-        adapters = _read(reader, {k: md for k, md in entries.items() if _is_adapter(k)})
-        entries = {k: md for k, md in entries.items() if not _is_adapter(k)}
-        merge = _Merge(adapters, lora["alpha"] / lora["rank"])
-        _write_adapter(out / "adapter", adapters, lora, base=str(config.get("_name_or_path") or ""))
 
     def nbytes(md: TensorStorageMetadata) -> int:
         want = dtype or md.properties.dtype
@@ -152,20 +162,12 @@ def _write_adapter(
     folder: Path, adapters: dict[str, torch.Tensor], lora: dict[str, Any], *, base: str
 ) -> None:
     """The adapter alone in PEFT's format: ``adapter_config.json`` and ``adapter_model.safetensors``."""
-    from peft import LoraConfig
-    from safetensors.torch import save_file
+    from telescope_trainer_fsdp._lora import adapter_config, peft_name
+    from telescope_weightsync import write_adapter
 
-    alpha: Any = float(lora["alpha"])  # PEFT annotates an int; a float scales the same (alpha / r)
-    LoraConfig(
-        r=int(lora["rank"]), lora_alpha=alpha, lora_dropout=float(lora["dropout"]),
-        target_modules=list(lora["targets"]), bias="none", task_type="CAUSAL_LM",
-        base_model_name_or_path=base or None,
-    ).save_pretrained(str(folder))  # fmt: skip
-    # PEFT's own names: the key without the leading "model." of the trainer's state, nor the adapter's name
-    tensors = {
-        hf_name(k[len("model.") :]).replace(".default.", "."): t.contiguous() for k, t in adapters.items()
-    }
-    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    # the checkpoint's keys carry the trainer state's leading "model."
+    tensors = {peft_name(k[len("model.") :]): t for k, t in adapters.items()}
+    write_adapter(folder, adapter_config(lora, base=base), tensors)
 
 
 def _model_entries(reader: FileSystemReader, *, tied: bool) -> dict[str, TensorStorageMetadata]:

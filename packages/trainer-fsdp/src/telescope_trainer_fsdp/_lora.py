@@ -11,6 +11,10 @@
   a vLLM server without LoRA serves. Like ``_export.iter_hf_weights`` it gathers one parameter at a
   time and is collective over the FSDP group.
 
+* :func:`adapter_weights` streams the adapter alone under PEFT's names, and :func:`adapter_config`
+  gives its ``adapter_config.json``: what a vLLM server with LoRA loads (docs/weightsync.md, "LoRA
+  adapters"), and what ``telescope convert`` writes.
+
 PEFT is the extra ``telescope-trainer-fsdp[lora]``.
 """
 
@@ -24,7 +28,15 @@ from torch.distributed.tensor import DTensor
 
 from telescope_trainer_fsdp._export import hf_name
 
-__all__ = ["ADAPTER", "add_adapters", "lora_settings", "merged_hf_weights"]
+__all__ = [
+    "ADAPTER",
+    "adapter_config",
+    "adapter_weights",
+    "add_adapters",
+    "lora_settings",
+    "merged_hf_weights",
+    "peft_name",
+]
 
 ADAPTER = "default"
 """PEFT's adapter name (the one adapter a Telescope model carries)."""
@@ -76,6 +88,35 @@ def add_adapters(model: torch.nn.Module, settings: dict[str, Any]) -> torch.nn.M
         bias="none",
     )
     return get_peft_model(model, lora)
+
+
+def adapter_config(settings: dict[str, Any], *, base: str = "") -> dict[str, Any]:
+    """PEFT's ``adapter_config.json`` of the run's adapter, as a JSON-able dict (what vLLM and
+    ``PeftModel.from_pretrained`` read); ``base`` is the base model's id or folder."""
+    from peft import LoraConfig
+
+    alpha: Any = float(settings["alpha"])  # PEFT annotates an int; a float scales the same (alpha / r)
+    config = LoraConfig(
+        r=int(settings["rank"]), lora_alpha=alpha, lora_dropout=float(settings["dropout"]),
+        target_modules=list(settings["targets"]), bias="none", task_type="CAUSAL_LM",
+        base_model_name_or_path=base or None,
+    ).to_dict()  # fmt: skip
+    return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+
+
+def peft_name(name: str) -> str:
+    """An adapter tensor's name in PEFT's saved format: the Hugging Face name without the adapter's
+    own name (``...q_proj.lora_A.default.weight`` -> ``...q_proj.lora_A.weight``)."""
+    return hf_name(name).replace(f".{ADAPTER}.", ".")
+
+
+def adapter_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(PEFT name, full tensor)`` of every adapter tensor (``lora_A``, ``lora_B``); collective."""
+    for name, tensor in model.named_parameters():
+        if f".lora_A.{ADAPTER}." in name or f".lora_B.{ADAPTER}." in name:
+            full = _full(tensor)
+            yield peft_name(name), full
+            del full
 
 
 def _targeted(name: str, targets: list[str]) -> bool:

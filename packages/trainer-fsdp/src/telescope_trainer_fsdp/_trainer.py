@@ -66,7 +66,7 @@ from telescope_trainer_fsdp._context_parallel import (
     register_attention,
 )
 from telescope_trainer_fsdp._distributed import DistInfo, init_distributed
-from telescope_trainer_fsdp._lora import lora_settings, merged_hf_weights
+from telescope_trainer_fsdp._lora import adapter_config, adapter_weights, lora_settings, merged_hf_weights
 from telescope_trainer_fsdp._metrics import StepMetrics
 from telescope_trainer_fsdp._model import load_sharded_model
 from telescope_trainer_fsdp._packed_attention import PACKED_SDPA
@@ -187,6 +187,18 @@ class FSDPTrainer:
             else merged_hf_weights(self.model, lora, dtype=dtype)
         )
         return self.timeline.span_iter("hf_weights", weights)
+
+    def adapter_config(self) -> dict[str, Any] | None:
+        """The LoRA adapter's ``adapter_config.json`` (PEFT's), or None when the full model trains."""
+        lora = lora_settings(self.config)
+        return None if lora is None else adapter_config(lora, base=str(self.config.model))
+
+    def adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The LoRA adapter alone under PEFT's names, one gathered tensor at a time (every rank must
+        exhaust it); the export is the span ``hf_weights``."""
+        if lora_settings(self.config) is None:
+            raise ValueError("adapter_weights: this run trains the full model (lora_rank is 0)")
+        return self.timeline.span_iter("hf_weights", adapter_weights(self.model))
 
     def save_checkpoint(self, directory: str | Path, *, training_state: bool = True) -> dict[str, Any]:
         """Write this rank's part into exactly ``directory`` (layout: ``_checkpoint``); see the protocol."""

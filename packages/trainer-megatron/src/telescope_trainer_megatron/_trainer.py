@@ -320,6 +320,13 @@ class MegatronTrainer:
             dist.broadcast_object_list(box, src=self._metrics_src)
         return box[0]
 
+    def adapter_config(self) -> dict[str, Any] | None:
+        """None: this backend trains the full model (LoRA is refused with Megatron by the config)."""
+        return None
+
+    def adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        raise ValueError("the Megatron backend trains no LoRA adapter (lora_rank needs train_backend: fsdp)")
+
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full model in Hugging Face names, one parameter at a time (collective; every rank); the
         whole export, from the first tensor asked for to the last, is the span ``hf_weights``."""

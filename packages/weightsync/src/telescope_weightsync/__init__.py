@@ -1,12 +1,14 @@
 """telescope-weightsync: live weight updates from a trainer into running vLLM servers.
 
 Trainer side: ``WeightPublisher`` with ``PublisherSettings`` (``PublisherSettings.from_config``
-maps a run's config onto them). Inference side: the vLLM worker extension
+maps a run's config onto them); it sends the whole model, or a LoRA adapter alone
+(``write_adapter`` is the adapter's folder format). Inference side: the vLLM worker extension
 ``telescope_weightsync.vllm_worker.WeightReceiver`` (import it only where vLLM is installed; this
 package's top level never imports vLLM). docs/weightsync.md describes the protocol.
 """
 
 from telescope_weightsync.__about__ import __version__
+from telescope_weightsync._adapter import ADAPTER_NAME, write_adapter
 from telescope_weightsync._errors import (
     GroupError,
     ReceiverMissing,
@@ -30,6 +32,9 @@ __all__ = [
     "ServerUpdate",
     "WeightPublisher",
     "plan_buckets",
+    # LoRA adapters (PEFT's folder format; the name servers serve one under)
+    "ADAPTER_NAME",
+    "write_adapter",
     # Versions
     "BASE_VERSION",
     "WeightVersion",

@@ -14,7 +14,7 @@ import httpx
 
 from telescope_weightsync._errors import ReceiverMissing, ServerError, ServerTimeout
 
-__all__ = ["collective_rpc", "probe_version", "server_version"]
+__all__ = ["collective_rpc", "load_adapter", "probe_version", "server_version"]
 
 
 def collective_rpc(
@@ -35,6 +35,31 @@ def collective_rpc(
     except httpx.HTTPError as exc:
         raise ServerError(url, f"server {url} failed during {method}: {type(exc).__name__}: {exc}") from exc
     return _results(response, url, method)
+
+
+def load_adapter(client: httpx.Client, url: str, name: str, path: str, *, timeout_s: float) -> None:
+    """Register the LoRA adapter in the folder ``path`` (on the server's node) as ``name``, through
+    vLLM's public ``POST /v1/load_lora_adapter``; raises a ``ServerError`` naming ``url`` and the fix."""
+    body = {"lora_name": name, "lora_path": path}
+    try:
+        response = client.post(f"{url}/v1/load_lora_adapter", json=body, timeout=timeout_s + 10.0)
+    except httpx.TimeoutException as exc:
+        raise ServerTimeout(
+            url, f"server {url} did not load LoRA adapter {name} within {timeout_s:.0f}s"
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise ServerError(url, f"server {url} failed to load LoRA adapter {name}: {exc}") from exc
+    if response.status_code == 404 and "lora" not in response.text.lower():
+        raise ServerError(
+            url,
+            f"server {url} has no /v1/load_lora_adapter: start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
+            "and --enable-lora",
+        )
+    if response.status_code != 200:
+        raise ServerError(
+            url, f"server {url} refused LoRA adapter {name} from {path}: HTTP {response.status_code}: "
+            f"{response.text[:500]}",
+        )  # fmt: skip
 
 
 def server_version(url: str, *, timeout_s: float = 10.0) -> int:

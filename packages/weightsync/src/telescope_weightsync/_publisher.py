@@ -27,8 +27,9 @@ import httpx
 import structlog
 import torch
 
+from telescope_weightsync._adapter import ADAPTER_NAME
 from telescope_weightsync._errors import GroupError, ServerError, UpdateError, WeightSyncError
-from telescope_weightsync._http import collective_rpc
+from telescope_weightsync._http import collective_rpc, load_adapter
 from telescope_weightsync._protocol import Layout, plan_buckets
 from telescope_weightsync._settings import PublisherSettings
 from telescope_weightsync._stream import Scratch, StreamStats, send_update
@@ -141,6 +142,16 @@ def _publish_spans(began: float, triggered: float, streamed: float, done: float)
         PublishSpan("publish/wait", streamed, done),
         PublishSpan("publish", began, done),
     ]
+
+
+def _receive_payload(
+    group: str, version: int, adapter_config: Mapping[str, Any] | None, adapter_name: str
+) -> dict[str, Any]:
+    """The argument of ``telescope_receive``: the group and version, and a LoRA adapter's name and config."""
+    payload: dict[str, Any] = {"group": group, "version": int(version)}
+    if adapter_config is not None:
+        payload["adapter"] = {"name": adapter_name, "config": dict(adapter_config)}
+    return payload
 
 
 def _update_metrics(stats: StreamStats, results: dict[str, Results], seconds: float) -> dict[str, float]:
@@ -274,9 +285,19 @@ class WeightPublisher:
 
     # ----------------------------------------------------------------------------- publish
     def publish(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int, group: str = DEFAULT_GROUP
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        version: int,
+        group: str = DEFAULT_GROUP,
+        adapter_config: Mapping[str, Any] | None = None,
+        adapter_name: str = ADAPTER_NAME,
     ) -> dict[str, float]:
         """Stream one update to every server of ``group``; return bytes, seconds and GB/s.
+
+        With ``adapter_config`` (PEFT's ``adapter_config.json`` as a dict) the tensors are a LoRA
+        adapter, which each server loads in place of the one it serves as ``adapter_name``, or
+        registers when it serves none yet (docs/weightsync.md, "LoRA adapters").
 
         Raises ``ServerError`` naming the server that failed or answered a wrong version,
         ``UpdateError`` when the update failed with no server to blame, ``GroupError`` when
@@ -288,7 +309,7 @@ class WeightPublisher:
         handle = self._group(group)
         members = self._members[group]
         start, began = time.perf_counter(), time.time()
-        payload = {"group": group, "version": int(version)}
+        payload = _receive_payload(group, version, adapter_config, adapter_name)
         sent: dict[str, float] = {}
         answered: dict[str, float] = {}
         calls: Calls = {
@@ -310,18 +331,25 @@ class WeightPublisher:
                 # The sender's side failed (a broadcast, or servers late): find a server to blame.
                 raise self._blame(calls, exc, version, f"group {group!r} ({members})") from exc
             raise
-        seconds = time.perf_counter() - start
         _check_versions(results, version)
+        if adapter_config is not None:
+            self._register_adapters(results, adapter_name)
+        seconds = time.perf_counter() - start
         self.last_update = _server_updates(results, sent, answered, group, int(version))
         self.publish_spans = _publish_spans(began, triggered, streamed, done)
         metrics = _update_metrics(stats, results, seconds)
-        log.info(
-            "weightsync.published",
-            group=group,
-            version=version,
-            **{k: round(v, 4) for k, v in metrics.items()},
-        )
+        rounded = {k: round(v, 4) for k, v in metrics.items()}
+        log.info("weightsync.published", group=group, version=version, **rounded)
         return metrics
+
+    def _register_adapters(self, results: dict[str, Results], name: str) -> None:
+        """Register the adapter each server just wrote under ``name`` where none was served yet."""
+        for url, res in results.items():
+            if all(r.get("adapter_registered") for r in res):
+                continue
+            path = str(res[0]["adapter_path"])  # TP rank 0's folder: every worker of a server shares its node
+            load_adapter(self._http(), url, name, path, timeout_s=self.settings.timeout_s)
+            log.info("weightsync.adapter_registered", server=url, name=name, path=path)
 
     def _timed_receive(
         self, url: str, payload: dict[str, Any], sent: dict[str, float], answered: dict[str, float]
@@ -448,10 +476,13 @@ class WeightPublisher:
             raise WeightSyncError("the publisher is closed")
         return self._pool
 
-    def _rpc(self, url: str, method: str, payload: dict[str, Any] | None, timeout_s: float) -> Results:
+    def _http(self) -> httpx.Client:
         if self._client is None:
             raise WeightSyncError("the publisher is closed")
-        return collective_rpc(self._client, url, method, payload, timeout_s=timeout_s)
+        return self._client
+
+    def _rpc(self, url: str, method: str, payload: dict[str, Any] | None, timeout_s: float) -> Results:
+        return collective_rpc(self._http(), url, method, payload, timeout_s=timeout_s)
 
     def _submit(
         self, url: str, method: str, payload: dict[str, Any] | None, timeout_s: float

@@ -12,6 +12,10 @@ tensor-parallel worker of the server:
   the store keys of this forming of the group).
 - ``telescope_receive(json)`` receives one update on ``{"group", "version"}`` and applies it in
   place with ``model_runner.reload_weights``; returns ``{"version", "bytes", "seconds", ...}``.
+  With ``"adapter": {"name", "config"}`` the update is a LoRA adapter: it is written into this
+  worker's folder (PEFT's format) and loaded in place of the served adapter with the worker's
+  ``add_lora`` (``load_inplace``); the answer adds ``adapter_path`` and ``adapter_registered``
+  (false: the server serves no adapter yet, the publisher registers this one over HTTP).
 - ``telescope_version()`` -> the version of the weights this worker serves (-1: base model).
 - ``telescope_leave(json)`` leaves one group (``{"group": name}``) or all (``{}``).
 - ``telescope_raw_receive(json)`` receives one plain broadcast of ``{"group", "nbytes"}`` bytes and
@@ -23,14 +27,20 @@ update and continue on the new weights. This is the only module of the package i
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import structlog
 import torch
 
+from telescope_weightsync._adapter import write_adapter
 from telescope_weightsync._errors import GroupError
 from telescope_weightsync._protocol import Layout
 from telescope_weightsync._stream import StreamStats, receive_update
@@ -56,6 +66,7 @@ class _ReceiverState:
     groups: dict[str, Group] = field(default_factory=dict[str, Group])
     layouts: dict[str, list[Layout]] = field(default_factory=dict[str, list[Layout]])
     version: int = BASE_VERSION
+    adapter_dir: Path | None = None
 
 
 class WeightReceiver:
@@ -64,6 +75,8 @@ class WeightReceiver:
     # Attributes of the vLLM worker this class is mixed into (declared only, never set here).
     vllm_config: Any
     model_runner: Any
+    add_lora: Any
+    list_loras: Any
 
     def _telescope_state(self) -> _ReceiverState:
         state = self.__dict__.get("_telescope_ws")
@@ -131,9 +144,14 @@ class WeightReceiver:
         layouts = state.layouts[name]
         stats = StreamStats()
         start = time.perf_counter()
+        adapter: dict[str, Any] | None = args.get("adapter")
+        answer: dict[str, Any] = {}
         try:
-            self.model_runner.reload_weights(weights_iterator=receive_update(group, layouts, stats))
-            self._telescope_repack_tied_lm_head()
+            if adapter is None:
+                self.model_runner.reload_weights(weights_iterator=receive_update(group, layouts, stats))
+                self._telescope_repack_tied_lm_head()
+            else:
+                answer = self._telescope_swap_adapter(adapter, dict(receive_update(group, layouts, stats)))
         except BaseException:
             # The stream position is unknown now: this group cannot carry another update.
             state.groups.pop(name, None)
@@ -145,6 +163,7 @@ class WeightReceiver:
             "weightsync.applied", group=name, version=version, bytes=stats.bytes, seconds=round(seconds, 3)
         )
         return {
+            **answer,
             "version": version,
             "bytes": stats.bytes,
             "buckets": stats.buckets,
@@ -153,6 +172,41 @@ class WeightReceiver:
             "wait_s": stats.wait_seconds,
             "seconds": seconds,
         }
+
+    def _telescope_swap_adapter(
+        self, adapter: dict[str, Any], tensors: dict[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        """Write the received LoRA adapter into this worker's folder and load it in place of the one
+        served (vLLM's worker ``add_lora`` with ``load_inplace``: requests in flight keep its id and
+        go on with the new weights). A server whose adapter is not registered yet (none loaded) only
+        gets the folder: the publisher then registers it through ``/v1/load_lora_adapter``."""
+        from vllm.lora.request import LoRARequest
+
+        folder = write_adapter(self._telescope_adapter_dir(), adapter["config"], tensors)
+        loaded = sorted(self.list_loras())
+        if len(loaded) > 1:
+            raise RuntimeError(
+                f"this server holds LoRA adapters {loaded}; a Telescope run serves exactly one "
+                "(start vLLM with --max-loras 1 and load no other adapter)"
+            )
+        if loaded:
+            request = LoRARequest(
+                lora_name=str(adapter["name"]),
+                lora_int_id=loaded[0],
+                lora_path=str(folder),
+                load_inplace=True,
+            )
+            self.add_lora(request)
+        return {"adapter_path": str(folder), "adapter_registered": bool(loaded)}
+
+    def _telescope_adapter_dir(self) -> Path:
+        """This worker's adapter folder on its own node (``TELESCOPE_ADAPTER_DIR``, else the temp dir)."""
+        state = self._telescope_state()
+        if state.adapter_dir is None:
+            root = Path(os.environ.get("TELESCOPE_ADAPTER_DIR") or tempfile.gettempdir())
+            state.adapter_dir = Path(tempfile.mkdtemp(prefix=f"telescope-adapter-{os.getpid()}-", dir=root))
+            atexit.register(shutil.rmtree, state.adapter_dir, ignore_errors=True)
+        return state.adapter_dir
 
     def _telescope_repack_tied_lm_head(self) -> None:
         """vLLM on CPU keeps the tied lm_head's oneDNN handle packed from the old weight: repack it."""

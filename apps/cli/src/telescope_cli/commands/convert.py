@@ -1,8 +1,10 @@
-"""``telescope convert CHECKPOINT OUTPUT``: a checkpoint → a Hugging Face safetensors folder.
+"""``telescope convert CHECKPOINT OUTPUT [--merge]``: a checkpoint → a Hugging Face safetensors folder.
 
 The backend that wrote the checkpoint (``meta.json``'s ``backend``) converts it with its
 ``convert_checkpoint(directory, out_dir)``, so FSDP and Megatron checkpoints both come out as one
-folder that ``transformers`` and vLLM load.
+folder that ``transformers`` and vLLM load. A LoRA checkpoint (``meta.json`` has ``lora``) comes out
+as the adapter alone in PEFT's format (``adapter_only=True``), or with ``--merge`` as the model with
+the adapter merged in.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ def run(args: argparse.Namespace) -> int:
 
     ckpt = Path(args.checkpoint)
     try:
-        backend = read_meta(ckpt).get("backend", "fsdp")
+        meta = read_meta(ckpt)
+        backend = meta.get("backend", "fsdp")
     except (CheckpointError, ValueError) as err:  # ValueError: a meta.json that is not JSON
         print(f"telescope convert: {err}", file=sys.stderr)
         return EXIT_INVALID
@@ -32,10 +35,15 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INVALID
+    adapter = "lora" in meta and not args.merge
+    options = {"adapter_only": True} if adapter else {}
     try:
-        out = found[backend].load().convert_checkpoint(ckpt, Path(args.output))
+        out = found[backend].load().convert_checkpoint(ckpt, Path(args.output), **options)
     except (FileNotFoundError, ValueError) as err:
         print(f"telescope convert: {err}", file=sys.stderr)
         return EXIT_INVALID
-    print(f"wrote {out}")
+    if adapter:
+        print(f"wrote the LoRA adapter (PEFT's format) to {out}; --merge writes the merged model instead")
+    else:
+        print(f"wrote {out}")
     return EXIT_OK
