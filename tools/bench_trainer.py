@@ -315,8 +315,8 @@ def _config(model: str, seq_len: int, gpu: bool, lora_rank: int = 0):
     import telescope_config
 
     values = {
-        "lora_rank": lora_rank,
         **telescope_config.defaults(),
+        "lora_rank": lora_rank,
         "model": model,
         "environments": [{"name": "countdown"}],
         "trainer_num_workers": 1,
@@ -372,6 +372,9 @@ def run_variant(args: argparse.Namespace) -> dict:
         trainer = create_trainer(_config(tmp, args.seq_len, gpu, lora_rank), **attention)
         if args.only == SHARED and not trainer.shares_prompts:
             raise SystemExit("bench_trainer: this trainer's attention does not share prompts")
+        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        if (args.only == LORA) != (trainable < n_params):
+            raise SystemExit(f"bench_trainer: {args.only} trains {trainable} of {n_params} parameters")
         try:
             res = _train(trainer, mbs, args, real)
         finally:

@@ -123,6 +123,14 @@ def test_lora_needs_the_fsdp_backend(run, problems, only):
     assert run({"lora_rank": 0, "train_backend": "megatron"}).config.train_backend == "megatron"
 
 
+def test_lora_rank_is_one_vllm_can_serve(run, problems, only):
+    p = only(problems({"lora_rank": 513}), "lora_rank")
+    assert p.value == 513
+    assert "512" in p.rule
+    assert "512" in p.fix  # the field's description: the largest rank vLLM serves
+    assert run({"lora_rank": 512}).config.lora_rank == 512
+
+
 @pytest.mark.parametrize("bad", ["*proj", "[qk]_proj", " "])
 def test_lora_targets_are_layer_names(bad, run, problems, only):
     p = only(problems({"lora_target_modules": ["q_proj", bad]}), "lora_target_modules")

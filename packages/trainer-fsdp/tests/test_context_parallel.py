@@ -34,6 +34,8 @@ CASES = {
         },
     ),
     "cp2_dp2": (2, 2, False, {"number_of_minibatches": 2}),
+    # LoRA adapters under CP: the same adapters (seeded init on every rank), the same merged weights
+    "lora_cp2_tied": (2, 1, True, {"lora_rank": 4, "lora_alpha": 8.0}),
 }
 
 

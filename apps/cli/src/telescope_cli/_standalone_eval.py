@@ -132,8 +132,8 @@ def _serve(cfg: Any, model: Path, run: RunDir, step: int) -> Any:
     from telescope_cli._vllm import ServerSettings, launch_server
 
     device = "cuda" if _has_cuda() else "cpu"
-    settings = ServerSettings.from_config(
-        cfg, model=str(model), device=device, seed=cfg.seed, host="127.0.0.1"
+    settings = ServerSettings.from_config(  # a LoRA run's checkpoint is served merged: no adapter here
+        cfg, model=str(model), device=device, seed=cfg.seed, host="127.0.0.1", lora_rank=0
     )
     log_path = run.path / "logs" / "inference" / f"eval_step_{step}.log"
     handle = launch_server(settings, port=_free_port(), log_path=log_path)  # beside a training run too
