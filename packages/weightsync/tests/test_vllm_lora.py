@@ -3,7 +3,8 @@
 After each update the server's greedy tokens and logprobs with the adapter (requests name
 ``ADAPTER_NAME``) equal PEFT's model (base + the same adapter) within 1e-4 in fp32, tied and untied
 embeddings: the first update registers the adapter through vLLM's public
-``/v1/load_lora_adapter``, later ones load it in place (the worker's ``add_lora``). A request in
+``/v1/load_lora_adapter``, later ones load it in place (the worker's ``add_lora``); an update
+registers it again when the worker or the API server lost it. A request in
 flight during an update goes on, with its later tokens from the new adapter. A server started
 without LoRA refuses an adapter with the flag to add.
 """
@@ -109,16 +110,35 @@ def test_adapter_updates_match_peft(vllm_launcher, tiny_model_dir, tiny_tied_mod
                 assert_serves(url, model, salt=f"v{version}")
             listed = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]]
             assert ADAPTER_NAME in listed
+            # the worker lost its adapter while the API server still names it (vLLM empties it on a full
+            # reload): the next update registers it again
+            removed = httpx.post(
+                f"{url}/collective_rpc", json={"method": "remove_lora", "args": [1]}, timeout=60
+            )
+            assert [str(r) for r in removed.raise_for_status().json()["results"]] == ["True"]
+            model, config, tensors = lora_model(model_dir, seed=4)
+            pub.publish(tensors.items(), version=3, adapter_config=config)
+            assert_serves(url, model, salt="v3")
+            # the API server forgot the name while the worker holds the adapter: registered again too
+            httpx.post(
+                f"{url}/v1/unload_lora_adapter", json={"lora_name": ADAPTER_NAME}, timeout=60
+            ).raise_for_status()
+            model, config, tensors = lora_model(model_dir, seed=5)
+            pub.publish(tensors.items(), version=4, adapter_config=config)
+            assert_serves(url, model, salt="v4")
             # the base model is still served as it was: the adapter is applied per request
             assert served(url, PROMPT, N_TOKENS, model="tiny")[0] == base_ids
             assert greedy(model, PROMPT, N_TOKENS)[0] != base_ids, "the adapter should change the output"
 
 
 def test_a_request_in_flight_goes_on_with_the_new_adapter(vllm_launcher, tiny_model_dir, tmp_path):
-    """A streaming request is frozen (vLLM's ``/pause?mode=keep``) after its first tokens, the adapter
-    is replaced in place, and the request resumes: its first tokens carry the old adapter's logprobs,
-    and later ones depart from what the old adapter alone gives (the control, generated before)."""
-    n = 240
+    """A streaming request is frozen (vLLM's ``/pause?mode=keep``) a moment after it was sent, the
+    adapter is replaced in place, and the request resumes: the tokens it had carry the old adapter's
+    logprobs, and later ones depart from what the old adapter alone gives (the control, generated
+    before). The freeze comes a fixed delay after the request, not after its first streamed tokens
+    (a starved API process can deliver a whole stream at once); too early (no token yet) or too late
+    (the request ended) tries again with another delay."""
+    n = 480
     with vllm_launcher(model_dir := tiny_model_dir, tmp_path, lora_rank=RANK) as server:
         url = server.url
         with WeightPublisher([url], PublisherSettings(timeout_s=120)) as pub:
@@ -127,13 +147,13 @@ def test_a_request_in_flight_goes_on_with_the_new_adapter(vllm_launcher, tiny_mo
             pub.publish(old.items(), version=0, adapter_config=config)
             control = served(url, PROMPT, n, salt="v0")[1]
             _, _, new = lora_model(model_dir, seed=2)
-            for attempt in range(4):
-                logprobs, before = _stream_across_update(url, pub, new, config, n, version=1 + 2 * attempt)
-                if before < n:
+            for attempt, hold in enumerate((0.05, 0.1, 0.2, 0.4, 0.8, 0.02)):
+                logprobs, before = _stream_across_update(
+                    url, pub, new, config, n, hold=hold, version=1 + 2 * attempt
+                )
+                if 1 <= before < n:
                     break
-                pub.publish(
-                    old.items(), version=2 + 2 * attempt, adapter_config=config
-                )  # finished first: again
+                pub.publish(old.items(), version=2 + 2 * attempt, adapter_config=config)  # the old one back
     assert 1 <= before < n, (
         f"the update never landed while the request ran ({before} of {n} tokens before it)"
     )
@@ -146,16 +166,16 @@ def test_a_request_in_flight_goes_on_with_the_new_adapter(vllm_launcher, tiny_mo
 
 
 def _stream_across_update(
-    url: str, pub: WeightPublisher, tensors: dict[str, torch.Tensor], config: dict, n: int, *, version: int
+    url: str, pub: WeightPublisher, tensors: dict, config: dict, n: int, *, hold: float, version: int
 ) -> tuple[list[float], int]:
-    """Stream one greedy request; once 3 tokens arrived freeze it, publish ``tensors``, resume.
-    Returns its logprobs and how many tokens it had when it was frozen."""
+    """Stream one greedy request, freeze it ``hold`` seconds after sending it, publish ``tensors``,
+    let it go on. Returns its logprobs and how many tokens it had when the update came."""
     body = {
         "model": ADAPTER_NAME, "prompt": PROMPT, "max_tokens": n, "temperature": 0, "logprobs": 0,
         "ignore_eos": True, "stream": True, "cache_salt": "v0",
     }  # fmt: skip
     logprobs: list[float] = []
-    started, errors = threading.Event(), []
+    errors: list[BaseException] = []
 
     def stream() -> None:
         try:
@@ -166,19 +186,16 @@ def _stream_across_update(
                         logprobs.extend(
                             float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs", [])
                         )
-                        if len(logprobs) >= 3:
-                            started.set()
         except BaseException as exc:
             errors.append(exc)
-            started.set()
 
     reader = threading.Thread(target=stream)
     reader.start()
-    assert started.wait(120)
+    time.sleep(hold)
     httpx.post(f"{url}/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
-    time.sleep(0.2)  # tokens already on their way to the reader arrive
-    before = len(logprobs)
     try:
+        time.sleep(0.5)  # the tokens generated before the freeze reach the reader
+        before = len(logprobs)
         pub.publish(tensors.items(), version=version, adapter_config=config)
     finally:
         httpx.post(f"{url}/resume", timeout=60).raise_for_status()

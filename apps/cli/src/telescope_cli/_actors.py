@@ -340,7 +340,8 @@ class TrainerActor:
         broadcast rank (from the request to that server's answer)."""
         start = time.time()
         try:
-            adapter = self.trainer.adapter_config()  # LoRA: the adapter alone travels
+            # LoRA: the adapter alone travels (a backend from before adapters trains the full model)
+            adapter = getattr(self.trainer, "adapter_config", lambda: None)()
             weights = self.trainer.hf_weights() if adapter is None else self.trainer.adapter_weights()
             if self.publisher is None:
                 for _ in weights:

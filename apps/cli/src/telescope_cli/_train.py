@@ -258,6 +258,12 @@ def _connect_weights(resolved: ResolvedConfig, trainers: list[Any], groups: dict
     ray.get([a.connect_weights.remote(groups, settings, loopback) for a in trainers])
 
 
+def _cause(err: BaseException) -> BaseException:
+    """The exception a Ray task raised (``RayTaskError.cause``), else ``err`` itself."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, BaseException) else err
+
+
 def _register_adapter(cfg: TelescopeConfig, trainers: list[Any], *, resuming: bool) -> None:
     """With LoRA, send the untrained adapter (``B = 0``: the base model exactly) as the weights of
     step 0: each server registers it under the name generation requests use (docs/weightsync.md,
@@ -270,8 +276,7 @@ def _register_adapter(cfg: TelescopeConfig, trainers: list[Any], *, resuming: bo
     try:
         ray.get([a.publish.remote(0) for a in trainers])
     except RayTaskError as err:
-        cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
-        raise TrainError(f"the inference servers did not take the LoRA adapter: {cause}") from None
+        raise TrainError(f"the inference servers did not take the LoRA adapter: {_cause(err)}") from None
 
 
 def _stop(state: _Run) -> None:
@@ -428,7 +433,7 @@ def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, co
             ray.get([a.wait_healthy.remote(float(cfg.ray_placement_timeout_s)) for a in actors])
             infos = ray.get(setup_refs)
         except RayTaskError as err:
-            cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
+            cause = _cause(err)
             if isinstance(cause, ServerStartError):
                 raise TrainError(str(cause)) from None
             raise TrainError(f"a worker failed to start: {cause}") from cause
@@ -459,8 +464,7 @@ def _resume(chosen: tuple[Path, dict[str, Any]], trainers: list[Any], engine: An
     try:
         ray.get([a.load_checkpoint.remote(str(path)) for a in trainers])
     except RayTaskError as err:
-        cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
-        raise TrainError(f"could not load {path}: {cause}") from None
+        raise TrainError(f"could not load {path}: {_cause(err)}") from None
     for moved in ck.set_aside_later(path.parent, step):
         log.warning("later checkpoint set aside", path=str(moved), resumed_step=step)
     engine.load_state_dict(resumed_engine_state(meta["extra_state"]["engine"], step))

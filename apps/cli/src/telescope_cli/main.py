@@ -60,7 +60,10 @@ def _add_convert_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "convert", help="turn a checkpoint into a Hugging Face safetensors folder", allow_abbrev=False
     )
     convert.add_argument("checkpoint", help="a checkpoint folder (…/checkpoints/step_N)")
-    convert.add_argument("output", help="the folder to write (config, safetensors, tokenizer)")
+    convert.add_argument(
+        "output",
+        help="the folder to write (config, safetensors, tokenizer; a LoRA adapter's files without --merge)",
+    )
     convert.add_argument(
         "--merge",
         action="store_true",

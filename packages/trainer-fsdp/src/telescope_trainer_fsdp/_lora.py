@@ -1,4 +1,4 @@
-"""LoRA adapters (PEFT) on the frozen base model, and the merged weights the servers receive.
+"""LoRA adapters (PEFT) on the frozen base model: the adapter the servers receive, and the model merged.
 
 * :func:`add_adapters` wraps the loaded model with PEFT's ``get_peft_model`` before it is sharded:
   a ``LoraConfig`` from ``lora_rank``, ``lora_alpha``, ``lora_dropout`` and ``lora_target_modules``.
@@ -8,8 +8,9 @@
   with the layer and the fix.
 * :func:`merged_hf_weights` streams the model as Hugging Face tensors with every adapter merged,
   ``W + (lora_alpha / lora_rank) B A`` (computed in float32), under the base model's names: what
-  a vLLM server without LoRA serves. Like ``_export.iter_hf_weights`` it gathers one parameter at a
-  time and is collective over the FSDP group.
+  ``telescope convert --merge`` writes, and what a vLLM server without LoRA would serve. Like
+  ``_export.iter_hf_weights`` it gathers one parameter at a time and is collective over the FSDP
+  group.
 
 * :func:`adapter_weights` streams the adapter alone under PEFT's names, and :func:`adapter_config`
   gives its ``adapter_config.json``: what a vLLM server with LoRA loads (docs/weightsync.md, "LoRA

@@ -3,9 +3,9 @@
 A folder holds ``adapter_config.json`` (PEFT's ``LoraConfig`` as JSON: ``r``, ``lora_alpha``,
 ``target_modules``, ...) and ``adapter_model.safetensors`` (the tensors under PEFT's names,
 ``base_model.model.<layer>.lora_A.weight`` and ``.lora_B.weight``). :func:`write_adapter` replaces
-both files atomically (a reader sees the old adapter or the new one, never half of one): the
-receiver rewrites the adapter a server loaded in place after every update, and vLLM may read that
-folder again at any time.
+each file atomically (a reader never sees a file half written; the weights first, then the
+config, which within a run never changes): the receiver rewrites the adapter a server loaded in
+place after every update, and vLLM may read that folder again at any time.
 
 ``ADAPTER_NAME`` is the name a run's servers serve the adapter under (generation requests use it as
 their ``model``).

@@ -14,7 +14,7 @@ import httpx
 
 from telescope_weightsync._errors import ReceiverMissing, ServerError, ServerTimeout
 
-__all__ = ["collective_rpc", "load_adapter", "probe_version", "server_version"]
+__all__ = ["collective_rpc", "load_adapter", "probe_version", "served_models", "server_version"]
 
 
 def collective_rpc(
@@ -37,11 +37,27 @@ def collective_rpc(
     return _results(response, url, method)
 
 
-def load_adapter(client: httpx.Client, url: str, name: str, path: str, *, timeout_s: float) -> None:
+def served_models(client: httpx.Client, url: str, *, timeout_s: float) -> list[str]:
+    """The names the server at ``url`` serves (``GET /v1/models``: the model, then its LoRA adapters)."""
+    try:
+        response = client.get(f"{url}/v1/models", timeout=timeout_s)
+        response.raise_for_status()
+        return [str(m["id"]) for m in response.json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise ServerError(url, f"server {url} did not list its models: {type(exc).__name__}: {exc}") from exc
+
+
+def load_adapter(
+    client: httpx.Client, url: str, name: str, path: str, *, timeout_s: float, replace: bool = False
+) -> None:
     """Register the LoRA adapter in the folder ``path`` (on the server's node) as ``name``, through
-    vLLM's public ``POST /v1/load_lora_adapter``; raises a ``ServerError`` naming ``url`` and the fix."""
+    vLLM's public ``POST /v1/load_lora_adapter`` (``replace``: unload ``name`` first, never its
+    ``load_inplace``, which vLLM 0.32 would keep and re-read from disk at every step); raises a
+    ``ServerError`` naming ``url`` and the fix."""
     body = {"lora_name": name, "lora_path": path}
     try:
+        if replace:
+            client.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=timeout_s + 10.0)
         response = client.post(f"{url}/v1/load_lora_adapter", json=body, timeout=timeout_s + 10.0)
     except httpx.TimeoutException as exc:
         raise ServerTimeout(

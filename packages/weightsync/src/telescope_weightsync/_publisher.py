@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ipaddress
+import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import structlog
@@ -29,7 +31,7 @@ import torch
 
 from telescope_weightsync._adapter import ADAPTER_NAME
 from telescope_weightsync._errors import GroupError, ServerError, UpdateError, WeightSyncError
-from telescope_weightsync._http import collective_rpc, load_adapter
+from telescope_weightsync._http import collective_rpc, load_adapter, served_models
 from telescope_weightsync._protocol import Layout, plan_buckets
 from telescope_weightsync._settings import PublisherSettings
 from telescope_weightsync._stream import Scratch, StreamStats, send_update
@@ -152,6 +154,15 @@ def _receive_payload(
     if adapter_config is not None:
         payload["adapter"] = {"name": adapter_name, "config": dict(adapter_config)}
     return payload
+
+
+def _for_server(payload: dict[str, Any], url: str) -> dict[str, Any]:
+    """``payload`` for the server at ``url``: an adapter goes into that server's own folder, named
+    after its address (one folder per server, the same on every node, reused by a restart)."""
+    if "adapter" not in payload:
+        return payload
+    folder = "telescope-adapter-" + re.sub(r"[^A-Za-z0-9]+", "-", urlsplit(url).netloc).strip("-")
+    return {**payload, "adapter": {**payload["adapter"], "folder": folder}}
 
 
 def _update_metrics(stats: StreamStats, results: dict[str, Results], seconds: float) -> dict[str, float]:
@@ -313,7 +324,8 @@ class WeightPublisher:
         sent: dict[str, float] = {}
         answered: dict[str, float] = {}
         calls: Calls = {
-            self._executor().submit(self._timed_receive, url, payload, sent, answered): url for url in members
+            self._executor().submit(self._timed_receive, url, _for_server(payload, url), sent, answered): url
+            for url in members
         }
         buckets = plan_buckets(
             self._staged(named_tensors), mode=self.settings.mode, bucket_bytes=self.settings.bucket_bytes
@@ -343,13 +355,16 @@ class WeightPublisher:
         return metrics
 
     def _register_adapters(self, results: dict[str, Results], name: str) -> None:
-        """Register the adapter each server just wrote under ``name`` where none was served yet."""
+        """Where the API server does not serve ``name`` (a server just started), register the adapter
+        each server just wrote; where it does but a worker held no adapter to load in place, register
+        it again (unload, load). The folder's path is the same on every node of a server."""
         for url, res in results.items():
-            if all(r.get("adapter_registered") for r in res):
+            served = name in served_models(self._http(), url, timeout_s=self.settings.timeout_s)
+            if served and all(r.get("adapter_loaded") for r in res):
                 continue
-            path = str(res[0]["adapter_path"])  # TP rank 0's folder: every worker of a server shares its node
-            load_adapter(self._http(), url, name, path, timeout_s=self.settings.timeout_s)
-            log.info("weightsync.adapter_registered", server=url, name=name, path=path)
+            path = str(res[0]["adapter_path"])
+            load_adapter(self._http(), url, name, path, timeout_s=self.settings.timeout_s, replace=served)
+            log.info("weightsync.adapter_registered", server=url, name=name, path=path, again=served)
 
     def _timed_receive(
         self, url: str, payload: dict[str, Any], sent: dict[str, float], answered: dict[str, float]

@@ -12,10 +12,10 @@ tensor-parallel worker of the server:
   the store keys of this forming of the group).
 - ``telescope_receive(json)`` receives one update on ``{"group", "version"}`` and applies it in
   place with ``model_runner.reload_weights``; returns ``{"version", "bytes", "seconds", ...}``.
-  With ``"adapter": {"name", "config"}`` the update is a LoRA adapter: it is written into this
-  worker's folder (PEFT's format) and loaded in place of the served adapter with the worker's
-  ``add_lora`` (``load_inplace``); the answer adds ``adapter_path`` and ``adapter_registered``
-  (false: the server serves no adapter yet, the publisher registers this one over HTTP).
+  With ``"adapter": {"name", "config", "folder"}`` the update is a LoRA adapter: it is written into
+  the server's folder on this node (PEFT's format) and loaded in place of the served adapter with the worker's
+  ``add_lora`` (``load_inplace``); the answer adds ``adapter_path`` and ``adapter_loaded`` (false:
+  the worker held no adapter, the publisher registers this one over HTTP).
 - ``telescope_version()`` -> the version of the weights this worker serves (-1: base model).
 - ``telescope_leave(json)`` leaves one group (``{"group": name}``) or all (``{}``).
 - ``telescope_raw_receive(json)`` receives one plain broadcast of ``{"group", "nbytes"}`` bytes and
@@ -178,11 +178,13 @@ class WeightReceiver:
     ) -> dict[str, Any]:
         """Write the received LoRA adapter into this worker's folder and load it in place of the one
         served (vLLM's worker ``add_lora`` with ``load_inplace``: requests in flight keep its id and
-        go on with the new weights). A server whose adapter is not registered yet (none loaded) only
+        go on with the new weights). A worker that holds no adapter (a server just started) only
         gets the folder: the publisher then registers it through ``/v1/load_lora_adapter``."""
         from vllm.lora.request import LoRARequest
 
-        folder = write_adapter(self._telescope_adapter_dir(), adapter["config"], tensors)
+        folder = write_adapter(
+            self._telescope_adapter_dir(str(adapter["folder"])), adapter["config"], tensors
+        )
         loaded = sorted(self.list_loras())
         if len(loaded) > 1:
             raise RuntimeError(
@@ -197,14 +199,17 @@ class WeightReceiver:
                 load_inplace=True,
             )
             self.add_lora(request)
-        return {"adapter_path": str(folder), "adapter_registered": bool(loaded)}
+        return {"adapter_path": str(folder), "adapter_loaded": bool(loaded)}
 
-    def _telescope_adapter_dir(self) -> Path:
-        """This worker's adapter folder on its own node (``TELESCOPE_ADAPTER_DIR``, else the temp dir)."""
+    def _telescope_adapter_dir(self, name: str) -> Path:
+        """The server's adapter folder ``name`` (the publisher's, one per server) under
+        ``TELESCOPE_ADAPTER_DIR``, else the temp dir: the same path on every node of the server,
+        each node holding its own copy, and a server started again on that port reuses it."""
         state = self._telescope_state()
-        if state.adapter_dir is None:
+        if state.adapter_dir is None or state.adapter_dir.name != name:
             root = Path(os.environ.get("TELESCOPE_ADAPTER_DIR") or tempfile.gettempdir())
-            state.adapter_dir = Path(tempfile.mkdtemp(prefix=f"telescope-adapter-{os.getpid()}-", dir=root))
+            state.adapter_dir = root / name
+            state.adapter_dir.mkdir(parents=True, exist_ok=True)
             atexit.register(shutil.rmtree, state.adapter_dir, ignore_errors=True)
         return state.adapter_dir
 
