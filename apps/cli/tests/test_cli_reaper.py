@@ -76,6 +76,40 @@ def test_the_exit_code_of_the_command_is_recorded(tmp_path):
     assert pid_file.read_text().splitlines()[1] == "7"
 
 
+def test_a_killed_command_reads_as_killed_at_once_never_as_unknown(tmp_path):
+    """The server's view (``_Detached.poll``) after SIGKILL of the command: running until the reaper
+    has recorded the code, then -9, and -9 is recorded before the rest of the group is stopped."""
+    from telescope_cli._actors import _Detached
+    from telescope_cli._reaper import describe_exit
+
+    reaper, server = _launch(tmp_path)
+    group = _group(server)
+    view = _Detached(tmp_path / "server.pid")
+    assert view.poll() is None
+    os.kill(server, signal.SIGKILL)  # the sleep child lives on until the reaper stops the group
+    seen = set()
+    deadline = time.monotonic() + 30
+    while (code := view.poll()) is None and time.monotonic() < deadline:
+        seen.add(code)
+        time.sleep(0.01)
+    assert code == -signal.SIGKILL, (code, seen)
+    assert describe_exit(code) == "was killed by SIGKILL"
+    assert _wait_dead([reaper, *group]) == []
+    assert view.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_exit_codes_are_described_as_a_user_reads_them():
+    from telescope_cli._reaper import UNKNOWN_EXIT, describe_exit
+
+    assert describe_exit(1) == "exited with code 1"
+    assert describe_exit(0) == "exited with code 0"
+    assert describe_exit(-9) == "was killed by SIGKILL"
+    assert describe_exit(-6) == "was killed by SIGABRT"
+    assert describe_exit(143) == "was stopped on SIGTERM (exit code 143)"
+    assert describe_exit(-200) == "was killed by signal 200"
+    assert "reaper died" in describe_exit(UNKNOWN_EXIT)
+
+
 def test_a_missing_command_is_a_usage_error(tmp_path):
     result = subprocess.run([*REAPER, "--pid-file", str(tmp_path / "p")], capture_output=True, check=False)
     assert result.returncode == 2

@@ -151,7 +151,7 @@ def probe(monkeypatch):
 
 async def test_a_dead_server_leaves_the_pool_restarts_and_gets_the_pool_s_weights_before_it_serves(probe):
     sup, _engine, _actors, _trainer, calls, events = _supervisor()
-    await sup.lose(B, "its vLLM process exited with code -9")
+    await sup.lose(B, "its vLLM process was killed by SIGKILL")
     await _settle(sup)
     order = [(who, what, args) for who, what, args in calls if what != "exit_code"]
     assert order == [
@@ -173,7 +173,7 @@ async def test_a_lost_server_is_reported_to_the_evals_and_a_restarted_one_to_the
     told: list[str] = []
     restarted: list = []
     sup.on_lost, sup.on_restarted = told.append, restarted.append
-    await sup.lose(B, "its vLLM process exited with code -9")
+    await sup.lose(B, "its vLLM process was killed by SIGKILL")
     await sup.lose(B, "reported again while out")  # once
     await _settle(sup)
     assert told == [B]
@@ -266,7 +266,7 @@ async def test_an_unreachable_server_that_answers_the_probe_is_kept(probe):
 async def test_past_its_restarts_a_server_is_given_up_and_with_none_left_the_engine_fails(probe):
     sup, engine, actors, _trainer, _calls, events = _supervisor(max_restarts=1, servers=(A,))
     actors[A].restart_fails = 1
-    await sup.lose(A, "its vLLM process exited with code -9")
+    await sup.lose(A, "its vLLM process was killed by SIGKILL")
     await _settle(sup)
     assert isinstance(engine.failed, ServersGone)
     message = str(engine.failed)
@@ -301,7 +301,7 @@ async def test_the_watcher_restarts_an_exited_server_and_one_failing_health_too_
             break
     await sup.close()
     reasons = {d["server"]: d["reason"] for k, d in events if k == "server_down"}
-    assert reasons[B] == "its vLLM process exited with code -9"
+    assert reasons[B] == "its vLLM process was killed by SIGKILL"
     assert reasons[A].startswith("/health failed for")
 
 
@@ -362,7 +362,7 @@ async def test_a_resync_broken_by_another_server_loses_that_one_and_restarts_vll
     trainer.form_errors = [RuntimeError("GroupError: http://a:1 failed to join")]
     trainer.on_failure = lambda: setattr(actors[A], "code", -9)  # a dies while b rejoins
     actors[A].restart_fails = 99
-    await sup.lose(B, "its vLLM process exited with code -9")
+    await sup.lose(B, "its vLLM process was killed by SIGKILL")
     for _ in range(100):
         await asyncio.sleep(0)
         if ("engine", "server_back", (B, 2)) in calls:

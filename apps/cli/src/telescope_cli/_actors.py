@@ -33,7 +33,9 @@ class _Detached:
     """A Popen-like view of a server run by the detached reaper (not our child).
 
     ``pid`` is the reaper's (its process group is its own: signalling it stops vLLM cleanly);
-    ``poll()`` watches the vLLM process and reads its exit code from the reaper's pid file.
+    ``poll()`` watches the vLLM process and reads its exit code from the reaper's pid file (the
+    code of a process killed by signal N is -N, as with ``Popen``; ``UNKNOWN_EXIT`` when the reaper
+    died without recording it).
     """
 
     def __init__(self, pid_file: Path) -> None:
@@ -43,11 +45,15 @@ class _Detached:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        from telescope_cli._reaper import pid_alive
+        from telescope_cli._reaper import UNKNOWN_EXIT, pid_alive
 
         if self.returncode is None and not pid_alive(self.server_pid):
             lines = self.pid_file.read_text().split("\n") if self.pid_file.exists() else []
-            self.returncode = int(lines[1]) if len(lines) > 1 and lines[1].strip() else -1
+            if len(lines) > 1 and lines[1].strip():
+                self.returncode = int(lines[1])
+            elif not pid_alive(self.pid):  # the reaper died too, without recording the code
+                self.returncode = UNKNOWN_EXIT
+            # else: the reaper has not collected the code yet (within POLL_S): still running
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

@@ -14,7 +14,8 @@ there) and kills that whole group when any of these happens:
 - the command exits (stray children included).
 
 ``FILE`` holds ``<reaper pid> <command pid>`` and, once the command has exited, a second line
-with its exit code.
+with its exit code (``-N``: killed by signal N; ``128 + N``: stopped by the reaper on signal N),
+written before the rest of the group is stopped.
 """
 
 from __future__ import annotations
@@ -31,6 +32,25 @@ from pathlib import Path
 
 GRACE_S = 15.0
 POLL_S = 0.5
+
+
+UNKNOWN_EXIT = -1000
+"""The exit code of a command whose reaper died before it could record the real one."""
+
+
+def describe_exit(code: int) -> str:
+    """How a command ended, for messages: ``exited with code 1``, ``was killed by SIGKILL``."""
+    if code == UNKNOWN_EXIT:
+        return "exited (its reaper died before recording the exit code)"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    if code > 128:
+        with contextlib.suppress(ValueError):
+            return f"was stopped on {signal.Signals(code - 128).name} (exit code {code})"
+    return f"exited with code {code}"
 
 
 def pid_alive(pid: int) -> bool:
@@ -76,9 +96,11 @@ def _reap(cmd: list[str], watch: int | None, pid_file: Path) -> int:
     tmp.replace(pid_file)  # atomic: the launcher never reads half a line
 
     def finish(code: int) -> int:
-        kill_group(proc.pid, reap=proc.poll)
+        # the code first: whoever watches the command learns how it ended while the rest of its
+        # group is still being stopped (up to GRACE_S)
         with contextlib.suppress(OSError), pid_file.open("a") as fh:
             fh.write(f"{code}\n")
+        kill_group(proc.pid, reap=proc.poll)
         return code
 
     def on_signal(signum: int, frame: object) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import structlog
 
+from telescope_cli._reaper import describe_exit
 from telescope_rollout import RolloutError
 
 __all__ = ["RESTART_GROUP", "ServerSupervisor", "ServersGone"]
@@ -256,7 +257,7 @@ class ServerSupervisor:
             code = await server.actor.exit_code.remote()
         except Exception as exc:  # its Ray actor is gone (a dead node): restarting it will say so
             return f"its actor does not answer ({type(_cause(exc)).__name__}: {_cause(exc)})"
-        return None if code is None else f"its vLLM process exited with code {code}"
+        return None if code is None else f"its vLLM process {describe_exit(code)}"
 
     # ------------------------------------------------------------------ death and restart
     async def _reported(self, url: str, error: str) -> None:

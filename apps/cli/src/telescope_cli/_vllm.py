@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import httpx
 import structlog
 
+from telescope_cli._reaper import describe_exit
 from telescope_rollout.engine import config_values
 
 if TYPE_CHECKING:
@@ -346,7 +347,8 @@ class ServerHandle:
         """Raise :class:`ServerDiedError` (with the classified log tail) if the server exited."""
         if not self.alive():
             raise _failure(
-                f"vLLM server {self.index} ({self.url}) died with exit code {self.process.returncode}",
+                f"vLLM server {self.index} ({self.url}) died: it "
+                f"{describe_exit(self.process.returncode or 0)}",
                 self.log_path,
                 ServerDiedError,
             )
@@ -363,8 +365,8 @@ class ServerHandle:
         while True:
             if not self.alive():
                 raise _failure(
-                    f"vLLM server {self.index} on port {self.port} exited with code "
-                    f"{self.process.returncode}",
+                    f"vLLM server {self.index} on port {self.port} "
+                    f"{describe_exit(self.process.returncode or 0)}",
                     self.log_path,
                 )
             if self.healthy():
