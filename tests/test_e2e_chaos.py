@@ -9,7 +9,8 @@ model, configs/ci/e2e_tiny.yaml.
   step is recorded once, and nothing of the run is left running;
 - a server whose engine hangs (SIGSTOP: ``/health`` still answers) is found by a probe through its
   engine (the watcher's, within ``inference_health_timeout_seconds``, or the one before a weight
-  update, within ``weight_broadcast_timeout_s``) and restarted;
+  update, within ``weight_broadcast_timeout_s``) and restarted; a LoRA run, so the restarted
+  server registers the adapter again and serves the trainer's current one;
 - restarts exhausted (``inference_max_restarts: 0``): the run stops with exit 1, a message naming
   the server, its log and the fix, after a checkpoint of the last step, with no process left;
 - trainer rank 1 of 2 SIGKILLed after step 3 with a checkpoint every 2 steps: new ranks load step 2
@@ -170,10 +171,12 @@ def test_a_server_whose_engine_hangs_is_restarted_within_the_health_timeout(tmp_
     run = tmp_path / "run"
     t0 = time.monotonic()
     # step 3's groups (200 tokens each) are frozen by vLLM's pause, then its engine core is stopped:
-    # the loop waits for their batch while the watcher's probes go unanswered
+    # the loop waits for their batch while the watcher's probes go unanswered. A LoRA run: the
+    # restarted server must register the adapter again and load the current one before it serves
     proc = start(run, *args(tiny_model_dir, "--number_of_steps", "5", "--max_async_rollout", "0",
                             "--max_tokens", "200", "--inference_health_timeout_seconds", "15",
-                            "--weight_broadcast_timeout_s", "30"))  # fmt: skip
+                            "--weight_broadcast_timeout_s", "30", "--lora_rank", "8", "--lora_alpha", "16",
+                            "--learning_rate", "1e-2"))  # fmt: skip
     wait_for_step(run, proc, 2)
     pause_generation(run)
     _, engine = server_pids(run)
@@ -195,7 +198,13 @@ def test_a_server_whose_engine_hangs_is_restarted_within_the_health_timeout(tmp_
     to_end = time.monotonic() - stopped
     print(f"hung server restarted in {restarted['seconds']:.1f} s; {to_end:.0f} s from the hang to the end")
     assert lines[-1]["restarts/inference"] == 1.0
-    assert all(m["kl_divergence_inference"] < 1e-6 for m in lines)
+    # the restarted server serves the trainer's adapter (the base model alone, or an adapter a step
+    # old at this learning rate, is orders of magnitude off), and only the adapter ever travels
+    assert all(m["kl_divergence_inference"] < 1e-6 for m in lines), [
+        m["kl_divergence_inference"] for m in lines
+    ]
+    model_bytes = sum(f.stat().st_size for f in Path(tiny_model_dir).glob("*.safetensors"))
+    assert all(0 < m["weight_sync/bytes"] < model_bytes / 4 for m in lines)
 
 
 def test_restarts_exhausted_stop_the_run_after_a_checkpoint(tmp_path, tiny_model_dir):
