@@ -136,10 +136,12 @@ def test_a_request_in_flight_goes_on_with_the_new_adapter(vllm_launcher, tiny_mo
     adapter is replaced in place, and the request resumes: the tokens it had carry the old adapter's
     logprobs, and later ones depart from what the old adapter alone gives (the control, generated
     before). The freeze comes a fixed delay after the request, not after its first streamed tokens
-    (a starved API process can deliver a whole stream at once); too early (no token yet) or too late
-    (the request ended) tries again with another delay."""
-    n = 480
-    with vllm_launcher(model_dir := tiny_model_dir, tmp_path, lora_rank=RANK) as server:
+    (a starved API process can deliver a whole stream at once); too early (no token yet) tries again
+    with twice the delay, too late (the request ended) with a third of it, so a loaded machine
+    finds its delay."""
+    n = 1000  # the longest the tiny model takes (1024 positions): the widest window for the freeze
+    long = ["--max-model-len", "1024"]
+    with vllm_launcher(model_dir := tiny_model_dir, tmp_path, lora_rank=RANK, extra_args=long) as server:
         url = server.url
         with WeightPublisher([url], PublisherSettings(timeout_s=120)) as pub:
             pub.connect()
@@ -147,13 +149,15 @@ def test_a_request_in_flight_goes_on_with_the_new_adapter(vllm_launcher, tiny_mo
             pub.publish(old.items(), version=0, adapter_config=config)
             control = served(url, PROMPT, n, salt="v0")[1]
             _, _, new = lora_model(model_dir, seed=2)
-            for attempt, hold in enumerate((0.05, 0.1, 0.2, 0.4, 0.8, 0.02)):
+            hold = 0.1
+            for attempt in range(10):
                 logprobs, before = _stream_across_update(
                     url, pub, new, config, n, hold=hold, version=1 + 2 * attempt
                 )
                 if 1 <= before < n:
                     break
                 pub.publish(old.items(), version=2 + 2 * attempt, adapter_config=config)  # the old one back
+                hold = hold * 2 if before == 0 else hold / 3  # too early: later; too late: sooner
     assert 1 <= before < n, (
         f"the update never landed while the request ran ({before} of {n} tokens before it)"
     )
