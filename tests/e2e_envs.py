@@ -8,6 +8,8 @@
 - ``LongPromptEnv``: every prompt is far longer than the tests' ``max_model_len``.
 - ``EchoToolEnv``: a tool environment whose every model turn counts as one call of its ``echo``
   tool (a random model writes no call syntax), two turns per episode, the digits reward.
+- ``HeldToolEnv``: ``EchoToolEnv`` whose first tool call waits two minutes, so its group is still
+  in flight, its reward not begun, when the batches after it are assembled.
 - ``BrokenRewardEnv``: every reward raises the same error (a grader that is down).
 """
 
@@ -83,6 +85,21 @@ class EchoToolEnv(ToolEnvironment):
     def compute_reward(self, state: Any, eos_token: str = "") -> RewardResult:
         text = state.last_completion_text
         return RewardResult(sum(c.isdigit() for c in text) / max(len(text), 1), self.get_tool_metrics(state))
+
+
+class HeldToolEnv(EchoToolEnv):
+    """``EchoToolEnv`` whose first tool call waits (without blocking the event loop) two minutes:
+    an asynchronous run cancels its group as too stale (``max_async``) before it ends."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._held = False
+
+    async def execute_tool(self, call: ToolCall, state: Any = None) -> tuple[bool, str]:
+        if not self._held:
+            self._held = True
+            await asyncio.sleep(120.0)
+        return await super().execute_tool(call, state)
 
 
 class LongPromptEnv(SingleTurnEnvironment):

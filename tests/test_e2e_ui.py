@@ -5,7 +5,10 @@ after training) runs while `telescope ui` (the real command, on a free port) ser
 the metrics page shows a step within a few seconds of its line in `metrics.jsonl`. After the run,
 every page opens without a console error, a click path from a step to a group to a sample shows
 that sample's prompt and reward as the record has them, the evals page lists the eval's items and
-the timeline draws the run's generations. Screenshots of each page go to the test's folder.
+the timeline draws the run's generations over the window the run took. The run is asynchronous
+(``max_async_rollout`` 1, as the quickstart's) and its tool environment holds its first group
+past two batches, so the record holds a cancelled group whose reward never began. Screenshots of
+each page go to the test's folder.
 """
 
 from __future__ import annotations
@@ -56,11 +59,12 @@ def test_the_inspector_on_a_real_run(tmp_path, tiny_model_dir):
 
     runs = tmp_path / "runs"
     run_dir = runs / "real"
-    envs = '[{"name": "' + DIGITS_NAME + '"}, {"name": "e2e_envs:EchoToolEnv"}]'
+    envs = '[{"name": "' + DIGITS_NAME + '"}, {"name": "e2e_envs:HeldToolEnv"}]'
+    began = time.time()
     train = start(
         run_dir, "--quiet", *base_args(tiny_model_dir), *SCALE_DOWN, "--number_of_steps", "3",
         "--environments", envs, "--evals", f'[{{"name": "{DIGITS_NAME}", "num_samples": 2, "pass_k": [2]}}]',
-        "--eval_after_training", "true",
+        "--eval_after_training", "true", "--max_async_rollout", "1",
     )  # fmt: skip
     ui = None
     try:
@@ -76,9 +80,10 @@ def test_the_inspector_on_a_real_run(tmp_path, tiny_model_dir):
             _ready(page, "runs")
             _live_step(page, url, run_dir, train)
             assert train.wait(timeout=600) == 0, (runs / "real.console").read_text()[-3000:]
+            ended = time.time()
             _every_page(page, url, tmp_path)
             _click_to_a_sample(page, url, run_dir, tmp_path)
-            _evals_and_timeline(page, url, run_dir, tmp_path)
+            _evals_and_timeline(page, url, run_dir, (began, ended))
             assert errors == []
             browser.close()
     finally:
@@ -130,8 +135,9 @@ def _click_to_a_sample(page, url: str, run_dir: Path, tmp_path: Path) -> None:
         _ready(page, "rollouts")
 
     click("#steps-panel tr[data-key='2']")
-    click(f"#groups-panel tr[data-key='{group}']")
-    click(f"#groups-panel tr[data-key='{sample['sample_id']}']")
+    # the groups panel holds the step's groups, then the chosen group's samples (ids may repeat)
+    click(f"#groups-panel table:nth-of-type(1) tr[data-key='{group}']")
+    click(f"#groups-panel table:nth-of-type(2) tr[data-key='{sample['sample_id']}']")
     assert page.text_content("#sample-prompt") == sample["prompt"]
     shown = page.text_content("#sample-reward").split()
     assert shown[0] == "reward", shown
@@ -141,7 +147,10 @@ def _click_to_a_sample(page, url: str, run_dir: Path, tmp_path: Path) -> None:
     page.screenshot(path=str(tmp_path / "sample.png"), full_page=True)
 
 
-def _evals_and_timeline(page, url: str, run_dir: Path, tmp_path: Path) -> None:
+def _evals_and_timeline(page, url: str, run_dir: Path, took: tuple[float, float]) -> None:
+    """The evals page lists the eval's items; the timeline draws every generation in a window
+    that begins and ends with what the run did (not at the epoch: a cancelled sample's reward,
+    which never ran, has no time)."""
     _open(page, f"{url}#/r/real/evals", "evals")
     assert page.locator("details.panel").count() == 2  # two eval items, pass@2 each
     _open(page, f"{url}#/r/real/timeline", "timeline")
@@ -150,3 +159,13 @@ def _evals_and_timeline(page, url: str, run_dir: Path, tmp_path: Path) -> None:
     assert generations > 0
     assert page.get_attribute("#timeline-canvas", "data-bars") == str(generations)
     assert int(page.get_attribute("#timeline-canvas", "data-spans")) > 0
+    samples = pq.read_table(run_dir / "records" / "samples").to_pylist()
+    seen = sorted({(s["step"], s["env"], s["group_id"], s["status"]) for s in samples})
+    assert any(s["status"] == "cancelled" for s in samples), f"the run cancelled no group: {seen}"
+    first = min(e["started_at"] for e in events)
+    last = max(e["ended_at"] if e["ended_at"] is not None else e["started_at"] for e in events)
+    start = float(page.get_attribute("#timeline-canvas", "data-start"))
+    end = float(page.get_attribute("#timeline-canvas", "data-end"))
+    assert took[0] <= start <= first, (took, start, first)
+    assert last <= end <= took[1], (last, end, took)
+    assert page.text_content("#timeline-range") != "no events yet"

@@ -84,6 +84,29 @@ def test_rollout_events_lie_within_the_samples_lifetime():
     assert (tool["started_at"], tool["ended_at"], tool["detail"]) == (101.1, 101.35, "add")
 
 
+def test_a_phase_that_never_happened_has_no_row_and_no_time_zero():
+    from telescope_rollout.engine import ScoredSample, Turn
+
+    # a sample cancelled after its first turn: it was never scored (the engine's own dataclass)
+    turn = Turn(index=0, role="model", turn_type="generation", server="http://a", start=200.5, end=201.0)
+    ids = {"group_id": 1, "sample_id": 2, "env_name": "e"}
+    cancelled = ScoredSample(**ids, dispatched_at=200.0, turns=[turn], error="cancelled", finished_at=201.5)
+    events = rollout_event_rows(5, "train", cancelled, final="cancelled", detail="max_async", at=999.0)
+    assert [e["event"] for e in events] == ["dispatched", "generation", "cancelled"]
+    assert [e["started_at"] for e in events] == [200.0, 200.5, 201.5]
+    # a fake or an older engine that wrote 0.0 for "never": no reward row at the epoch either
+    old = _sample(reward_start=0.0, reward_end=0.0, finished_at=0.0)
+    events = rollout_event_rows(5, "train", old, final="cancelled", at=300.0)
+    assert "reward" not in [e["event"] for e in events]
+    assert min(e["started_at"] for e in events) == 100.0
+    assert events[-1]["started_at"] == 300.0  # no finish time of its own: the caller's
+    row = sample_row(5, "cancelled", "max_async", ScoredSample(group_id=1, sample_id=3, env_name="e"))
+    assert (row["dispatched_at"], row["finished_at"]) == (None, None)
+    # an eval sample with no time at all and no caller's time: no row rather than one at 0
+    never = ScoredSample(group_id=-1, sample_id=4, env_name="e")
+    assert rollout_event_rows(5, "eval:x", never, final="evaluated") == []
+
+
 def _batch(step):
     kept = SimpleNamespace(samples=[_sample(sample_id=step * 10)], sample_index=11)
     group = SimpleNamespace(samples=[_sample(sample_id=step * 10 + 1)], sample_index=12)

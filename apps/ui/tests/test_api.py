@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -40,8 +41,8 @@ def get(client: TestClient, path: str, **params: Any) -> Any:
     return response.json()
 
 
-def _table(runs: Path, table: str, step: int) -> list[dict[str, Any]]:
-    return pq.read_table(runs / "demo" / "records" / table / f"step_{step:06d}.parquet").to_pylist()
+def _table(runs: Path, table: str, step: int, run: str = "demo") -> list[dict[str, Any]]:
+    return pq.read_table(runs / run / "records" / table / f"step_{step:06d}.parquet").to_pylist()
 
 
 def test_runs_page_lists_status_progress_and_config_facts(client: TestClient) -> None:
@@ -138,6 +139,52 @@ def test_timeline_window_and_buckets(client: TestClient, runs: Path, monkeypatch
     busy = get(client, "/api/timeline", run="demo")
     assert busy["bars"] == []
     assert sum(b["n"] for b in busy["busy"]["buckets"]) == len(generations)
+
+
+def test_an_old_records_never_happened_rows_at_time_zero_do_not_stretch_the_timeline(tmp_path: Path) -> None:
+    # records of earlier versions held a `reward` row at 0.0 for every sample never scored
+    run = tmp_path / "runs" / "old"
+    synthetic_run(run, steps=2, samples=8, group_size=4)
+    path = run / "records" / "rollout_events" / "step_000002.parquet"
+    table = pq.read_table(path)
+    real = table.to_pylist()
+    sid = real[0]["sample_id"]
+    never = {"event": "reward", "started_at": 0.0, "ended_at": 0.0}
+    zero = [{**r, **never} for r in real if r["event"] == "reward"]
+    pq.write_table(pa.Table.from_pylist(real + zero, schema=table.schema), path)
+    every = [e for s in (1, 2) for e in _table(tmp_path / "runs", "rollout_events", s, run="old")]
+    lo = min(e["started_at"] for e in every if e["started_at"] > 0)
+    hi = max(e["ended_at"] for e in every)
+    with TestClient(create_app([tmp_path / "runs"]), base_url=LOCAL) as c:
+        whole = get(c, "/api/timeline", run="old")
+        sample = get(c, "/api/sample", run="old", step=2, id=sid)
+    assert lo > 1e9  # a real time, not the epoch
+    assert whole["run_start"] >= lo
+    assert whole["start"] >= lo
+    assert whole["end"] >= hi
+    assert len(whole["bars"]) == sum(1 for e in every if e["event"] == "generation")
+    assert all(e["started_at"] > 0 for e in sample["events"])
+    assert [e["event"] for e in sample["events"]].count("reward") == 1
+
+
+def test_the_timeline_ends_where_the_run_last_did_something(tmp_path: Path) -> None:
+    # a long event early and a short one last: the window ends at the short one's end, not at
+    # the last event's time plus the longest duration
+    run = tmp_path / "runs" / "late"
+    synthetic_run(run, steps=2, samples=8, group_size=4)
+    path = run / "records" / "orchestrator_events" / "step_000002.parquet"
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    rows[0]["duration_s"] = 3600.0  # a step's early event that lasted an hour (as a long eval)
+    rows[-1]["duration_s"] = None
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+    ends = [r["time"] + (r["duration_s"] or 0.0) for r in rows]
+    for t in ("rollout_events", "trainer_spans"):
+        ends += [e["ended_at"] for s in (1, 2) for e in _table(tmp_path / "runs", t, s, run="late")]
+    with TestClient(create_app([tmp_path / "runs"]), base_url=LOCAL) as c:
+        whole = get(c, "/api/timeline", run="late")
+    assert whole["end"] == whole["run_end"] == pytest.approx(max(ends), abs=1e-6)
+    assert whole["end"] < rows[-1]["time"] + 3600.0
 
 
 def test_infra_setup_model_and_evals(client: TestClient, runs: Path) -> None:

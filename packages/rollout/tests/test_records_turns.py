@@ -231,7 +231,7 @@ async def test_a_drained_sample_keeps_the_turns_it_completed(tokenizer):
     assert (cancelled[0].reason, s0.error) == ("eval_drain", "cancelled")
     assert [(t.index, t.role) for t in s0.turns] == [(0, "model"), (1, "env")]
     assert s0.dispatched_at <= s0.turns[-1].end <= s0.finished_at
-    assert s0.reward_start == 0.0  # never scored
+    assert (s0.reward_start, s0.reward_end) == (None, None)  # never scored
     assert len(s1.turns) == 6  # its sibling had finished
 
 

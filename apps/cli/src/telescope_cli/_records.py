@@ -40,6 +40,12 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def _when(value: Any) -> float | None:
+    """A wall-clock time, or None when it did not happen: None, or 0.0 from an engine or a fake
+    that used 0 for "never" (a row at the epoch would stretch every timeline back to 1970)."""
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
 def _timing(s: Any, key: str) -> float | None:
     timings = _get(s, "timings", {})
     return timings.get(key) if isinstance(timings, dict) else None
@@ -67,8 +73,8 @@ def _common(s: Any) -> dict[str, Any]:
         "queue_s": _timing(s, "queue_s"),
         "generation_s": _timing(s, "generation_s"),
         "reward_s": _timing(s, "reward_s"),
-        "dispatched_at": _get(s, "dispatched_at"),
-        "finished_at": _get(s, "finished_at"),
+        "dispatched_at": _when(_get(s, "dispatched_at")),
+        "finished_at": _when(_get(s, "finished_at")),
     }
 
 
@@ -188,27 +194,30 @@ def rollout_event_rows(
     step: int, source: str, s: Any, *, final: str, detail: str | None = None, at: float | None = None
 ) -> list[dict[str, Any]]:
     """Rows of ``rollout_events`` for one sample: dispatched, each turn, each tool call, the reward,
-    then ``final`` (kept, discarded, cancelled; ``detail`` = the reason) at its finish time (or ``at``)."""
+    then ``final`` (kept, discarded, cancelled; ``detail`` = the reason) at its finish time (or ``at``).
+
+    Only what happened has a row: a phase without a start time (a cancelled sample's reward, a
+    prompt that never reached a server) has none, so every row's times are real wall clock."""
     rows: list[dict[str, Any]] = []
+
+    def add(event: str, start: Any, end: Any, **more: Any) -> None:
+        began = _when(start)
+        if began is not None:
+            rows.append(_event(step, source, s, event, began, _when(end), **more))
+
     dispatched = _get(s, "dispatched_at")
-    if dispatched is not None:
-        rows.append(_event(step, source, s, "dispatched", dispatched, dispatched))
+    add("dispatched", dispatched, dispatched)
     for t in _get(s, "turns", []):
         model = _get(t, "role") == "model"
         kind, server = ("generation", _get(t, "server")) if model else ("env_response", None)
-        rows.append(_event(step, source, s, kind, _get(t, "start"), _get(t, "end"), server=server,
-                           turn_index=_get(t, "index")))  # fmt: skip
+        add(kind, _get(t, "start"), _get(t, "end"), server=server, turn_index=_get(t, "index"))
     for i, c in enumerate(_get(s, "tool_calls", [])):
         start, duration = c.get("start"), c.get("duration_s")
         end = start + duration if start is not None and duration is not None else None
-        rows.append(
-            _event(step, source, s, "tool_execution", start, end, turn_index=i, detail=c.get("tool_name"))
-        )
-    reward_start = _get(s, "reward_start")
-    if reward_start is not None:
-        rows.append(_event(step, source, s, "reward", reward_start, _get(s, "reward_end")))
-    end = _get(s, "finished_at", at)
-    rows.append(_event(step, source, s, final, end, end, detail=detail))
+        add("tool_execution", start, end, turn_index=i, detail=c.get("tool_name"))
+    add("reward", _get(s, "reward_start"), _get(s, "reward_end"))
+    end = _when(_get(s, "finished_at")) or at
+    add(final, end, end, detail=detail)
     return rows
 
 

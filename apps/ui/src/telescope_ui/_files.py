@@ -44,8 +44,28 @@ def step_files(run: Path, table: str, step: int | None) -> list[str]:
     return sorted(e.path for e in entries if e.name == exact or e.name.startswith(prefix))
 
 
+def _earliest_real(path: str, column: str) -> float:
+    """The earliest time above 0 in ``column`` (inf when none): read when the statistics say 0,
+    which only records of earlier versions hold (a row at 0.0 for a phase that never
+    happened, see ``_queries.HAPPENED``)."""
+    values = pq.read_table(path, columns=[column]).column(column).to_pylist()
+    return min((float(v) for v in values if v is not None and v > 0), default=float("inf"))
+
+
+def _latest_end(path: str, time: str, duration: str) -> float:
+    """The latest ``time + duration`` of a file (a missing duration counts as 0): the statistics'
+    latest time plus their longest duration would end the window after the run did."""
+    rows = pq.read_table(path, columns=[time, duration]).to_pylist()
+    ends = (r[time] + (r[duration] or 0.0) for r in rows if r[time] is not None)
+    return max((float(e) for e in ends), default=float("-inf"))
+
+
 def _range(path: str, table: str) -> tuple[float, float] | None:
-    """(earliest start, latest end) of a file from its statistics; None when it has no rows."""
+    """(earliest start, latest end) of a file from its statistics; None when it has no rows.
+
+    Times of 0 or below are not times (an old record's never-happened rows): the earliest start
+    is then read from the column itself, above 0. A table with durations has its latest end read
+    from its rows."""
     first, last, duration = _TIME_COLUMNS[table]
     meta = pq.ParquetFile(path).metadata
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
@@ -64,7 +84,11 @@ def _range(path: str, table: str) -> tuple[float, float] | None:
                 hi = max(hi, float(stats.max))
             else:
                 extra = max(extra, float(stats.max))
-    return (lo, hi + extra) if lo <= hi else None
+    if lo <= 0 < hi:
+        lo = _earliest_real(path, first)
+    if duration is not None and extra > 0:
+        hi = max(hi, _latest_end(path, first, duration))
+    return (lo, hi) if 0 < lo <= hi else None
 
 
 class TimeIndex:

@@ -159,20 +159,20 @@ def sample_detail(
     sample = found[0]
     sample["info"] = _json_or_text(sample.get("info"))
 
-    def part(name: str, order: str) -> list[dict[str, Any]]:
+    def part(name: str, order: str, where: str = "true") -> list[dict[str, Any]]:
         paths = step_files(run, name, step)
         if not paths:
             return []
         return rows(
             cursor,
             f"select * exclude (attempt, step) from read_parquet(?, union_by_name = true) "
-            f"where sample_id = ? and source = ? and attempt = ? order by {order}",
+            f"where sample_id = ? and source = ? and attempt = ? and {where} order by {order}",
             [paths, sample_id, source, sample["attempt"]],
         )
 
     sample["turns"] = part("turns", "turn_index")
     sample["tool_calls"] = part("tool_calls", "call_index")
-    sample["events"] = part("rollout_events", "started_at")
+    sample["events"] = part("rollout_events", "started_at", HAPPENED)
     sample["environment"] = _environment(cursor, run, sample.get("env"))
     return sample
 
@@ -231,6 +231,11 @@ def eval_items(cursor: Any, run: Path, step: int, eval_name: str | None) -> list
         [files, *params],
     )
 
+
+HAPPENED = "started_at > 0"
+"""Rows of ``rollout_events`` that happened: records of earlier versions hold a ``reward``
+row at time 0.0 for every sample that was never scored (cancelled, or dropped at dispatch); they
+are left out wherever times are read, so an old run's timeline still shows its own window."""
 
 WIDE_FILES = 40
 """A timeline window over more step files than this is the overview: generations as busy buckets
@@ -328,8 +333,8 @@ def _busy_from_facts(
         found = rows(
             cursor,
             "select filename, server, count(*) as n, min(started_at) as lo, max(ended_at) as hi "
-            "from read_parquet(?, union_by_name = true, filename = true) where event = 'generation' "
-            "group by all",
+            "from read_parquet(?, union_by_name = true, filename = true) "
+            f"where event = 'generation' and {HAPPENED} group by all",
             [missing],
         )
         by_file: dict[str, list[tuple[str, int, float, float]]] = {}
@@ -359,7 +364,7 @@ def _generations(cursor: Any, files: list[str], start: float, end: float) -> dic
     gen = (
         "select server, lane, started_at, ended_at, source, sample_id, step, attempt "
         "from read_parquet($files, union_by_name = true) "
-        "where event = 'generation' and ended_at >= $start and started_at <= $end"
+        f"where event = 'generation' and {HAPPENED} and ended_at >= $start and started_at <= $end"
     )
     params = {"files": files, "start": start, "end": end}
     count = cursor.execute(f"select count(*) from ({gen})", params).fetchone()[0]

@@ -554,10 +554,13 @@ function drawTimeline() {
   canvas.width = width;
   canvas.dataset.bars = String(d.bars.length);
   canvas.dataset.spans = String(d.spans.length);
+  canvas.dataset.start = String(d.start ?? "");
+  canvas.dataset.end = String(d.end ?? "");
   const ctx = canvas.getContext("2d");
   ctx.clearRect(0, 0, width, canvas.height);
-  document.getElementById("timeline-range").textContent = d.start ? `${when(d.start)} + ${duration(d.end - d.start)}` : "no events yet";
-  if (!d.start) return;
+  const empty = d.start == null || d.end == null;
+  document.getElementById("timeline-range").textContent = empty ? "no events yet" : `${when(d.start)} + ${duration(d.end - d.start)}`;
+  if (empty) return;
   const left = 170, span = Math.max(d.end - d.start, 1e-6);
   const x = (t) => left + ((t - d.start) / span) * (width - left - 10);
   const rows = [];
@@ -611,7 +614,7 @@ function bindTimeline(canvas, info) {
   }, 250);
   canvas.addEventListener("wheel", (ev) => {
     ev.preventDefault();
-    if (!tl.data || !tl.data.start) return; // nothing recorded yet: nothing to zoom
+    if (!tl.data || tl.data.start == null) return; // nothing recorded yet: nothing to zoom
     const f = ev.deltaY > 0 ? 1.25 : 0.8, span = tl.end - tl.start;
     const at = tl.start + ((ev.offsetX - 170) / (canvas.clientWidth - 180)) * span;
     tl.start = at - (at - tl.start) * f; tl.end = at + (tl.end - at) * f;
@@ -619,7 +622,7 @@ function bindTimeline(canvas, info) {
   });
   canvas.addEventListener("mousedown", (ev) => { dragFrom = ev.offsetX; moved = false; });
   canvas.addEventListener("mousemove", (ev) => {
-    if (dragFrom === null || !tl.data || !tl.data.start) return;
+    if (dragFrom === null || !tl.data || tl.data.start == null) return;
     const dt = ((dragFrom - ev.offsetX) / (canvas.clientWidth - 180)) * (tl.end - tl.start);
     if (Math.abs(ev.offsetX - dragFrom) > 2) moved = true;
     dragFrom = ev.offsetX; tl.start += dt; tl.end += dt;

@@ -104,15 +104,16 @@ class ScoredSample:
     """The prompt's system message, or "" when it has none."""
     sample_index: int = -1
     """The prompt's index in its environment's dataset."""
-    dispatched_at: float = 0.0
+    dispatched_at: float | None = None
     """Wall clock (``time.time()``) when its group was dispatched (evals: when its request was
-    about to be sent)."""
-    finished_at: float = 0.0
-    """Wall clock when its reward was computed, or when it failed or was cancelled."""
-    reward_start: float = 0.0
-    """Wall clock when ``compute_reward`` was called (0.0: never)."""
-    reward_end: float = 0.0
-    """Wall clock when ``compute_reward`` returned or raised (0.0: never)."""
+    about to be sent); None until then. A time that did not happen is None, never 0.0, so that no
+    reader mistakes it for the epoch."""
+    finished_at: float | None = None
+    """Wall clock when its reward was computed, or when it failed or was cancelled (None: not yet)."""
+    reward_start: float | None = None
+    """Wall clock when ``compute_reward`` was called (None: never, e.g. a cancelled sample)."""
+    reward_end: float | None = None
+    """Wall clock when ``compute_reward`` returned or raised (None: never)."""
 
     @property
     def num_model_tokens(self) -> int:
