@@ -13,6 +13,11 @@ rollouts file per step with no sample errors, no traceback, no process left.
   sampled distribution);
 - prompts that can never fit ``max_model_len``: exit 1 within a minute, naming the environment;
   a reward that always raises: exit 1 with its error once a run of groups failed with it;
+  rewards that never vary within a group (countdown for a random model): exit 1 once
+  ``max_zero_advantage_batches`` batches' worth of groups were dropped for zero advantage, the
+  console saying how the batch went while it waited and the record holding the dropped groups
+  with their real times; beside an environment that trains, that environment is named and the run
+  finishes;
 - learning: on the digits task the reward rises over the run (a wrong sign in the loss, or weights
   that never reach the servers, fail it);
 - two FSDP ranks through Ray at the packaged default precision (bf16 mixed precision);
@@ -29,8 +34,10 @@ rollouts file per step with no sample errors, no traceback, no process left.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -125,6 +132,81 @@ def test_a_reward_that_always_fails_stops_the_run_with_its_error(tmp_path, tiny_
     assert "failed with sample_error (environment e2e_envs:BrokenRewardEnv)" in run.output, run.output[-3000:]
     assert "the grader is down" in run.output
     assert wait_gone(run.run_dir, timeout_s=30) == []
+
+
+def record_rows(run_dir: Path, sql: str) -> list[tuple]:
+    import telescope_records as tr
+
+    return tr.connect(run_dir).execute(sql).fetchall()
+
+
+@pytest.mark.xdist_group("e2e_a")
+def test_rewards_that_never_vary_stop_the_run_with_what_was_seen(tmp_path, tiny_model_dir):
+    # the issue's run: countdown on bundled data, which a random tiny model never solves, with the
+    # default discard_group_zero_advantage and max_zero_advantage_batches (10 batches of 2 groups)
+    config = examples(["countdown"], tmp_path)
+    t0 = time.time()
+    run = train(
+        tmp_path / "run", "--config", str(config), *base_args(tiny_model_dir), *SCALE_DOWN,
+        "--discard_group_zero_advantage", "true", "--max_tokens", "64",
+        "--event_upload_interval_seconds", "1", timeout_s=300,
+    )  # fmt: skip
+    t1 = time.time()
+    assert run.returncode == 1, run.output[-3000:]
+    assert "Traceback" not in run.output, run.output[-3000:]
+    assert "This is a bug" not in run.output
+    out = " ".join(run.output.split())  # the message may wrap
+    stop = "no group was kept in the last 20 groups: every one was dropped for zero advantage"
+    assert stop in out, out[-3000:]
+    assert "10 batches' worth of 2 groups" in out
+    assert "finished group" in out
+    assert "scored" in out
+    assert "set discard_group_zero_advantage: false" in out
+    assert "max_zero_advantage_batches (now 10" in out
+    # the console said how the batch was going while it waited
+    assert re.search(
+        r"step 1/2 +waiting \d+ s: kept 0/2 groups, dropped \d+ \(zero_advantage \d+\)", run.output
+    ), run.output[-3000:]
+    assert wait_gone(run.run_dir, timeout_s=30) == []
+    # the record holds the dropped groups with their real times, and the waits
+    rows = record_rows(
+        run.run_dir, "select status, reason, dispatched_at, finished_at from samples where step = 1"
+    )
+    dropped = [r for r in rows if r[0] == "discarded"]  # (groups still in flight at the stop: cancelled)
+    assert len(dropped) >= 20 * 4, len(rows)
+    assert {r[1] for r in dropped} == {"zero_advantage"}
+    assert all(t0 <= r[2] <= r[3] <= t1 for r in dropped), dropped[:3]
+    waits = record_rows(run.run_dir, "select detail from orchestrator_events where event = 'batch_waiting'")
+    assert waits
+    assert json.loads(waits[-1][0])["kept"] == 0
+    log = (run.run_dir / "logs" / "telescope.jsonl").read_text()
+    assert '"waiting for a batch"' in log
+
+
+@pytest.mark.xdist_group("e2e_a")
+def test_an_environment_whose_rewards_never_vary_is_named_while_the_run_goes_on(tmp_path, tiny_model_dir):
+    # digits (spread) and countdown (flat for a random model), equal weights: the seeded sampler
+    # never draws more than 4 countdown prompts in a row in this run, so the run's count (8 groups)
+    # is never reached, while countdown's own reaches 8 before step 6 (about 20 draws)
+    envs = [{"name": DIGITS_NAME}, {"name": "countdown", "reward_min": 0.0, "reward_max": 2.0,
+                                    "kwargs": {"dataset": "bundled"}}]  # fmt: skip
+    run = train(
+        tmp_path / "run", *base_args(tiny_model_dir), *SCALE_DOWN, "--environments", json.dumps(envs),
+        "--number_of_steps", "6", "--discard_group_zero_advantage", "true",
+        "--max_zero_advantage_batches", "4", "--seed", "0",
+    )  # fmt: skip
+    check_finished(run, 6)
+    out = " ".join(run.output.split())
+    assert (
+        "environment 'countdown' trains nothing: its last 8 groups were all dropped for zero advantage" in out
+    ), out[-3000:]
+    named = record_rows(
+        run.run_dir, "select detail from orchestrator_events where event = 'environment_flat'"
+    )
+    assert named
+    assert json.loads(named[0][0])["env"] == "countdown"
+    kept = record_rows(run.run_dir, "select distinct env from samples where status = 'kept'")
+    assert kept == [(DIGITS_NAME,)]
 
 
 @pytest.mark.xdist_group("e2e_b")

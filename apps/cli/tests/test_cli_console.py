@@ -125,3 +125,28 @@ def test_a_terminal_keeps_the_progress_bar():
     assert "step 1/3  reward" not in text  # no plain line: the bar carries the numbers
     assert "1/3" in text
     assert "reward 0.125  1,234 tok/s  time 13.3 s  async 1" in text
+
+
+def test_a_waiting_step_prints_a_line_after_two_reports_then_every_six_on_a_pipe():
+    out = Pipe()
+    console = Console(3, file=out)
+    console.start_training(0)
+    for waited in (5, 10, 15, 20, 35, 40, 45):
+        console.waiting(1, waited, "kept 0/2 groups, 1 in flight; no group finished yet", interval_s=5)
+    console.waiting(2, 5, "kept 1/2 groups", interval_s=5)  # a new step: two reports first again
+    console.waiting(2, 10, "kept 1/2 groups", interval_s=5)
+    assert out.getvalue().splitlines() == [
+        "step 1/3  waiting 10 s: kept 0/2 groups, 1 in flight; no group finished yet",
+        "step 1/3  waiting 40 s: kept 0/2 groups, 1 in flight; no group finished yet",
+        "step 2/3  waiting 10 s: kept 1/2 groups",
+    ]
+
+
+def test_a_waiting_step_shows_in_the_bar_on_a_terminal():
+    out = Terminal()
+    console = Console(3, file=out)
+    console.start_training(0)
+    console.waiting(1, 5, "kept 0/2 groups, dropped 3 (zero_advantage 3)", interval_s=5)
+    console._progress.refresh()
+    console.close()
+    assert "waiting 5 s: kept 0/2 groups, dropped 3 (zero_advantage 3)" in out.getvalue()

@@ -238,7 +238,7 @@ def loop_config(**kw: Any) -> SimpleNamespace:
         evals=[SimpleNamespace(name="quiz", eval_every=2), SimpleNamespace(name="other", eval_every=3)],
         eval_before_training=True, eval_after_training=True, eval_num_servers=1,
         eval_start_end_use_all_servers=True, model="tiny", checkpoint_save_training_state=True,
-        checkpoint_keep_last=None, checkpoint_keep_every=None,
+        checkpoint_keep_last=None, checkpoint_keep_every=None, event_upload_interval_seconds=5,
     )  # fmt: skip
     return SimpleNamespace(**{**base, **kw})
 

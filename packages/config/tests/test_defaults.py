@@ -19,9 +19,9 @@ def _defaults_text() -> str:
     return resources.files("telescope_config").joinpath("defaults.yaml").read_text(encoding="utf-8")
 
 
-def test_defaults_and_schema_list_the_same_161_fields_in_the_same_order():
+def test_defaults_and_schema_list_the_same_162_fields_in_the_same_order():
     assert list(defaults()) == list(TelescopeConfig.model_fields)
-    assert len(TelescopeConfig.model_fields) == 161
+    assert len(TelescopeConfig.model_fields) == 162
 
 
 def test_the_defaults_file_is_the_only_source_of_defaults():
@@ -33,7 +33,8 @@ def test_defaults_match_upstream_except_the_deliberate_differences():
     assert len(upstream) == 147
     ours = defaults()
     assert set(ours) - set(upstream) == {
-        "environments", "evals", "seed", "max_consecutive_unfit_prompts", "enable_prefix_caching",
+        "environments", "evals", "seed", "max_consecutive_unfit_prompts", "max_zero_advantage_batches",
+        "enable_prefix_caching",
         "fsdp_gradient_checkpointing", "inference_max_restarts", "inference_health_timeout_seconds",
         "weight_broadcast_timeout_s", "trainer_max_restarts", "lora_rank", "lora_alpha", "lora_dropout",
         "lora_target_modules",

@@ -452,10 +452,12 @@ def test_the_non_interleaved_multi_turn_mode_is_refused(run, problems, only):
 
 def test_timeline_fields_load_with_a_note_when_set_to_another_value(run):
     with structlog.testing.capture_logs() as logs:
-        resolved = run({"track_gpu_events": False, "otlp_receiver_port": 4318, "rollout_block_size": 7})
-    # otlp_receiver_port is set to its default: nothing to say
+        values = {"enable_vllm_tracing": False, "otlp_receiver_port": 4318, "rollout_block_size": 7}
+        resolved = run({**values, "track_gpu_events": False, "event_upload_interval_seconds": 2})
+    # otlp_receiver_port is set to its default: nothing to say; track_gpu_events and
+    # event_upload_interval_seconds act on the run record (docs/records.md, "Limits")
     assert len(resolved.notes) == 2
-    assert resolved.notes[0].startswith("rollout_block_size has no effect in Telescope")
-    assert resolved.notes[1].startswith("track_gpu_events has no effect in Telescope")
+    assert resolved.notes[0].startswith("enable_vllm_tracing has no effect in Telescope")
+    assert resolved.notes[1].startswith("rollout_block_size has no effect in Telescope")
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == list(resolved.notes)
     assert resolved.config.rollout_block_size == 7  # kept as written

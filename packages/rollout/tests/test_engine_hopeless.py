@@ -1,6 +1,7 @@
 """The engine never spins on input that can only fail again: prompts that cannot fit the context are
 dropped at dispatch and a hopeless environment stops the run; groups that all fail with one error
-stop it too; dropped groups kept for records are capped. Driven with the in-process fake server;
+stop it too, and so do groups whose rewards never vary (an environment alone in that state is
+named); dropped groups kept for records are capped. Driven with the in-process fake server;
 every wait is bounded by ``asyncio.wait_for`` so a regression fails instead of hanging."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from telescope_rollout import (
     EngineSettings,
     MultiEnvSampler,
     MultiTurnEnvironment,
+    RewardResult,
     RolloutEngine,
     RolloutError,
     Sample,
@@ -276,7 +278,7 @@ async def test_dropped_groups_kept_for_records_are_capped_and_the_rest_counted(t
         return ("1", [5]) if sample_ids([req])[0] < 200 else by_sample_parity(req)
 
     server = FakeInferenceServer(reply=late_spread)
-    engine = make_engine(tokenizer, server)
+    engine = make_engine(tokenizer, server, max_zero_advantage_batches=0)  # 100 flat groups: no stop
     assert engine.max_recorded_drops == 4 * 1 + 64
     async with engine:
         batch = await asyncio.wait_for(engine.next_batch(timeout_s=None), 10)
@@ -285,6 +287,69 @@ async def test_dropped_groups_kept_for_records_are_capped_and_the_rest_counted(t
     assert batch.metrics["rollout/discarded_zero_advantage"] == 100.0
     assert batch.metrics["rollout/discarded_unrecorded"] == 32.0
     assert engine._discarded == []  # handed out with the batch
+
+
+def constant(req) -> tuple[str, list[int]]:
+    """Every completion is "0": every group's rewards are one value."""
+    return "0", [10, 3]
+
+
+async def test_groups_whose_rewards_never_vary_stop_the_run_with_what_was_seen(tokenizer):
+    server = FakeInferenceServer(reply=constant)
+    engine = make_engine(tokenizer, server, prompts_batch_size_for_trainer=2, max_zero_advantage_batches=3)
+    events: list[Any] = []
+    engine.on_event = events.append
+    async with engine:
+        got, err = await batches_until_error(engine)
+        await settle()
+        sent = len(server.requests)
+        await settle()
+        assert len(server.requests) == sent  # dispatch stopped
+        progress = engine.progress()
+        discarded, cancelled = engine.pending_drops()
+    assert got == 0
+    msg = str(err)
+    # 3 batches' worth of 2 groups = 6 groups
+    assert msg.startswith("no group was kept in the last 6 groups: every one was dropped for zero advantage")
+    assert "every finished group scored 0.0" in msg
+    assert "discard_group_zero_advantage: false" in msg
+    assert "max_zero_advantage_batches (now 3" in msg
+    # what the batch being filled saw: nothing kept, the six drops (recorded, times real)
+    assert (progress.kept, progress.needed, progress.dropped) == (0, 2, {"zero_advantage": 6})
+    assert progress.rewards["echo"].describe() == "every group scored 0.0"
+    assert [d.reason for d in discarded] == ["zero_advantage"] * 6
+    assert cancelled == []
+    for d in discarded:
+        assert all(
+            s.finished_at and s.dispatched_at and s.finished_at >= s.dispatched_at for s in d.group.samples
+        )
+    assert not [e for e in events if e.kind == "environment_flat"]  # one environment: the stop says it
+
+
+async def test_a_flat_environment_beside_a_fine_one_is_named_and_the_run_goes_on(tokenizer):
+    class FlatEnv(EchoEnv):
+        def compute_reward(self, completion, sample, eos_token=""):
+            return RewardResult(0.0, {})  # a parser that never matches
+
+    engine = two_env_engine(
+        tokenizer,
+        FakeInferenceServer(reply=by_sample_parity),
+        {"flat": FlatEnv(), "echo": EchoEnv()},
+        max_zero_advantage_batches=6,
+        max_async_rollout=1000,
+    )
+    events: list[Any] = []
+    engine.on_event = events.append
+    async with engine:
+        batches = [await asyncio.wait_for(engine.next_batch(timeout_s=None), 10) for _ in range(20)]
+    assert {g.env_name for b in batches for g in b.groups} == {"echo"}  # flat trains nothing
+    named = [e for e in events if e.kind == "environment_flat"]
+    assert named, "the flat environment was never named"
+    # the sampler's seed fixes the order: never 6 flat groups in a row, the run goes on
+    assert named[0].detail["env"] == "flat"
+    assert named[0].detail["groups"] == 6
+    assert named[0].detail["message"].startswith("environment 'flat' trains nothing: its last 6 groups")
+    assert [e.detail["groups"] for e in named] == [6 * (i + 1) for i in range(len(named))]
 
 
 async def test_dropping_prompts_at_dispatch_lets_other_tasks_run(tokenizer):

@@ -1,8 +1,14 @@
-"""FailureWatch's two rules and their messages, worked by hand."""
+"""FailureWatch's rules and their messages, worked by hand."""
 
 from __future__ import annotations
 
-from telescope_rollout.engine._watch import FailureWatch, same_error_message, unfit_message
+from telescope_rollout.engine._watch import (
+    FailureWatch,
+    flat_environment_message,
+    flat_run_message,
+    same_error_message,
+    unfit_message,
+)
 
 
 def test_unfit_streak_stops_at_the_count_and_a_fitting_prompt_starts_it_over():
@@ -104,3 +110,72 @@ def test_same_error_message_is_one_line_with_the_first_error():
     run.first_detail = "x" * 600
     msg = same_error_message(run, detail_chars=10)
     assert "(environments i3_code, math): xxxxxxx...;" in msg
+
+
+def test_zero_advantage_groups_count_until_a_kept_group_and_other_drops_neither_count_nor_reset():
+    w = FailureWatch(max_unfit=32, max_same_error=8, max_zero_advantage=3)
+    assert w.group_flat("a", 0.0) == (None, None)
+    assert w.group_flat("a", 0.0) == (None, None)
+    w.group_kept("a")  # count 2 -> 0
+    assert w.group_flat("a", 0.0) == (None, None)
+    # a group dropped for max_async, an error or a cancel is not reported to the rule at all;
+    # group_ok (the same-error rule's reset) leaves this count alone
+    w.group_ok()
+    assert w.group_flat("a", 1.0) == (None, None)
+    hopeless, env = w.group_flat("a", 0.0)
+    assert hopeless is not None
+    assert env is not None
+    assert hopeless.count == 3
+    tally = hopeless.rewards["a"]
+    assert (tally.groups, tally.low, tally.high, tally.values) == (3, 0.0, 1.0, {0.0: 2, 1.0: 1})
+
+
+def test_a_kept_group_of_one_environment_resets_the_run_but_not_another_environment():
+    w = FailureWatch(max_unfit=32, max_same_error=8, max_zero_advantage=2)
+    assert w.group_flat("flat", 0.0) == (None, None)
+    w.group_kept("fine")  # run: 1 -> 0; flat's own count stays 1
+    hopeless, env = w.group_flat("flat", 0.0)
+    assert hopeless is None  # the run's count is 1
+    assert env is not None
+    assert env.count == 2
+    w.group_kept("fine")
+    assert w.group_flat("flat", 0.0) == (None, None)  # 3: not a multiple of 2
+    hopeless, env = w.group_flat("flat", 0.0)  # run 2 (hopeless), flat 4 (named again)
+    assert hopeless is not None
+    assert hopeless.count == 2
+    assert env is not None
+    assert env.count == 4
+
+
+def test_zero_advantage_rule_off_counts_but_never_stops():
+    w = FailureWatch(max_unfit=32, max_same_error=8, max_zero_advantage=0)
+    assert all(w.group_flat("a", 0.0) == (None, None) for _ in range(1000))
+    assert w.flat.count == 1000
+
+
+def test_flat_run_message_names_groups_rewards_and_fixes():
+    w = FailureWatch(max_unfit=32, max_same_error=8, max_zero_advantage=4)
+    for env, reward in (("count", 0.0), ("math", 0.0), ("count", 0.0), ("math", 1.0)):
+        hopeless, _ = w.group_flat(env, reward)
+    assert hopeless is not None
+    msg = flat_run_message(hopeless, limit_batches=2, batch_size=2)
+    assert msg.startswith(
+        "no group was kept in the last 4 groups: every one was dropped for zero advantage (all its "
+        "samples got the same reward, so it carries nothing to learn), 2 batches' worth of 2 groups; "
+        "count: every group scored 0.0; math: 1 group scored 0.0, 1 scored 1.0. The run cannot make "
+        "progress. Check the reward on a few samples: `telescope ui` shows"
+    )
+    assert "set discard_group_zero_advantage: false" in msg
+    assert msg.endswith("or raise max_zero_advantage_batches (now 2; 0 waits forever).")
+
+
+def test_flat_environment_message_names_the_environment_and_its_rewards():
+    w = FailureWatch(max_unfit=32, max_same_error=8, max_zero_advantage=2)
+    w.group_flat("count", 0.0)
+    _, env = w.group_flat("count", 0.0)
+    assert env is not None
+    msg = flat_environment_message("count", env)
+    assert msg.startswith(
+        "environment 'count' trains nothing: its last 2 groups were all dropped for zero advantage "
+        "(every group scored 0.0) while other environments' groups were kept. Check the reward"
+    )

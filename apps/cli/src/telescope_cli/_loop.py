@@ -36,8 +36,10 @@ import structlog
 
 from telescope_cli._eval_schedule import InTrainingEvals
 from telescope_cli._rundir import RunDir
-from telescope_cli._supervise import ServersGone, ServerSupervisor
+from telescope_cli._supervise import ServerSupervisor
 from telescope_cli._trainer_restart import TrainerRestarts, TrainersGone, dead_ranks, replay_diff
+from telescope_cli._waiting import next_batch
+from telescope_rollout import RolloutError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -204,7 +206,7 @@ async def training_loop(ctx: LoopContext) -> None:
                 try:
                     for step in range(ctx.start_step + 1, ctx.config.number_of_steps + 1):
                         await _step(ctx, evals, step)
-                except ServersGone:  # keep what was trained, then stop with the server's story
+                except RolloutError:  # servers gone, hopeless input: keep what was trained, then stop
                     await _checkpoint_before_stopping(ctx)
                     raise
                 finally:
@@ -253,7 +255,7 @@ async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[s
 async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
     """One training step, its records and checkpoint, then the evals due after it."""
     t0 = time.monotonic()
-    batch = await ctx.engine.next_batch()
+    batch = await next_batch(ctx, step)  # ctx.engine.next_batch(), saying how it goes while it waits
     t_rollout = time.monotonic() - t0
     # the trainer holds the weights of the pool's version outside this block (a restarted server's
     # resync sends them: _supervise)

@@ -6,6 +6,13 @@ plain line instead, flushed at once, with no escape codes::
 
     step 3/15  reward 0.125  1,234 tok/s  time 12.3 s  async 1
 
+A step that waits long for its batch says how the batch is going (``waiting``): on a terminal in
+the bar's place, updated at each report; otherwise one line after two reports' worth of waiting
+and again every six (10 s, then every 30 s with the default ``event_upload_interval_seconds``)::
+
+    step 3/15  waiting 25 s: kept 0/2 groups, dropped 14 (zero_advantage 14), 4 in flight; every
+    finished group scored 0.0
+
 Only these lines reach the console; logs of every component go to the run directory.
 """
 
@@ -63,6 +70,8 @@ class Console:
         self.on_phase: Callable[[str, float, float], None] | None = None
         self._progress: Any = None
         self._task: Any = None
+        self._waited_line: tuple[int, float] | None = None
+        """The step and wait of the last plain waiting line."""
 
     @contextmanager
     def phase(self, text: str):
@@ -82,6 +91,13 @@ class Console:
     def info(self, text: str) -> None:
         if self.enabled:
             self.rich.print(text)
+
+    def warning(self, text: str) -> None:
+        """``warning: text`` on its own line (``text`` printed as is, never read as markup)."""
+        from rich.markup import escape
+
+        if self.enabled:
+            self.rich.print(f"[yellow]warning[/yellow]: {escape(text)}")
 
     def start_training(self, first_step: int) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -114,6 +130,28 @@ class Console:
             self.rich.print(f"step {metrics.get('step')}/{self.total}  {stats}")
             return
         self._progress.update(self._task, completed=metrics.get("step", 0), stats=stats)
+
+    def waiting(self, step: int, waited_s: float, line: str, *, interval_s: float) -> None:
+        """Step ``step`` has waited ``waited_s`` for its batch; ``line`` says how it is going
+        (module docstring); reports come every ``interval_s``."""
+        if not self.enabled:
+            return
+        text = f"waiting {waited_s:.0f} s: {line}"
+        if self._progress is not None:
+            self._progress.update(self._task, stats=text)
+            return
+        last = self._waited_line
+        due = (
+            waited_s >= 2 * interval_s
+            if last is None or last[0] != step
+            else waited_s >= last[1] + 6 * interval_s
+        )
+        if not due:
+            return
+        self._waited_line = (step, waited_s)
+        stream = self.rich.file
+        stream.write(f"step {step}/{self.total}  {text}\n")
+        stream.flush()
 
     def close(self) -> None:
         if self._progress is not None:

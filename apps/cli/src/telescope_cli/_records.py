@@ -3,8 +3,9 @@
 :class:`RunRecords` holds the run's :class:`telescope_records.RecordWriter` and the orchestrator's
 event log. The loop calls :meth:`RunRecords.write_step` once a step is trained (its samples, kept,
 discarded and cancelled, their turns, tool calls and rollout events, the trainer ranks' spans,
-and the orchestrator events since the last step), :meth:`RunRecords.write_eval` when an eval
-ends, and :meth:`RunRecords.close` at the end (events after the last step).
+and the orchestrator events since the last step), :meth:`RunRecords.write_waiting` while a step
+waits for its batch (the groups dropped for it so far, as they happen), :meth:`RunRecords.write_eval`
+when an eval ends, and :meth:`RunRecords.close` at the end (events after the last step).
 
 The row builders below are pure: a scored sample (``telescope_rollout.engine.ScoredSample``) in,
 rows of one table out. Fields a sample lacks (an older engine, a fake) are left null.
@@ -233,6 +234,10 @@ class RunRecords:
         self.steps_off = os.environ.get("TELESCOPE_BENCH_NO_STEP_RECORDS") == "1"
         """tools/bench_records.py's baseline: no per-step or eval records (never set it otherwise)."""
         self._closes = 0
+        self._early: dict[int, set[int]] = {}
+        """Per step, the ids of dropped groups written while it waited (:meth:`write_waiting`; keyed
+        by step: step N's records are written on another thread while step N + 1 waits)."""
+        self._waits = 0
         self.eval_tag = ""
         """Added to the file tags of eval records (``telescope eval``: its attempt, so that an
         in-training eval of the same step is kept)."""
@@ -308,12 +313,47 @@ class RunRecords:
         events: list[dict[str, Any]] | None = None,
     ) -> None:
         """Every record of one trained step (see the module docstring); ``events``: the orchestrator
-        events to file with it (default: those logged so far)."""
+        events to file with it (default: those logged so far). Dropped groups already written while
+        the step waited (:meth:`write_waiting`) are left out."""
         if self.steps_off:
             return
+        groups = list(_groups(batch))
+        early = self._early.pop(step, set())  # written while the step waited: left out
+        groups = [g for g in groups if g[0] == "kept" or getattr(g[2], "group_id", None) not in early]
+        self._write_groups(step, groups, decode=decode, tag="")
+        self.writer.write_step("trainer_spans", step, spans)
+        self.last_step = max(self.last_step, step)
+        self.flush_events(step, events=events)
+
+    def write_waiting(self, step: int, discarded: Sequence[Any], cancelled: Sequence[Any]) -> int:
+        """While ``step`` waits for its batch: the groups dropped for it so far (``DroppedGroup`` s)
+        into step files tagged ``dropped-N`` (those written before are skipped, and the step's own
+        :meth:`write_step` leaves them all out), and the events logged so far (tag ``waiting-N``).
+        Returns the number of groups written."""
+        if self.steps_off:
+            return 0
+        early = self._early.setdefault(step, set())
+        new = [
+            (status, d.reason, d.group)
+            for status, drops in (("discarded", discarded), ("cancelled", cancelled))
+            for d in drops
+            if d.group.group_id not in early
+        ]
+        self._waits += 1
+        if new:
+            self._write_groups(step, new, decode=None, tag=f"dropped-{self._waits:04d}")
+            early.update(g.group_id for _, _, g in new)
+        if self.events:
+            self.flush_events(step, tag=f"waiting-{self._waits:04d}")
+        return len(new)
+
+    def _write_groups(
+        self, step: int, groups: Sequence[tuple[str, str | None, Any]], *, decode: Decode | None, tag: str
+    ) -> None:
+        """The samples, turns, tool calls and rollout events of ``(status, reason, group)`` s."""
         samples, turns, calls, lifecycle = [], [], [], []
         now = time.time()
-        for status, reason, group in _groups(batch):
+        for status, reason, group in groups:
             for s in group.samples:
                 row = sample_row(step, status, reason, s, decode=decode)
                 if row["sample_index"] is None:
@@ -323,13 +363,10 @@ class RunRecords:
                 calls += tool_call_rows(step, "train", s)
                 lifecycle += rollout_event_rows(step, "train", s, final=status, detail=reason, at=now)
         w = self.writer
-        w.write_step("samples", step, samples)
-        w.write_step("turns", step, turns)
-        w.write_step("tool_calls", step, calls)
-        w.write_step("rollout_events", step, lifecycle)
-        w.write_step("trainer_spans", step, spans)
-        self.last_step = max(self.last_step, step)
-        self.flush_events(step, events=events)
+        w.write_step("samples", step, samples, tag=tag)
+        w.write_step("turns", step, turns, tag=tag)
+        w.write_step("tool_calls", step, calls, tag=tag)
+        w.write_step("rollout_events", step, lifecycle, tag=tag)
 
     def write_eval(self, result: Any) -> None:
         """The rows of one eval at one step (``eval_samples``, turns, tool calls, rollout events)."""

@@ -25,6 +25,7 @@ from telescope_cli._eval_schedule import weight_groups
 from telescope_cli._guard import start_guard
 from telescope_cli._rundir import RunDir, choose_run_dir
 from telescope_cli._trainer_restart import dead_ranks
+from telescope_cli._waiting import on_engine_event
 
 if TYPE_CHECKING:
     from telescope_config import ResolvedConfig, TelescopeConfig
@@ -155,7 +156,7 @@ def _start(state: _Run) -> Any:
 
         try:
             engine, client, pad_id, evals, eval_pools = build_engine(
-                cfg, inputs.tokenizer, urls, inputs.built, on_event=run.records.engine_event
+                cfg, inputs.tokenizer, urls, inputs.built, on_event=on_engine_event(run.records, console)
             )
         except SandboxSetupError as err:
             raise TrainError(str(err)) from None
@@ -337,7 +338,7 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
         raise TrainError(problem)
     if (warning := truncated_sampling_warning(cfg)) is not None:
         log.warning("truncated sampling", detail=warning)
-        console.info(f"[yellow]warning[/yellow]: {warning}")
+        console.warning(warning)
     resume = None
     if cfg.resume_from_checkpoint:
         resume = _choose_checkpoint(cfg, run.checkpoints(cfg.checkpoint_dir))

@@ -53,15 +53,12 @@ _TIMELINE = "upstream Telescope's live timeline UI is not part of it"
 NO_EFFECT: dict[str, str] = {
     **dict.fromkeys(
         (
-            "system_metrics_collection_interval_seconds",
             "torch_memory_sample_interval_seconds",
             "event_tail_window_seconds",
             "event_block_duration_seconds",
-            "event_upload_interval_seconds",
             "metrics_logger_interval_seconds",
             "ray_torch_memory_drain_interval_seconds",
             "rollout_block_size",
-            "track_gpu_events",
             "enable_vllm_tracing",
             "otlp_receiver_port",
         ),

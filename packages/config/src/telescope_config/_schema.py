@@ -251,6 +251,16 @@ class TelescopeConfig(BaseModel):
         "Before any server starts, the first this-many prompts of each dataset are checked the same way. "
         "New in Telescope (upstream Telescope drew unfit prompts forever).",
     )
+    max_zero_advantage_batches: int = Field(
+        ge=0,
+        description="With discard_group_zero_advantage, the run stops (exit 1, naming the rewards seen "
+        "per environment and the fixes) once this many batches' worth of groups (times "
+        "prompts_batch_size_for_trainer) in a row were dropped for zero advantage with no group kept in "
+        "between: a reward that never varies within a group (a parser that never matches, a task far "
+        "too hard or too easy). An environment alone in that state is named in a warning. >= 0; 0 "
+        "generates forever. New in Telescope (upstream Telescope waited silently; verl's DAPO filter "
+        "stops after max_num_gen_batches).",
+    )
     enable_individual_sample_lanes: bool = Field(
         description="Give each completion its own lane slot instead of one slot per group, so a finished "
         "completion frees capacity without waiting for its siblings."

@@ -93,7 +93,11 @@ _SAMPLE_TIMES = (
     _c("generation_s", F64, "seconds generating (every turn, environment steps included)"),
     _c("reward_s", F64, "seconds in compute_reward"),
     _c("dispatched_at", F64, "wall clock when its group was dispatched (unix s)"),
-    _c("finished_at", F64, "wall clock when its reward was computed or it stopped (unix s)"),
+    _c(
+        "finished_at",
+        F64,
+        "wall clock when its reward was computed or it stopped (unix s); null when unknown",
+    ),
 )
 
 SAMPLES = Table(

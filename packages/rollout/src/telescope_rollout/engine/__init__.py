@@ -4,10 +4,13 @@
 ``max_async_rollout`` steps of the live weights, and hands out :class:`RolloutBatch` es of kept
 groups (dropped ones ride along with their reason; each sample with its :class:`Turn` s), and
 tells ``on_event`` about its :class:`EngineEvent` s. The caller gives the math: ``advantage_fn``
-and, optionally, ``reward_shaping``. How it schedules is in docs/rollout.md, "The engine".
+and, optionally, ``reward_shaping``. :meth:`RolloutEngine.progress` is the batch being filled as
+it stands (a :class:`BatchProgress`, in words by :func:`progress_line`). How it schedules is in
+docs/rollout.md, "The engine".
 """
 
 from telescope_rollout.engine._engine import AdvantageFn, RewardShaping, RolloutEngine, RolloutError
+from telescope_rollout.engine._progress import BatchProgress, RewardTally, progress_line
 from telescope_rollout.engine._results import (
     DroppedGroup,
     EngineEvent,
@@ -24,6 +27,8 @@ from telescope_rollout.engine._watch import FailureWatch, unfit_environment
 __all__ = ["AdvantageFn", "EngineSettings", "RewardShaping", "RolloutEngine", "RolloutError"]
 # what it hands out (and tells the timeline)
 __all__ += ["DroppedGroup", "EngineEvent", "RolloutBatch", "ScoredGroup", "ScoredSample", "Turn"]
+# how the batch being filled is going (``RolloutEngine.progress()``)
+__all__ += ["BatchProgress", "RewardTally", "progress_line"]
 # what it draws from
 __all__ += ["MultiEnvSampler", "SamplerEntry"]
 # hopeless input, settings from the config

@@ -46,7 +46,15 @@ Input that can only fail again stops the run with a :class:`RolloutError` (``_wa
 - once every sample of the last ``max(2 * prompts_batch_size_for_trainer, 8)`` finished groups
   failed with one error kind (a kept or non-error-dropped group starts the count over; cancelled
   groups and groups on a server found unreachable do not count), the run stops naming the kind,
-  the environments and the first error.
+  the environments and the first error;
+- once ``max_zero_advantage_batches * prompts_batch_size_for_trainer`` groups in a row were
+  dropped for zero advantage with none kept in between, the run stops naming their rewards per
+  environment; an environment alone in that state is named in a warning (event
+  ``environment_flat``) while the others keep the run going.
+
+Progress: ``progress()`` is the batch being filled as it stands (kept of needed, drops by reason,
+the rewards of finished groups per environment) and ``pending_drops()`` the groups dropped for it
+so far, for a caller that reports while it waits (they still ride along in the batch).
 
 Events: ``on_event(EngineEvent)``, when given, hears what the orchestrator's timeline needs
 (dispatch paused/resumed, batch assembled, group cancelled, servers drained/restored, weights
@@ -62,13 +70,14 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
 
 from telescope_rollout.engine._episode import Play, completion_budget, play_sample, system_prompt_of, too_long
 from telescope_rollout.engine._lanes import LanePool
+from telescope_rollout.engine._progress import BatchProgress, RewardTally
 from telescope_rollout.engine._prompts import PreparedPrompt, PromptSource
 from telescope_rollout.engine._results import (
     DroppedGroup,
@@ -79,7 +88,13 @@ from telescope_rollout.engine._results import (
 )
 from telescope_rollout.engine._sampler import MultiEnvSampler
 from telescope_rollout.engine._settings import EngineSettings
-from telescope_rollout.engine._watch import FailureWatch, same_error_message, unfit_message
+from telescope_rollout.engine._watch import (
+    FailureWatch,
+    flat_environment_message,
+    flat_run_message,
+    same_error_message,
+    unfit_message,
+)
 from telescope_rollout.envs._env import Environment, environments_by_name, maybe_await
 from telescope_rollout.inference._client import CompletionClient, ServerUnavailableError
 
@@ -192,8 +207,11 @@ class RolloutEngine:
         self._paused_since: float | None = None
         self._last_batch_t = self.clock()
         P = settings.prompts_batch_size_for_trainer
-        self.watch = FailureWatch(settings.max_consecutive_unfit_prompts, max(2 * P, 8))
-        """Counts unfit prompts and same-error groups (see the module docstring)."""
+        flat = settings.max_zero_advantage_batches * P if settings.discard_group_zero_advantage else 0
+        self.watch = FailureWatch(settings.max_consecutive_unfit_prompts, max(2 * P, 8), flat)
+        """Counts unfit prompts, same-error and zero-advantage groups (see the module docstring)."""
+        self._rewards: dict[str, RewardTally] = {}
+        """Per environment, the mean rewards of the groups scored since the last batch."""
         self.max_recorded_drops = 4 * P + 64
         """Dropped (and, separately, cancelled) groups kept per batch for records; more are counted."""
         self._failed: RolloutError | None = None
@@ -449,6 +467,30 @@ class RolloutEngine:
     @property
     def in_flight_groups(self) -> int:
         return len(self._groups)
+
+    def progress(self) -> BatchProgress:
+        """The batch being filled as it stands (module docstring, "Progress")."""
+        counts: dict[str, dict[str, int]] = {"discarded": {}, "cancelled": {}}
+        for key, n in self._stats.items():
+            what, _, reason = key.partition("_")
+            if what in counts and reason != "unrecorded":
+                counts[what][reason] = int(n)
+        rewards = {env: replace(t, values=dict(t.values)) for env, t in self._rewards.items()}
+        return BatchProgress(
+            step=self.step,
+            kept=len(self._bucket),
+            needed=self.settings.prompts_batch_size_for_trainer,
+            dropped=counts["discarded"],
+            cancelled=counts["cancelled"],
+            in_flight=len(self._groups),
+            rewards=rewards,
+            waited_s=self.clock() - self._last_batch_t,
+        )
+
+    def pending_drops(self) -> tuple[list[DroppedGroup], list[DroppedGroup]]:
+        """The groups discarded and cancelled for the batch being filled so far (recorded ones;
+        they ride along in that batch all the same)."""
+        return list(self._discarded), list(self._cancelled)
 
     def state_dict(self) -> dict[str, Any]:
         """Sampler position (prompts handed out) and counters, JSON-able."""
@@ -763,15 +805,34 @@ class RolloutEngine:
             return
         self.watch.group_ok()
         s = self.settings
+        reward = sum(sg.rewards) / len(sg.rewards)
+        self._rewards.setdefault(sg.env_name, RewardTally()).add(reward)
         if sg.staleness > s.max_async_rollout:
             self._drop(sg, "max_async")
         elif s.discard_group_zero_advantage and _is_zero_advantage([x.advantage for x in sg.samples]):
             self._drop(sg, "zero_advantage")
+            self._watch_flat(sg.env_name, reward)
         else:
+            self.watch.group_kept(sg.env_name)
             self._bucket.append(sg)
             if len(self._bucket) >= s.prompts_batch_size_for_trainer:
                 self._assemble()
         self._wake.set()
+
+    def _watch_flat(self, env: str, reward: float) -> None:
+        """A zero-advantage group of ``env``: stop once the run is hopeless, else name ``env`` when
+        it alone trains nothing (module docstring)."""
+        hopeless, stalled = self.watch.group_flat(env, reward)
+        if hopeless is not None:
+            batches, size = (
+                self.settings.max_zero_advantage_batches,
+                self.settings.prompts_batch_size_for_trainer,
+            )
+            self._fail(RolloutError(flat_run_message(hopeless, limit_batches=batches, batch_size=size)))
+        elif stalled is not None:
+            message = flat_environment_message(env, stalled)
+            log.warning("rollout_environment_flat", env=env, groups=stalled.count, message=message)
+            self._emit("environment_flat", env=env, groups=stalled.count, message=message)
 
     def _score_advantages(self, sg: ScoredGroup) -> None:
         """Shape each sample's reward (when the caller gave ``reward_shaping``), then set advantages."""
@@ -806,6 +867,7 @@ class RolloutEngine:
         self.step += 1
         self._last_batch_t = now
         self._stats.clear()
+        self._rewards = {}
         self._cancel_unkeepable()
         self._batches.put_nowait(batch)
 

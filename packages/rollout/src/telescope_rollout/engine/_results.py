@@ -167,7 +167,9 @@ class EngineEvent:
     - ``group_cancelled`` (reason, group_id, server);
     - ``servers_drained`` (servers, reason, cancelled_groups) / ``servers_restored`` (servers, version);
     - ``server_lost`` (servers, reason, cancelled_groups) / ``server_back`` (servers, version);
-    - ``weights_updated`` (version, servers).
+    - ``weights_updated`` (version, servers);
+    - ``environment_flat`` (env, groups, message): an environment's last ``groups`` groups were all
+      dropped for zero advantage while others were kept (it trains nothing; a warning).
     """
 
     kind: str

@@ -137,6 +137,10 @@ class EngineSettings:
     (prompt tokens >= max_model_len), or once every training prompt of an environment was seen
     not fitting, whichever comes first. Unfit prompts never reach a server: each is dropped as a
     group with reason prompt_too_long."""
+    max_zero_advantage_batches: int = 10
+    """Stop the run once this many batches' worth of groups (times prompts_batch_size_for_trainer)
+    in a row were dropped for zero advantage with no group kept in between; an environment alone
+    in that state is named in a warning. 0 never stops. Only with discard_group_zero_advantage."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -149,6 +153,7 @@ class EngineSettings:
             (self.temperature >= 0, "temperature must be >= 0"),
             (self.prompt_prefetch_buffer_size >= 0, "prompt_prefetch_buffer_size must be >= 0"),
             (self.max_consecutive_unfit_prompts >= 1, "max_consecutive_unfit_prompts must be >= 1"),
+            (self.max_zero_advantage_batches >= 0, "max_zero_advantage_batches must be >= 0"),
             (
                 not self.free_lane_after_generation or self.enable_individual_sample_lanes,
                 "free_lane_after_generation needs enable_individual_sample_lanes: true "

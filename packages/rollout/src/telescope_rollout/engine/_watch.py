@@ -17,6 +17,12 @@ built here). Two rules:
   (it is not "the same error"). Cancelled groups, and groups that failed on a server found
   unreachable, are not reported by the engine: they neither count nor reset.
   The run is hopeless once the count reaches ``max_same_error``.
+- **zero advantage**: groups dropped because all their samples got one reward (no learning
+  signal) with no group kept in between, counted over the run and per environment. A kept group
+  starts its environment's count and the run's over; a group dropped for another reason
+  (max_async, an error) or cancelled neither counts nor resets. The run is hopeless once its
+  count reaches ``max_zero_advantage`` (0: never); an environment whose own count reaches a
+  multiple of it is named (the others keep the run going, but it trains nothing).
 """
 
 from __future__ import annotations
@@ -25,10 +31,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from telescope_rollout.engine._progress import RewardTally, rewards_summary
+
 __all__ = [
     "ErrorRun",
     "FailureWatch",
+    "FlatRun",
     "UnfitStreak",
+    "flat_environment_message",
+    "flat_run_message",
     "same_error_message",
     "unfit_environment",
     "unfit_message",
@@ -59,16 +70,35 @@ class ErrorRun:
 
 
 @dataclass
+class FlatRun:
+    """Groups dropped for zero advantage with no group kept in between (of the run or of one
+    environment), with their rewards per environment."""
+
+    count: int = 0
+    rewards: dict[str, RewardTally] = field(default_factory=dict)
+
+    def add(self, env: str, reward: float) -> None:
+        self.count += 1
+        self.rewards.setdefault(env, RewardTally()).add(reward)
+
+
+@dataclass
 class FailureWatch:
-    """The two hopeless-input rules of the module docstring; memory is bounded by ``max_unfit``
-    indices per environment."""
+    """The hopeless-input rules of the module docstring; memory is bounded by ``max_unfit``
+    indices per environment and a few numbers per environment."""
 
     max_unfit: int
     """Consecutive unfit prompts of one environment that stop the run."""
     max_same_error: int
     """Consecutive all-failed groups of one error kind that stop the run."""
+    max_zero_advantage: int = 0
+    """Zero-advantage groups with none kept in between that stop the run; 0: never."""
     unfit: dict[str, UnfitStreak] = field(default_factory=dict)
     errors: ErrorRun = field(default_factory=ErrorRun)
+    flat: FlatRun = field(default_factory=FlatRun)
+    """The run's zero-advantage groups since the last kept group."""
+    flat_by_env: dict[str, FlatRun] = field(default_factory=dict)
+    """Each environment's zero-advantage groups since its last kept group."""
 
     def prompt_fits(self, env: str) -> None:
         """A prompt of ``env`` fits: its unfit streak starts over."""
@@ -89,6 +119,24 @@ class FailureWatch:
     def group_ok(self) -> None:
         """A group was kept, or dropped for a non-error reason: the error run starts over."""
         self.errors = ErrorRun()
+
+    def group_kept(self, env: str) -> None:
+        """A group of ``env`` was kept: the run's and ``env``'s zero-advantage counts start over."""
+        self.flat = FlatRun()
+        self.flat_by_env.pop(env, None)
+
+    def group_flat(self, env: str, reward: float) -> tuple[FlatRun | None, FlatRun | None]:
+        """A group of ``env`` (mean reward ``reward``) was dropped for zero advantage. Returns the
+        run's count once hopeless, and ``env``'s count each time it reaches a multiple of
+        ``max_zero_advantage`` (None otherwise; both None when the rule is off)."""
+        self.flat.add(env, reward)
+        mine = self.flat_by_env.setdefault(env, FlatRun())
+        mine.add(env, reward)
+        limit = self.max_zero_advantage
+        if limit <= 0:
+            return None, None
+        hopeless = self.flat if self.flat.count >= limit else None
+        return hopeless, mine if mine.count % limit == 0 else None
 
     def group_failed(self, kinds: list[str | None], env: str, detail: str) -> ErrorRun | None:
         """A finished group was dropped for an error; ``kinds`` are its samples' error kinds (None
@@ -162,6 +210,34 @@ def same_error_message(run: ErrorRun, *, detail_chars: int = 500) -> str:
         f"every sample of the last {run.count} groups failed with {run.kind} "
         f"({noun} {', '.join(run.envs)}): {detail or run.kind}; the run cannot make progress. "
         "Fix the cause above (the environment, its resources or the servers) and start again."
+    )
+
+
+_FLAT_FIXES = (
+    "Check the reward on a few samples: `telescope ui` shows each dropped group's completions and "
+    "rewards (page Discarded, reason zero_advantage). If the reward is right, the task is too hard "
+    "or too easy for the model: use easier (or harder) prompts, a stronger model or more max_tokens. "
+    "Or set discard_group_zero_advantage: false to train on such groups"
+)
+
+
+def flat_run_message(run: FlatRun, *, limit_batches: int, batch_size: int) -> str:
+    """Why the run stops after ``run``: the groups, their rewards per environment, the fixes."""
+    return (
+        f"no group was kept in the last {run.count} groups: every one was dropped for zero "
+        "advantage (all its samples got the same reward, so it carries nothing to learn), "
+        f"{limit_batches} batches' worth of {batch_size} groups; {rewards_summary(run.rewards)}. "
+        "The run cannot make progress. "
+        f"{_FLAT_FIXES}, or raise max_zero_advantage_batches (now {limit_batches}; 0 waits forever)."
+    )
+
+
+def flat_environment_message(env: str, run: FlatRun) -> str:
+    """Why ``env`` trains nothing although the run goes on (a warning, not a stop)."""
+    return (
+        f"environment {env!r} trains nothing: its last {run.count} groups were all dropped for zero "
+        f"advantage ({run.rewards[env].describe()}) while other environments' groups were kept. "
+        f"{_FLAT_FIXES}."
     )
 
 
