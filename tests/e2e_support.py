@@ -78,9 +78,16 @@ class Finished:
         return [m for m in self.metrics() if "eval/step" not in m]
 
     def rollouts(self, step: int) -> list[dict[str, Any]]:
+        """Every sample row of ``step``: its file, and the groups dropped while it waited long for
+        its batch (``step_N-dropped-K``, docs/records.md)."""
         import pyarrow.parquet as pq
 
-        return pq.read_table(self.run_dir / "records" / "samples" / f"step_{step:06d}.parquet").to_pylist()
+        folder = self.run_dir / "records" / "samples"
+        files = [
+            folder / f"step_{step:06d}.parquet",
+            *sorted(folder.glob(f"step_{step:06d}-dropped-*.parquet")),
+        ]
+        return [row for f in files for row in pq.read_table(f).to_pylist()]
 
 
 def train(run_dir: Path, *args: str, timeout_s: float = 600.0) -> Finished:

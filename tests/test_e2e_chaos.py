@@ -81,30 +81,22 @@ def pause_generation(run: Path, index: int = 0, *, resume: bool = False) -> None
     httpx.post(url, params={} if resume else {"mode": "keep"}, timeout=30).raise_for_status()
 
 
-def pause_with_requests_in_flight(run: Path, proc: subprocess.Popen, until_step: int, index: int = 0) -> None:
-    """Pause server ``index`` at a moment it holds requests, until metrics.jsonl has the line of
-    ``until_step``. vLLM 0.32 reports no running request once paused (its engine stops stepping),
-    so the count is read just before the pause: requests running then, less those that finished
-    before the pause took hold (``request_success_total``), are frozen on the server. None held:
-    it resumes and tries again 20 ms later."""
-    from telescope_cli._infra import parse_vllm_metrics
-
-    base_port = yaml.safe_load((run / "config.yaml").read_text())["inference_base_port"]
-    url = f"http://127.0.0.1:{base_port + index}/metrics"
-    path = run / "metrics.jsonl"
-    while len(path.read_text().splitlines()) < until_step:
+def pause_holding_requests(run: Path, proc: subprocess.Popen, step: int, *, settle_s: float = 20.0) -> None:
+    """Pause server 0 right after ``step``'s metrics line so that it holds requests when the test
+    kills it. ``step + 1``'s groups (dispatched just before that line in a synchronous run) are then
+    frozen mid-generation; or they had finished, the run trains ``step + 1`` (its line appears within
+    ``settle_s``) and dispatches ``step + 2``'s groups, which wait on the paused server (1 s lets
+    their requests arrive). vLLM's ``/metrics`` cannot tell which: its running count is refreshed
+    only now and then (it read 0 through whole generations)."""
+    wait_for_step(run, proc, step)
+    pause_generation(run)
+    path, deadline = run / "metrics.jsonl", time.monotonic() + settle_s
+    while len(path.read_text().splitlines()) < step + 1:
         assert proc.poll() is None, f"run exited early with {proc.returncode}: see {run}"
-        before = parse_vllm_metrics(httpx.get(url, timeout=30).text)
-        running = before.get("num_requests_running", 0) + before.get("num_requests_waiting", 0)
-        if running > 0:
-            pause_generation(run, index)
-            after = parse_vllm_metrics(httpx.get(url, timeout=30).text)
-            finished = after.get("request_success_total", 0) - before.get("request_success_total", 0)
-            if running - finished > 0:
-                return
-            pause_generation(run, index, resume=True)
-        time.sleep(0.02)
-    pytest.fail(f"server {index} held no request at any pause before step {until_step} ended: see {run}")
+        if time.monotonic() > deadline:
+            return  # step + 1's groups are frozen on the server
+        time.sleep(0.05)
+    time.sleep(1.0)  # step + 2's requests reach the paused server and wait there
 
 
 def finish(run: Path, proc: subprocess.Popen, t0: float, timeout_s: float = 600) -> Finished:
@@ -129,15 +121,12 @@ def events(run: Path) -> list[tuple[str, dict]]:
 def test_a_killed_server_is_restarted_with_the_current_weights_and_nothing_is_lost(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
     t0 = time.monotonic()
-    # completions of 800 tokens: step 3's groups, dispatched just before step 2's metrics line, take
-    # seconds even alone on the machine (200 tokens were done before any pause of a loaded CI run
-    # could catch them); vLLM's pause freezes them before the kill, so it lands mid-generation
+    # completions of 200 tokens: step 3's groups, dispatched just before step 2's metrics line, take
+    # a while; vLLM's pause freezes them (or step 4's, queued) before the kill
     proc = start(run, *args(tiny_model_dir, "--number_of_steps", "5", "--max_async_rollout", "0",
-                            "--max_tokens", "800", "--max_model_len", "1024",
-                            "--seq_len", "1024"))  # fmt: skip
-    wait_for_step(run, proc, 2)
+                            "--max_tokens", "200"))  # fmt: skip
     # the kill lands while step 3's or step 4's groups are on the server (frozen there)
-    pause_with_requests_in_flight(run, proc, until_step=4)
+    pause_holding_requests(run, proc, 2)
     api, _ = server_pids(run)
     os.kill(api, signal.SIGKILL)
     finished = finish(run, proc, t0)

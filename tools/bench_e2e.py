@@ -133,12 +133,12 @@ def run_plain(cfg: dict[str, Any]) -> Timed:
 def _telescope_tokens(run: Path, steps: int) -> list[float]:
     import pyarrow.parquet as pq
 
+    folder = run / "records" / "samples"  # a step's file, and its groups dropped while it waited long
     return [
         float(
             sum(
-                pq.read_table(run / "records" / "samples" / f"step_{s:06d}.parquet")[
-                    "completion_tokens"
-                ].to_pylist()
+                sum(pq.read_table(f)["completion_tokens"].to_pylist())
+                for f in folder.glob(f"step_{s:06d}*.parquet")
             )
         )
         for s in range(1, steps + 1)

@@ -127,18 +127,15 @@ def test_a_terminal_keeps_the_progress_bar():
     assert "reward 0.125  1,234 tok/s  time 13.3 s  async 1" in text
 
 
-def test_a_waiting_step_prints_a_line_after_two_reports_then_every_six_on_a_pipe():
+def test_a_waiting_step_prints_its_full_reports_on_a_pipe():
     out = Pipe()
     console = Console(3, file=out)
     console.start_training(0)
-    for waited in (5, 10, 15, 20, 35, 40, 45):
-        console.waiting(1, waited, "kept 0/2 groups, 1 in flight; no group finished yet", interval_s=5)
-    console.waiting(2, 5, "kept 1/2 groups", interval_s=5)  # a new step: two reports first again
-    console.waiting(2, 10, "kept 1/2 groups", interval_s=5)
+    for waited, full in ((5, False), (10, True), (15, False), (40, True)):
+        console.waiting(1, waited, "kept 0/2 groups, 1 in flight; no group finished yet", plain=full)
     assert out.getvalue().splitlines() == [
         "step 1/3  waiting 10 s: kept 0/2 groups, 1 in flight; no group finished yet",
         "step 1/3  waiting 40 s: kept 0/2 groups, 1 in flight; no group finished yet",
-        "step 2/3  waiting 10 s: kept 1/2 groups",
     ]
 
 
@@ -146,7 +143,7 @@ def test_a_waiting_step_shows_in_the_bar_on_a_terminal():
     out = Terminal()
     console = Console(3, file=out)
     console.start_training(0)
-    console.waiting(1, 5, "kept 0/2 groups, dropped 3 (zero_advantage 3)", interval_s=5)
+    console.waiting(1, 5, "kept 0/2 groups, dropped 3 (zero_advantage 3)", plain=False)
     console._progress.refresh()
     console.close()
     assert "waiting 5 s: kept 0/2 groups, dropped 3 (zero_advantage 3)" in out.getvalue()

@@ -129,3 +129,21 @@ def test_an_environment_that_trains_nothing_is_recorded_and_warned_on_the_consol
         ("environment_flat", 1),
         ("batch_assembled", 1),
     ]
+
+
+async def test_full_reports_come_after_two_intervals_then_every_six(tmp_path, monkeypatch):
+    import telescope_cli._waiting as waiting
+
+    engine = Engine(_group())
+    ctx, _ = _ctx(tmp_path, engine)
+    seen: list[bool] = []
+    monkeypatch.setattr(waiting, "report", lambda ctx, step, waited, *, full: seen.append(full))
+    task = asyncio.ensure_future(next_batch(ctx, 1))
+    await asyncio.sleep(0.05 * 15.5)
+    engine.release.set()
+    await asyncio.wait_for(task, 5)
+    # reports at about 1, 2, ... 15 intervals: full at the 2nd, then 6 intervals after each full one
+    # (a loaded machine's late wake-ups make the waits a little longer than the interval: the 7th)
+    full = [i + 1 for i, f in enumerate(seen) if f]
+    assert full[0] == 2, seen
+    assert full[1] - full[0] in (5, 6), seen

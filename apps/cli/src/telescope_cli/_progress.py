@@ -7,8 +7,8 @@ plain line instead, flushed at once, with no escape codes::
     step 3/15  reward 0.125  1,234 tok/s  time 12.3 s  async 1
 
 A step that waits long for its batch says how the batch is going (``waiting``): on a terminal in
-the bar's place, updated at each report; otherwise one line after two reports' worth of waiting
-and again every six (10 s, then every 30 s with the default ``event_upload_interval_seconds``)::
+the bar's place, updated at each report; otherwise one line at each full report (``_waiting``:
+after 10 s of waiting, then every 30 s with the default ``event_upload_interval_seconds``)::
 
     step 3/15  waiting 25 s: kept 0/2 groups, dropped 14 (zero_advantage 14), 4 in flight; every
     finished group scored 0.0
@@ -70,8 +70,6 @@ class Console:
         self.on_phase: Callable[[str, float, float], None] | None = None
         self._progress: Any = None
         self._task: Any = None
-        self._waited_line: tuple[int, float] | None = None
-        """The step and wait of the last plain waiting line."""
 
     @contextmanager
     def phase(self, text: str):
@@ -131,24 +129,17 @@ class Console:
             return
         self._progress.update(self._task, completed=metrics.get("step", 0), stats=stats)
 
-    def waiting(self, step: int, waited_s: float, line: str, *, interval_s: float) -> None:
+    def waiting(self, step: int, waited_s: float, line: str, *, plain: bool) -> None:
         """Step ``step`` has waited ``waited_s`` for its batch; ``line`` says how it is going
-        (module docstring); reports come every ``interval_s``."""
+        (module docstring). The bar shows it; a plain console prints it when ``plain``."""
         if not self.enabled:
             return
         text = f"waiting {waited_s:.0f} s: {line}"
         if self._progress is not None:
             self._progress.update(self._task, stats=text)
             return
-        last = self._waited_line
-        due = (
-            waited_s >= 2 * interval_s
-            if last is None or last[0] != step
-            else waited_s >= last[1] + 6 * interval_s
-        )
-        if not due:
+        if not plain:
             return
-        self._waited_line = (step, waited_s)
         stream = self.rich.file
         stream.write(f"step {step}/{self.total}  {text}\n")
         stream.flush()

@@ -1,18 +1,21 @@
-"""A step waiting for its batch says so: the console line, the log line, the record's event and the
-groups dropped for it so far, every ``event_upload_interval_seconds`` while it waits.
+"""A step waiting for its batch says how the batch is going: on the console, in the log and in the
+record, with the groups dropped for it so far.
 
-A batch that takes longer than one interval (a run whose groups are all dropped, slow rewards, a
-server being restarted) is reported at each interval, from the engine's own counts
-(``RolloutEngine.progress()``)::
+A batch that takes longer than ``event_upload_interval_seconds`` (a run whose groups are all
+dropped, slow rewards, a server being restarted) is reported at each interval, from the engine's
+own counts (``RolloutEngine.progress()``): the terminal's progress bar shows the line, the log gets
+"waiting for a batch" and the record a ``batch_waiting`` event. A *full* report comes after two
+intervals of waiting and then every six (10 s, then every 30 s with the default 5): a plain
+console (a pipe, CI) prints the line, and the groups dropped so far and the events logged so far
+are written into the record (docs/records.md, "Files": ``step_N-dropped-K``), so the inspector
+shows a stalled step while it is stalled, without a file per interval in a run whose steps are
+merely slow::
 
     step 3/15  waiting 25 s: kept 0/2 groups, dropped 14 (zero_advantage 14), 4 in flight; every
     finished group scored 0.0
 
-The same counts go to ``logs/telescope.jsonl`` ("waiting for a batch") and, as a ``batch_waiting``
-orchestrator event, to the record together with the groups dropped so far (docs/records.md,
-"Files": ``step_N-dropped-K``), so the inspector shows a stalled step while it is stalled. When the
-engine gives up (``RolloutError``), what it dropped for the step is written before the error goes
-on.
+When the engine gives up (``RolloutError``), what it dropped for the step is written before the
+error goes on.
 
 The engine's events go to the record (``on_engine_event``); one that warns, an environment whose
 groups are all dropped for zero advantage while the others train (``environment_flat``), also goes
@@ -39,13 +42,18 @@ async def next_batch(ctx: Any, step: int) -> Any:
 
     interval = float(ctx.config.event_upload_interval_seconds)
     t0 = time.monotonic()
+    full_at = 2 * interval  # then every 6 intervals (module docstring)
     task = asyncio.ensure_future(ctx.engine.next_batch())
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=interval)
             if done:
                 return task.result()
-            report(ctx, step, time.monotonic() - t0, interval)
+            waited = time.monotonic() - t0
+            full = waited >= full_at
+            if full:
+                full_at = waited + 6 * interval
+            report(ctx, step, waited, full=full)
     except RolloutError:
         _write_drops(ctx, step)
         raise
@@ -54,13 +62,12 @@ async def next_batch(ctx: Any, step: int) -> Any:
             task.cancel()
 
 
-def report(ctx: Any, step: int, waited_s: float, interval_s: float) -> None:
+def report(ctx: Any, step: int, waited_s: float, *, full: bool) -> None:
     """One report of the wait (module docstring): console, log, record."""
     from telescope_rollout.engine import progress_line
 
     p = ctx.engine.progress()
-    line = progress_line(p)
-    ctx.console.waiting(step, waited_s, line, interval_s=interval_s)
+    ctx.console.waiting(step, waited_s, progress_line(p), plain=full)
     counts = {"kept": p.kept, "needed": p.needed, "dropped": p.dropped, "cancelled": p.cancelled}
     rewards = {
         e: {"groups": t.groups, "min": t.low, "max": t.high, "mean": t.mean} for e, t in p.rewards.items()
@@ -68,7 +75,8 @@ def report(ctx: Any, step: int, waited_s: float, interval_s: float) -> None:
     detail = {**counts, "in_flight": p.in_flight, "rewards": rewards}
     log.info("waiting for a batch", step=step, waited_s=round(waited_s, 1), **detail)
     ctx.run.records.event("batch_waiting", step, waited_s=waited_s, **detail)
-    _write_drops(ctx, step)
+    if full:
+        _write_drops(ctx, step)
 
 
 def _write_drops(ctx: Any, step: int) -> None:
