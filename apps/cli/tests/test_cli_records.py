@@ -200,16 +200,16 @@ def test_groups_dropped_while_a_step_waits_are_written_once_and_left_out_of_the_
     run.records.event("batch_waiting", 1, kept=0)
     assert run.records.write_waiting(1, batch.discarded, []) == 1
     assert run.records.write_waiting(1, batch.discarded, []) == 0  # nothing new: no file
-    dropped = _read(run, "samples", "step_000001-dropped-0001.parquet")
+    dropped = _read(run, "samples", "step_000001-dropped-a000-1.parquet")
     assert [(r["status"], r["reason"], r["sample_id"]) for r in dropped] == [
         ("discarded", "zero_advantage", 11)
     ]
     assert dropped[0]["finished_at"] == 103.25  # its own time, not the time of writing
-    assert len(_read(run, "rollout_events", "step_000001-dropped-0001.parquet")) > 0
-    (waiting,) = _read(run, "orchestrator_events", "step_000001-waiting-0001.parquet")
+    assert len(_read(run, "rollout_events", "step_000001-dropped-a000-1.parquet")) > 0
+    (waiting,) = _read(run, "orchestrator_events", "step_000001-waiting-a000-1.parquet")
     assert waiting["event"] == "batch_waiting"
     names = {p.name for p in (run.path / "records" / "samples").iterdir()}
-    assert "step_000001-dropped-0002.parquet" not in names
+    assert "step_000001-dropped-a000-2.parquet" not in names
     # the step itself: the kept group; the dropped one is not written twice
     run.records.write_step(1, batch, decode=None, spans=[])
     assert [r["sample_id"] for r in _read(run, "samples", "step_000001.parquet")] == [10]

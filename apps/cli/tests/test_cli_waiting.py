@@ -17,6 +17,7 @@ import structlog
 from telescope_cli._progress import Console
 from telescope_cli._rundir import RunDir
 from telescope_cli._waiting import next_batch, on_engine_event
+from telescope_cli._waiting import report as waiting_report
 from telescope_rollout import RolloutError
 from telescope_rollout.engine import BatchProgress, RewardTally
 
@@ -39,7 +40,7 @@ class Engine:
     def progress(self) -> BatchProgress:
         tally = RewardTally()
         tally.add(0.0)
-        return BatchProgress(step=0, kept=0, needed=2, dropped={"zero_advantage": 1}, cancelled={},
+        return BatchProgress(step=0, kept=0, needed=2, dropped={"zero_advantage": 2}, cancelled={},
                              in_flight=3, rewards={"count": tally}, waited_s=0.0)  # fmt: skip
 
     def pending_drops(self):
@@ -73,16 +74,16 @@ async def test_a_long_wait_is_reported_and_its_drops_recorded_until_the_batch_co
     reports = [e for e in logs if e["event"] == "waiting for a batch"]
     assert len(reports) >= 2
     assert reports[0]["kept"] == 0
-    assert reports[0]["dropped"] == {"zero_advantage": 1}
+    assert reports[0]["dropped"] == {"zero_advantage": 2}
     assert reports[0]["rewards"]["count"]["max"] == 0.0
     first = out.getvalue().splitlines()[0]
     assert re.fullmatch(
-        r"step 1/2  waiting \d+ s: kept 0/2 groups, dropped 1 \(zero_advantage 1\), 3 in flight; "
+        r"step 1/2  waiting \d+ s: kept 0/2 groups, dropped 2 \(zero_advantage 2\), 3 in flight; "
         r"the finished group scored 0\.0",
         first,
     ), first
     samples = pq.read_table(
-        ctx.run.path / "records" / "samples" / "step_000001-dropped-0001.parquet"
+        ctx.run.path / "records" / "samples" / "step_000001-dropped-a000-1.parquet"
     ).to_pylist()
     assert [(r["status"], r["reason"], r["finished_at"]) for r in samples] == [
         ("discarded", "zero_advantage", 101.0)
@@ -136,14 +137,29 @@ async def test_full_reports_come_after_two_intervals_then_every_six(tmp_path, mo
 
     engine = Engine(_group())
     ctx, _ = _ctx(tmp_path, engine)
+    clock = iter([0.05 * k for k in range(1000)])  # the k-th reading: k intervals after the start
     seen: list[bool] = []
-    monkeypatch.setattr(waiting, "report", lambda ctx, step, waited, *, full: seen.append(full))
-    task = asyncio.ensure_future(next_batch(ctx, 1))
-    await asyncio.sleep(0.05 * 15.5)
+    monkeypatch.setattr(waiting, "report", lambda ctx, step, waited, *, full, filling: seen.append(full))
+    task = asyncio.ensure_future(next_batch(ctx, 1, clock=lambda: next(clock)))
+    while len(seen) < 15:
+        await asyncio.sleep(0.01)
     engine.release.set()
     await asyncio.wait_for(task, 5)
-    # reports at about 1, 2, ... 15 intervals: full at the 2nd, then 6 intervals after each full one
-    # (a loaded machine's late wake-ups make the waits a little longer than the interval: the 7th)
-    full = [i + 1 for i, f in enumerate(seen) if f]
-    assert full[0] == 2, seen
-    assert full[1] - full[0] in (5, 6), seen
+    assert [i + 1 for i, f in enumerate(seen[:15]) if f] == [2, 8, 14]
+
+
+async def test_a_report_after_the_batch_was_handed_over_says_nothing(tmp_path):
+    engine = Engine(_group())
+    ctx, out = _ctx(tmp_path, engine)
+    waiting_report(ctx, 1, 10.0, full=True, filling=5)  # the engine fills batch 0: 5 is gone
+    assert out.getvalue() == ""
+    assert not ctx.run.records.events
+
+
+async def test_a_report_that_fails_is_logged_and_the_run_goes_on(tmp_path):
+    engine = Engine(_group())
+    engine.progress = lambda: 1 / 0
+    ctx, _ = _ctx(tmp_path, engine)
+    with structlog.testing.capture_logs() as logs:
+        waiting_report(ctx, 1, 10.0, full=True, filling=0)
+    assert [e["event"] for e in logs] == ["the waiting step's report failed"]

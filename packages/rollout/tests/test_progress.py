@@ -28,6 +28,7 @@ def test_a_tally_keeps_range_mean_and_each_value_until_too_many():
     assert len(many.values) == DISTINCT
     assert many.overflow
     assert math.isnan(RewardTally().mean)
+    assert tally(float("nan")).describe() == "1 group scored nan"  # a broken reward is shown, not raised on
 
 
 def test_a_tally_says_its_rewards_in_words():

@@ -325,11 +325,14 @@ class RunRecords:
         self.last_step = max(self.last_step, step)
         self.flush_events(step, events=events)
 
-    def write_waiting(self, step: int, discarded: Sequence[Any], cancelled: Sequence[Any]) -> int:
+    def write_waiting(
+        self, step: int, discarded: Sequence[Any], cancelled: Sequence[Any], *, events: bool = True
+    ) -> int:
         """While ``step`` waits for its batch: the groups dropped for it so far (``DroppedGroup`` s)
-        into step files tagged ``dropped-N`` (those written before are skipped, and the step's own
-        :meth:`write_step` leaves them all out), and the events logged so far (tag ``waiting-N``).
-        Returns the number of groups written."""
+        into step files tagged ``dropped-aNNN-K`` (those written before are skipped, and the step's
+        own :meth:`write_step` leaves them all out) and, with ``events`` and new groups, the events
+        logged so far (tag ``waiting-aNNN-K``; a run that stops leaves them to :meth:`close`, which
+        files them under the last step written). Returns the number of groups written."""
         if self.steps_off:
             return 0
         early = self._early.setdefault(step, set())
@@ -339,12 +342,14 @@ class RunRecords:
             for d in drops
             if d.group.group_id not in early
         ]
+        if not new:
+            return 0
         self._waits += 1
-        if new:
-            self._write_groups(step, new, decode=None, tag=f"dropped-{self._waits:04d}")
-            early.update(g.group_id for _, _, g in new)
-        if self.events:
-            self.flush_events(step, tag=f"waiting-{self._waits:04d}")
+        tag = f"a{self.attempt:03d}-{self._waits}"
+        self._write_groups(step, new, decode=None, tag=f"dropped-{tag}")
+        early.update(g.group_id for _, _, g in new)
+        if events and self.events:
+            self.flush_events(step, tag=f"waiting-{tag}")
         return len(new)
 
     def _write_groups(

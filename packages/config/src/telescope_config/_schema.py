@@ -781,7 +781,9 @@ class TelescopeConfig(BaseModel):
     event_upload_interval_seconds: int = Field(
         ge=1,
         description="Seconds between flushes of the run record's time tables (infra) to disk, >= 1; the "
-        "tables of a step are written once per step.",
+        "tables of a step are written once per step. Also the interval at which a step that waits for "
+        "its batch reports how the batch is going (docs/troubleshooting.md, 'Every group is dropped for "
+        "zero advantage').",
     )
     metrics_logger_interval_seconds: float = Field(
         gt=0, description=_NO_EFFECT + "Seconds between polls of the cluster-wide Ray node metrics, > 0."

@@ -64,7 +64,9 @@ class RewardTally:
 
 
 def _num(value: float) -> str:
-    return f"{value:.4g}" if value != int(value) else f"{value:.1f}"
+    if not math.isfinite(value) or value != int(value):
+        return f"{value:.4g}"
+    return f"{value:.1f}"
 
 
 @dataclass(frozen=True)
