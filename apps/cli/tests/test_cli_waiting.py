@@ -41,7 +41,7 @@ class Engine:
         tally = RewardTally()
         tally.add(0.0)
         return BatchProgress(step=0, kept=0, needed=2, dropped={"zero_advantage": 2}, cancelled={},
-                             in_flight=3, rewards={"count": tally}, waited_s=0.0)  # fmt: skip
+                             in_flight=3, rewards={"count": tally})  # fmt: skip
 
     def pending_drops(self):
         return list(self.dropped), []

@@ -50,12 +50,12 @@ def test_the_rewards_summary_is_per_environment_when_there_are_several():
 
 def test_the_progress_line():
     dropped = {"zero_advantage": 12, "sample_error": 2}
-    p = BatchProgress(2, 0, 2, dropped, {}, 4, {"count": tally(0.0, 0.0)}, 30.0)
+    p = BatchProgress(2, 0, 2, dropped, {}, 4, {"count": tally(0.0, 0.0)})
     assert progress_line(p) == (
         "kept 0/2 groups, dropped 14 (zero_advantage 12, sample_error 2), 4 in flight; "
         "every finished group scored 0.0"
     )
-    q = BatchProgress(1, 1, 4, {}, {"max_async": 3}, 0, {}, 5.0)
+    q = BatchProgress(1, 1, 4, {}, {"max_async": 3}, 0, {})
     assert (
         progress_line(q) == "kept 1/4 groups, cancelled 3 (max_async 3), 0 in flight; no group finished yet"
     )

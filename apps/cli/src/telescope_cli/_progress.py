@@ -119,10 +119,7 @@ class Console:
             return
         stats = step_stats(metrics)
         if self.plain:
-            # written as is (no markup, no wrapping) and flushed: a pipe sees each step when it ends
-            stream = self.rich.file
-            stream.write(f"step {metrics.get('step')}/{self.total}  {stats}\n")
-            stream.flush()
+            self._plain_line(metrics.get("step"), stats)
             return
         if self._progress is None:
             self.rich.print(f"step {metrics.get('step')}/{self.total}  {stats}")
@@ -138,8 +135,12 @@ class Console:
         if self._progress is not None:
             self._progress.update(self._task, stats=text)
             return
-        if not plain:
-            return
+        if plain:
+            self._plain_line(step, text)
+
+    def _plain_line(self, step: Any, text: str) -> None:
+        """``step N/total  text``, written as is (no markup, no wrapping) and flushed: a pipe sees
+        each line when it happens."""
         stream = self.rich.file
         stream.write(f"step {step}/{self.total}  {text}\n")
         stream.flush()

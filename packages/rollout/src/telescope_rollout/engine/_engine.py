@@ -484,7 +484,6 @@ class RolloutEngine:
             cancelled=counts["cancelled"],
             in_flight=len(self._groups),
             rewards=rewards,
-            waited_s=self.clock() - self._last_batch_t,
         )
 
     def pending_drops(self) -> tuple[list[DroppedGroup], list[DroppedGroup]]:

@@ -87,8 +87,6 @@ class BatchProgress:
     """Groups generating or being scored."""
     rewards: dict[str, RewardTally]
     """Per environment, the rewards of the groups scored since the last batch (kept or dropped)."""
-    waited_s: float
-    """Seconds since the last batch was handed out (or since the engine started)."""
 
 
 def rewards_summary(rewards: Mapping[str, RewardTally]) -> str:
