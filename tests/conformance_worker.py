@@ -4,9 +4,10 @@
 
 The spec names the backend, the model folder, config overrides and the steps (lists of sample
 dicts). Through the ``telescope.trainers`` entry point, exactly as ``telescope train``: create the
-trainer, train, save checkpoints with the CLI's layout (``telescope_cli._checkpoints``: begin →
-``save_checkpoint`` → commit → prune), load them into a fresh trainer, convert one with the
-backend's ``convert_checkpoint``. Writes ``out`` (torch.save) with what the test compares.
+trainer, train, save checkpoints with the orchestrator's layout
+(``telescope_orchestrator.run.checkpoints``: begin → ``save_checkpoint`` → commit → prune), load them into a
+fresh trainer, convert one with the backend's ``convert_checkpoint``. Writes ``out`` (torch.save) with what
+the test compares.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch  # noqa: E402
 
 import telescope_config  # noqa: E402
 from telescope_algos import TrainerBackend, TrainingSample, pack_samples  # noqa: E402
-from telescope_cli import _checkpoints as ck  # noqa: E402
+from telescope_orchestrator.run import checkpoints as ck  # noqa: E402
 
 
 def _config(spec: dict) -> telescope_config.TelescopeConfig:

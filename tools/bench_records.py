@@ -81,7 +81,7 @@ def _spans(n: int) -> list[dict]:
 
 
 def synthetic(tmp: Path) -> float:
-    from telescope_cli._records import RunRecords
+    from telescope_orchestrator.record.writer import RunRecords
 
     records = RunRecords(tmp / "smol")
     batch, spans = _batch(8, 8, 1500), _spans(40)
@@ -100,7 +100,7 @@ def _rss_mb() -> float:
 
 
 def memory(tmp: Path, steps: int = 10_000) -> float:
-    from telescope_cli._records import RunRecords
+    from telescope_orchestrator.record.writer import RunRecords
 
     records = RunRecords(tmp / "long")
     batch = _batch(1, 2, 200)

@@ -10,17 +10,17 @@ Three measurements in one run (each output line names the model it used):
   16 groups per batch, weights announced after every batch so nothing pauses. Reported as samples
   per second of bookkeeping (target: >= 5,000 on 2 cores).
 * ``engine_vs_offline``: completions per second through the engine against one real vLLM server
-  (the CLI's launcher ``telescope_cli._vllm``, the tiny model of tools/tiny_model.py, fp32 eager on
-  CPU), divided by the
-  completions per second of vLLM's offline ``LLM.generate`` on the same prompt ids.
+  (the public launcher ``telescope_orchestrator.cluster.vllm_server``, the tiny model of
+  tools/tiny_model.py, fp32 eager on CPU), divided by the completions per second of vLLM's
+  offline ``LLM.generate`` on the same prompt ids.
 * ``prefix_cache_speedup``: prompt-heavy generation through the engine, completions per second
   with vLLM's prefix caching on (the default; every request carries its server's weight-version
   salt) over off (``enable_prefix_caching: false``). Each prompt is the addition task behind a
   document of ``--prompt-tokens`` tokens of its own; groups of 8 share it; ``--prefix-max-tokens``
-  tokens per completion. One server is started each way by the CLI's launcher, with the same
+  tokens per completion. One server is started each way by the orchestrator's launcher, with the same
   settings otherwise (``--concurrency`` sequences, ``--batched-tokens``, ``--prefix-kv-gib`` GiB of
   KV cache). It runs on each of ``--models``: ``tiny`` (``--prefix-samples`` completions per round)
-  and ``smollm2`` (SmolLM2-135M-Instruct from ``telescope_cli._models.resolve_model``,
+  and ``smollm2`` (SmolLM2-135M-Instruct from ``telescope_orchestrator.run.models.resolve_model``,
   ``--smol-samples``). Prompts are drawn from 100,000 documents with another seed each round, so
   rounds do not reuse each other's prompts: what is reused is a group's shared prompt. The share
   of prompt tokens served from the cache (vLLM's ``/metrics``) is printed for both servers.
@@ -242,7 +242,7 @@ def _free_port() -> int:
 
 def bench_server(model_dir: Path, tokenizer, args, log_dir: Path) -> tuple[float, list[list[int]]]:
     """Engine and raw-HTTP completions/s on one server; returns (best engine rate, prompt ids)."""
-    from telescope_cli._vllm import ServerSettings, launch_server
+    from telescope_orchestrator.cluster.vllm_server import ServerSettings, launch_server
     from telescope_rollout import EngineSettings, InferenceClient
 
     cfg = ServerSettings(
@@ -379,7 +379,7 @@ def _prefix_counters(url: str) -> tuple[float, float]:
 
 async def _prefix_round(model: str, label: str, caching: bool, args, log_dir: Path, samples: int) -> float:
     """Best completions/s of prompt-heavy groups on one server with prefix caching on or off."""
-    from telescope_cli._vllm import ServerSettings, launch_server
+    from telescope_orchestrator.cluster.vllm_server import ServerSettings, launch_server
     from telescope_rollout import EngineSettings, InferenceClient, Tokenizer
 
     tokenizer = Tokenizer.from_pretrained(model)
@@ -498,7 +498,7 @@ def main() -> None:
             for which in models:
                 model, label, samples = (str(model_dir), TINY, args.prefix_samples)
                 if which == "smollm2":
-                    from telescope_cli._models import SMOLLM2_ID, resolve_model
+                    from telescope_orchestrator.run.models import SMOLLM2_ID, resolve_model
 
                     model, label, samples = (resolve_model(SMOLLM2_ID), SMOLLM2_ID, args.smol_samples)
                 speedup[which] = bench_prefix_cache(model, label, args, tmp / "logs", samples)

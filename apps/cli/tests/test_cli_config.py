@@ -131,7 +131,7 @@ def test_logging_survives_a_replaced_stderr(capsys):
 
     import structlog
 
-    from telescope_cli._logging import configure_logging
+    from telescope_orchestrator.record.logging import configure_logging
 
     old = sys.stderr
     sys.stderr = io.StringIO()

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from telescope_cli._progress import Console
+from telescope_cli.console import Console
 
 
 class Pipe(io.StringIO):

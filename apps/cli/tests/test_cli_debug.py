@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from telescope_cli import _checks
 from telescope_cli import main as main_mod
 from telescope_cli._exit import EXIT_INTERNAL, EXIT_INVALID, EXIT_OK
 from telescope_cli._presets import QUICKSTART
+from telescope_orchestrator.run import checks as _checks
 
 
 @pytest.mark.parametrize(
@@ -46,11 +46,12 @@ def test_debug_flag_rejects_a_non_boolean(capsys):
 @pytest.fixture
 def recorded(monkeypatch, tmp_path: Path) -> list[dict]:
     """Stand in for the job: record what ``train`` got instead of starting Ray and vLLM."""
-    import telescope_cli._train as train_mod
+    import telescope_orchestrator.run.startup as train_mod
 
     calls: list[dict] = []
 
-    def fake_train(resolved, *, run_dir=None, debug=False, quiet=False):
+    def fake_train(resolved, *, reporter, run_dir=None, debug=False):
+        quiet = not reporter.enabled
         calls.append({"debug": debug, "config_debug": resolved.config.debug, "quiet": quiet})
         return tmp_path
 
@@ -92,7 +93,7 @@ def test_debug_true_in_the_config_is_debug_mode(recorded, tmp_path):
 
 
 def test_debug_in_the_config_shows_internal_tracebacks(monkeypatch, tmp_path, capsys):
-    import telescope_cli._train as train_mod
+    import telescope_orchestrator.run.startup as train_mod
 
     def boom(resolved, **kwargs):
         raise RuntimeError("simulated bug")
@@ -137,7 +138,7 @@ def test_pypi_torchvision_beside_the_cpu_torch_is_found(monkeypatch, versions, f
 
 
 def test_train_stops_before_starting_anything_on_a_broken_torch_stack(monkeypatch, tmp_path, capsys):
-    import telescope_cli._train as train_mod
+    import telescope_orchestrator.run.startup as train_mod
 
     monkeypatch.setattr(train_mod, "train", lambda *a, **k: pytest.fail("the job must not start"))
     monkeypatch.chdir(tmp_path)

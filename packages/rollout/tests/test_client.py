@@ -1,5 +1,5 @@
-"""InferenceClient against an in-process HTTP fake (how vLLM servers are launched is the CLI's:
-apps/cli/tests/test_vllm_servers.py)."""
+"""InferenceClient against an in-process HTTP fake (how vLLM servers are launched is the orchestrator's:
+packages/orchestrator/tests/test_vllm_servers.py)."""
 
 from __future__ import annotations
 

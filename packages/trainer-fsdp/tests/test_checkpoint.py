@@ -1,6 +1,7 @@
 """Checkpoints on one gloo rank: what the backend writes into the folder it is given, round trip,
 resume equivalence, weights-only, and conversion to a Hugging Face folder that transformers loads.
-(The layout around the folder, its atomic rename and retention are the CLI's: apps/cli tests.)"""
+(The layout around the folder, its atomic rename and retention are the orchestrator's:
+packages/orchestrator/tests.)"""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from telescope_cli._exit import EXIT_INVALID, EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
-    from telescope_cli._checkpoints import CheckpointError, read_meta
+    from telescope_orchestrator.run.checkpoints import CheckpointError, read_meta
 
     ckpt = Path(args.checkpoint)
     try:

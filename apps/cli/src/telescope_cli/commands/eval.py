@@ -1,5 +1,5 @@
 """``telescope eval CHECKPOINT ...``: evaluate checkpoints into the run's record
-(``telescope_cli._standalone_eval``).
+(``telescope_orchestrator.run.standalone_eval``).
 
 The config is ``--config``, else the ``config.yaml`` of the run the checkpoints belong to; flags
 after it override fields as in ``telescope train`` (e.g. ``--evals '[{"name": "math500"}]'``).
@@ -16,7 +16,7 @@ from telescope_cli._exit import EXIT_INVALID, EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
-    from telescope_cli._standalone_eval import EvalError, find_checkpoints, run_dir_of
+    from telescope_orchestrator.run.standalone_eval import EvalError, find_checkpoints, run_dir_of
 
     try:
         checkpoints = find_checkpoints(args.checkpoints)
@@ -36,11 +36,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(str(err), file=sys.stderr)
         return EXIT_INVALID
-    from telescope_cli._progress import Console
-    from telescope_cli._rundir import RunDir
-    from telescope_cli._standalone_eval import standalone_eval
-    from telescope_cli._train import _sigterm_to_interrupt
-    from telescope_cli._vllm import ServerStartError
+    from telescope_cli.console import Console
+    from telescope_orchestrator.cluster.vllm_server import ServerStartError
+    from telescope_orchestrator.record.rundir import RunDir
+    from telescope_orchestrator.run.standalone_eval import standalone_eval
+    from telescope_orchestrator.run.startup import _sigterm_to_interrupt
     from telescope_records import RecordError
 
     _sigterm_to_interrupt()  # SIGTERM stops the eval's vLLM server too

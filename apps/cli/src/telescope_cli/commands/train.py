@@ -1,4 +1,4 @@
-"""``telescope train``: resolve the config, then run the whole job (see ``telescope_cli._train``).
+"""``telescope train``: resolve the config, then run the whole job (``telescope_orchestrator``).
 
 With no ``--config`` it runs ``./configs/run.yaml`` when present, else the packaged CPU
 quickstart. Exit codes: 0 finished, 1 bad input (config, run directory, resume, a broken
@@ -39,22 +39,24 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     debug = bool(resolved.config.debug)
     if debug and not args.debug:  # debug: true in the config file
-        from telescope_cli._logging import configure_logging
+        from telescope_orchestrator.record.logging import configure_logging
 
         configure_logging(debug=True)
     args.debug = debug  # main() shows the traceback of an internal error when this is set
-    from telescope_cli import _checks
+    from telescope_orchestrator.run import checks as _checks
 
     problem = _checks.cpu_torch_conflict()
     if problem is not None:
         print(f"telescope train: {problem}", file=sys.stderr)
         return EXIT_INVALID
-    from telescope_cli._rundir import RunDirError
-    from telescope_cli._train import TrainError, train
+    from telescope_cli.console import Console
+    from telescope_orchestrator.record.rundir import RunDirError
+    from telescope_orchestrator.run.startup import TrainError, train
     from telescope_records import RecordError
 
+    console = Console(resolved.config.number_of_steps, enabled=not args.quiet)
     try:
-        train(resolved, run_dir=args.run_dir, debug=debug, quiet=args.quiet)
+        train(resolved, reporter=console, run_dir=args.run_dir, debug=debug)
     except (RunDirError, TrainError, RecordError) as err:
         print(f"telescope train: {err}", file=sys.stderr)
         return EXIT_INVALID

@@ -1,0 +1,3 @@
+"""Version of this distribution."""
+
+__version__ = "0.1.0"

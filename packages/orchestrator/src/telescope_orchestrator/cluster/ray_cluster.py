@@ -1,0 +1,283 @@
+"""Ray: start or join a cluster, reserve placement groups, place servers and trainer ranks.
+
+- ``ray_address`` "" starts a local Ray; "auto" (default) joins a running cluster and, when none
+  answers and ``ray_auto_start_local`` is true, starts a local one; any other value is a cluster
+  address (multi-node: ``ray start --head`` on one node, ``ray start --address`` on the others,
+  then ``--ray_address <head>:6379``).
+- Two placement groups: inference bundles ``{CPU, GPU: tp}`` and trainer bundles
+  ``{CPU, GPU: 1}`` (no GPU entry on a CPU-only machine), strategies from ``ray_*_placement_strategy``.
+- A local Ray gets at least as many logical CPUs as the bundles ask for (a 2-core laptop runs the
+  quickstart's two 1-CPU bundles plus the driver); oversubscription is logged, not refused.
+- Actor output goes to files in the run directory (``log_to_driver`` off unless ``debug`` and
+  ``ray_log_to_driver``), so vLLM and Ray warnings stay out of the console.
+- Workers get the run's environment variables (``TELESCOPE_RUN_DIR`` when
+  ``ray_propagate_run_dir``, ``VIRTUAL_ENV`` when ``ray_propagate_active_venv``) and, with
+  ``ray_pin_py_executable``, the driver's interpreter (``runtime_env.py_executable``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from telescope_orchestrator.cluster.actors import CpuPlan, InferenceServerActor, TrainerActor, cpu_plan
+
+if TYPE_CHECKING:
+    from telescope_config import TelescopeConfig
+
+__all__ = ["Cluster", "ClusterError", "ray_init_options"]
+
+log = structlog.get_logger()
+
+
+def ray_init_options(
+    cfg: TelescopeConfig, run_env: dict[str, str], environ: Any = os.environ
+) -> dict[str, Any]:
+    """The keyword arguments of ``ray.init`` for this run (both when joining and when starting Ray)."""
+    runtime_env: dict[str, Any] = dict(cfg.ray_runtime_env or {})
+    env_vars = {**run_env, **dict(runtime_env.get("env_vars") or {})}
+    if cfg.ray_propagate_active_venv:
+        for name in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT"):
+            if environ.get(name):
+                env_vars.setdefault(name, environ[name])
+    runtime_env["env_vars"] = env_vars
+    if cfg.ray_pin_py_executable:
+        runtime_env.setdefault("py_executable", sys.executable)
+    return {
+        "namespace": cfg.ray_namespace,
+        "log_to_driver": bool(cfg.ray_log_to_driver and cfg.debug),
+        "runtime_env": runtime_env,
+        "ignore_reinit_error": True,
+        "configure_logging": False,
+    }
+
+
+class ClusterError(RuntimeError):
+    """Ray could not start or place the run; the message says how to fix it."""
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def _output_to(path: Any):
+    """Point file descriptors 1 and 2 at ``path`` (children started meanwhile inherit it)."""
+    if path is None:
+        yield
+        return
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as fh:
+        os.dup2(fh.fileno(), 1)
+        os.dup2(fh.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+@dataclass
+class Cluster:
+    """The Ray side of a run: placement groups and actor handles; ``close()`` stops everything."""
+
+    config: TelescopeConfig
+    log_path: Any = None
+    """File that receives the output of a locally started Ray (its daemons keep writing there)."""
+    started_ray: bool = False
+    gpu: bool = False
+    server_actors: list[Any] = field(default_factory=list)
+    trainer_actors: list[Any] = field(default_factory=list)
+    groups: list[Any] = field(default_factory=list)
+    trainer_group: Any = None
+    """The trainer ranks' placement group (also in ``groups``)."""
+
+    def start(self, *, run_env: dict[str, str]) -> None:
+        import ray
+
+        cfg = self.config
+        self.gpu = _has_cuda()
+        if cfg.ray_disable_runtime_env_hook:
+            os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
+        common = ray_init_options(cfg, run_env)
+        address = cfg.ray_address
+        if address not in ("", "local"):
+            try:
+                ray.init(address=address, **common)
+                log.info("joined a Ray cluster", address=address)
+                return
+            except (ConnectionError, RuntimeError) as exc:
+                if address != "auto" or not cfg.ray_auto_start_local:
+                    raise ClusterError(
+                        f"could not connect to Ray at ray_address={address!r}: {exc}. Start the cluster "
+                        "(`ray start --head`) or set --ray_address '' to start a local Ray."
+                    ) from exc
+        need = self._bundle_cpus()
+        cpus = max(os.cpu_count() or 1, int(need + 1))
+        if need + 1 > (os.cpu_count() or 1):
+            log.info("more CPUs reserved than this machine has; they will share cores", reserved=need)
+        with _output_to(self.log_path):  # Ray's own notices go to the run's log, not the console
+            ray.init(num_cpus=cpus, include_dashboard=False, **common)
+        self.started_ray = True
+        log.info("started a local Ray", cpus=cpus)
+
+    def _bundle_cpus(self) -> float:
+        cfg = self.config
+        servers = cfg.inference_num_workers // cfg.inference_tensor_parallel_size
+        return (
+            servers * cfg.ray_inference_cpus_per_worker
+            + cfg.trainer_num_workers * cfg.ray_trainer_cpus_per_worker
+        )
+
+    def _placement_group(self, bundles: list[dict[str, float]], strategy: str, what: str) -> Any:
+        import ray
+        from ray.exceptions import GetTimeoutError
+        from ray.util.placement_group import placement_group
+
+        pg = placement_group(bundles, strategy=strategy)
+        try:
+            ray.get(pg.ready(), timeout=self.config.ray_placement_timeout_s)
+        except GetTimeoutError as exc:
+            raise ClusterError(
+                f"Ray could not reserve {len(bundles)} {what} bundle(s) of {bundles[0]} within "
+                f"ray_placement_timeout_s={self.config.ray_placement_timeout_s}s. Check `ray status`; lower "
+                f"{what}_num_workers or ray_{what}_cpus_per_worker, or add nodes."
+            ) from exc
+        self.groups.append(pg)
+        return pg
+
+    def _options(self, pg: Any, index: int, cpus: float, gpus: float) -> dict[str, Any]:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {
+            "num_cpus": cpus,
+            "num_gpus": gpus,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=index
+            ),
+        }
+
+    def place_servers(self, launches: list[dict[str, Any]]) -> list[Any]:
+        """One InferenceServerActor per server; each launch holds ``cmd``, ``env`` and ``log_path``."""
+        cfg = self.config
+        tp = cfg.inference_tensor_parallel_size
+        bundle: dict[str, float] = {"CPU": cfg.ray_inference_cpus_per_worker}
+        if self.gpu:
+            bundle["GPU"] = float(tp)
+        pg = self._placement_group(
+            [bundle] * len(launches), cfg.ray_inference_placement_strategy, "inference"
+        )
+        plan = self._cpu_plan()
+        for i, launch in enumerate(launches):
+            opts = self._options(pg, i, cfg.ray_inference_cpus_per_worker, float(tp) if self.gpu else 0.0)
+            bind = plan.server_binds[i] if plan else None
+            actor = InferenceServerActor.options(**opts).remote(index=i, **launch, cpu_bind=bind)
+            self.server_actors.append(actor)
+        return self.server_actors
+
+    def _cpu_plan(self) -> CpuPlan | None:
+        """The cores' split between servers and trainer ranks, for a CPU run on a Ray this run started
+        (one node). None: GPUs, a joined cluster or OMP_NUM_THREADS set by the user keep Ray's and
+        vLLM's settings."""
+        if self.gpu or not self.started_ray or "OMP_NUM_THREADS" in os.environ:
+            return None
+        cfg = self.config
+        tp = cfg.inference_tensor_parallel_size
+        servers = cfg.inference_num_workers // tp
+        return cpu_plan(sorted(os.sched_getaffinity(0)), servers, tp, cfg.trainer_num_workers)
+
+    def place_trainers(self, model_path: str, log_dir: str) -> list[Any]:
+        """One TrainerActor per rank, forming one torch.distributed world.
+
+        The validated config goes into Ray's object store once and every rank receives that object
+        (no rank validates it again).
+        """
+        import ray
+
+        cfg = self.config
+        config_ref = ray.put(cfg)
+        n = cfg.trainer_num_workers
+        bundle: dict[str, float] = {"CPU": cfg.ray_trainer_cpus_per_worker}
+        if self.gpu:
+            bundle["GPU"] = 1.0
+        pg = self.trainer_group = self._placement_group(
+            [bundle] * n, cfg.ray_trainer_placement_strategy, "trainer"
+        )
+        gpus = 1.0 if self.gpu else 0.0
+        plan = self._cpu_plan()
+
+        def options(r: int) -> dict[str, Any]:
+            opts = self._options(pg, r, cfg.ray_trainer_cpus_per_worker, gpus)
+            if plan is not None:  # merged into the job's runtime_env (env_vars merge key by key)
+                opts["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(plan.trainer_threads)}}
+            return opts
+
+        first = TrainerActor.options(**options(0)).remote(
+            rank=0, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir
+        )
+        addr, port = ray.get(first.master_address.remote())
+        self.trainer_actors = [first]
+        for r in range(1, n):
+            opts = options(r)
+            self.trainer_actors.append(
+                TrainerActor.options(**opts).remote(
+                    rank=r, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir
+                )
+            )
+        for actor in self.trainer_actors:
+            actor.set_master.remote(addr, port)
+        return self.trainer_actors
+
+    def stop_trainers(self) -> None:
+        """Kill every trainer rank and free their placement group (a rank died: they are placed
+        again with :meth:`place_trainers`). Never raises."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in self.trainer_actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        self.trainer_actors = []
+        if self.trainer_group is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.trainer_group)
+            self.groups = [g for g in self.groups if g is not self.trainer_group]
+            self.trainer_group = None
+
+    def close(self) -> None:
+        """Stop trainers first (a collective may hang), then servers, then Ray if we started it."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for actor in self.trainer_actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        for actor in self.server_actors:
+            with contextlib.suppress(Exception):
+                ray.get(actor.stop.remote(), timeout=30)
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.groups:
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+        self.trainer_actors, self.server_actors, self.groups = [], [], []
+        if self.started_ray or self.config.ray_shutdown_on_exit:
+            ray.shutdown()

@@ -1,0 +1,1 @@
+"""What a run writes and measures: the run directory, its records, derived metrics, infra, setup."""

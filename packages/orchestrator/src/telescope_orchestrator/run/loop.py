@@ -1,0 +1,499 @@
+"""The training loop: scored groups in, one optimizer step and one weight update out, per step.
+
+    batch   = await engine.next_batch()              # telescope-rollout (runs ahead by max_async_rollout)
+    samples = to_train_samples(batch)                # + batch-level advantage whitening (telescope-algos)
+    shards  = pack_samples(samples, ...)             # one list of micro-batches per data-parallel rank
+    metrics = train_step on every rank               # trainer backend, through Ray
+    publish weights (version = step)                 # telescope-weightsync, servers keep generating
+    engine.weights_updated(version)                  # resumes paused dispatch, counts off-policy steps
+    write the step's metrics line and records (docs/records.md), then its checkpoint (when due)
+    evals due after this step                        # telescope-rollout EvalRunner, see _eval_schedule
+
+Periodic evals run in the background on drained eval servers while training goes on; meanwhile
+weights go to the ``training_only`` group (see ``_eval_schedule``). A step's records and checkpoint are
+written before any eval of it runs, and once its trainers have stepped its records are written
+whatever happens next (a failed publish, Ctrl-C while waiting for a running eval): an eval never
+costs a trained step. Eval failures are recorded and training goes on (see ``_eval_schedule``).
+
+A trainer rank that dies is replaced: the step's training, weight update or checkpoint goes again
+on new ranks that loaded the last checkpoint and trained again on the steps since
+(``_trainer_restart``); no step is recorded twice.
+
+Steps are counted from 1 in metrics, rollouts and checkpoints (``step_N`` holds N finished steps);
+the weight version after step N is N, the base model is version 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from telescope_orchestrator.record.rundir import RunDir
+from telescope_orchestrator.recovery.servers import ServerSupervisor
+from telescope_orchestrator.recovery.trainers import TrainerRestarts, TrainersGone, dead_ranks, replay_diff
+from telescope_orchestrator.run.evals import InTrainingEvals
+from telescope_orchestrator.run.waiting import next_batch
+from telescope_rollout import RolloutError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from telescope_config import TelescopeConfig
+
+__all__ = ["LoopContext", "to_train_samples", "training_loop"]
+
+log = structlog.get_logger()
+
+
+@dataclass
+class LoopContext:
+    """Everything the loop needs; built by ``_train`` after the start-up phases."""
+
+    config: TelescopeConfig
+    engine: Any
+    client: Any
+    trainers: list[Any]
+    dp_ranks: list[int]
+    dp_world_size: int
+    run: RunDir
+    console: Any
+    checkpoint_root: Any
+    start_step: int = 0
+    pad_token_id: int = 0
+    row_multiple: int = 1
+    """The trainer's required row-length multiple (``TrainerBackend.row_multiple``)."""
+    share_prompts: bool = False
+    """Pack a group's shared prompt once (``TrainerBackend.shares_prompts`` on every rank)."""
+    wandb: Any = None
+    extra_metrics: dict[str, float] = field(default_factory=dict)
+    evals: Any = None
+    """A telescope_rollout.EvalRunner (datasets loaded), or None when the config lists no evals."""
+    wandb_step: int = 0
+    """The last step logged to W&B (evals that end between steps are logged there)."""
+    eval_schedule: InTrainingEvals | None = None
+    """The run's evals around its steps (set by ``training_loop``)."""
+    sandboxes: list[Any] = field(default_factory=list)
+    """The environments' sandbox pools (``_sandboxes``), closed when the loop ends."""
+    records_task: asyncio.Task[None] | None = None
+    """The last step's record being written in the background (``_record_step``)."""
+    supervisor: ServerSupervisor | None = None
+    """Restarts dead inference servers (``_supervise``); None: a dead server stays dead."""
+    last_step: int = 0
+    """The last step trained, published and recorded."""
+    trainer_restarts: TrainerRestarts | None = None
+    """Replaces dead trainer ranks (``_trainer_restart``); None: a dead rank's error stops the run."""
+
+
+def _filtered(s: Any, config: TelescopeConfig) -> dict[str, bool]:
+    """Which output filters flag a sample; flagged samples stay, with zero loss.
+
+    See docs/algorithms.md#filters-and-the-overlong-penalty.
+    """
+    from telescope_algos import is_gibberish, is_overlong, is_repetitive
+
+    return {
+        "overlong": bool(config.filter_overlong)
+        and (bool(getattr(s, "is_truncated", False)) or is_overlong(s.finish_reason)),
+        "gibberish": bool(config.filter_gibberish)
+        and is_gibberish(
+            s.completion_ids,
+            s.completion_logprobs,
+            token_threshold=config.gibberish_token_threshold,
+            logprob_offset=config.gibberish_logprob_offset,
+        ),
+        "repetition": bool(config.filter_repetition)
+        and is_repetitive(s.completion_text or "", threshold=config.repetition_compression_threshold),
+    }
+
+
+def to_train_samples(batch: Any, config: TelescopeConfig) -> tuple[list[Any], dict[str, float]]:
+    """Kept samples → telescope_algos.TrainingSample, with output filters and batch whitening applied.
+
+    Returns the samples and ``filter/<name>_frac`` metrics.
+    """
+    from telescope_algos import TrainingSample, batch_normalised, whiten_advantages
+
+    kept = [s for g in batch.groups for s in g.samples]
+    advantages = [float(s.advantage) for s in kept]
+    if kept and batch_normalised(config.algorithm, config.advantage_norm):
+        advantages = whiten_advantages(advantages).tolist()
+    counts = {"overlong": 0, "gibberish": 0, "repetition": 0}
+    samples = []
+    for s, a in zip(kept, advantages, strict=True):
+        flags = _filtered(s, config)
+        for name, hit in flags.items():
+            counts[name] += int(hit)
+        mask = [0] * len(s.completion_ids) if any(flags.values()) else s.completion_mask
+        samples.append(
+            TrainingSample(
+                prompt_ids=s.prompt_ids,
+                completion_ids=s.completion_ids,
+                advantage=a,
+                rollout_logprobs=s.completion_logprobs,
+                completion_mask=mask,
+            )
+        )
+    stats = {f"filter/{k}_frac": v / len(kept) if kept else 0.0 for k, v in counts.items()}
+    return samples, stats
+
+
+SCORED_DROPS = ("zero_advantage", "max_async")
+"""Dropped groups whose samples were generated and scored normally: they count in reward/mean."""
+
+
+def reward_metrics(batch: Any) -> dict[str, float]:
+    """reward/mean over every sample scored this step, overall and per environment.
+
+    Groups dropped for zero advantage or staleness count (they were generated and scored like the
+    rest; leaving them out would hide progress: once a model solves a prompt, its all-correct
+    group is dropped). Errored and cancelled groups do not. ``reward/kept_mean`` is the mean over
+    the samples trained on.
+    """
+    groups = list(batch.groups) + [d.group for d in batch.discarded if d.reason in SCORED_DROPS]
+    per_env: dict[str, list[float]] = defaultdict(list)
+    for group in groups:
+        for s in group.samples:
+            per_env[s.env_name].append(float(s.reward))
+    every = [r for rs in per_env.values() for r in rs]
+    kept = [float(s.reward) for g in batch.groups for s in g.samples]
+    out = {
+        "reward/mean": sum(every) / len(every) if every else float("nan"),
+        "reward/kept_mean": sum(kept) / len(kept) if kept else float("nan"),
+    }
+    for env, rs in sorted(per_env.items()):
+        out[f"reward/{env}/mean"] = sum(rs) / len(rs)
+    return out
+
+
+def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """The trainer's metrics (identical on every rank by contract; rank 0's copy is used)."""
+    return dict(per_rank[0]) if per_rank else {}
+
+
+async def _gather(refs: list[Any]) -> list[Any]:
+    return list(await asyncio.gather(*refs))
+
+
+def _should_checkpoint(config: TelescopeConfig, step: int) -> bool:
+    every = config.checkpoint_every
+    if not every:
+        return False
+    return step % int(every) == 0 or step == config.number_of_steps
+
+
+async def training_loop(ctx: LoopContext) -> None:
+    """Baseline evals, then steps ``start_step + 1 .. number_of_steps`` (engine started and stopped here)."""
+    evals = ctx.eval_schedule = InTrainingEvals(ctx)
+    records = ctx.run.records
+    ctx.wandb_step = ctx.start_step
+    ctx.console.start_training(ctx.start_step)
+    if ctx.start_step:
+        ctx.engine.weights_updated(ctx.start_step)  # resumed: the servers hold that step's weights
+    try:
+        records.event("training_start", ctx.start_step)
+        records.flush_events(ctx.start_step, tag=f"startup-a{records.attempt:03d}")
+        async with ctx.client:
+            await evals.before_training()
+            async with ctx.engine:
+                if ctx.supervisor is not None:
+                    ctx.supervisor.start()
+                try:
+                    for step in range(ctx.start_step + 1, ctx.config.number_of_steps + 1):
+                        await _step(ctx, evals, step)
+                except RolloutError:  # servers gone, hopeless input: keep what was trained, then stop
+                    await _checkpoint_before_stopping(ctx)
+                    raise
+                finally:
+                    if ctx.supervisor is not None:
+                        await ctx.supervisor.close()
+                    await evals.close()
+    finally:
+        from telescope_orchestrator.run.sandboxes import close_sandboxes
+
+        try:
+            await _records_written(ctx)
+        finally:
+            await close_sandboxes(ctx.sandboxes)
+            records.close()
+
+
+async def _checkpoint_before_stopping(ctx: LoopContext) -> None:
+    """A checkpoint of the last finished step, unless it has one or the run trained nothing yet."""
+    step = ctx.last_step
+    if step <= ctx.start_step or _should_checkpoint(ctx.config, step):
+        return
+    try:
+        await _checkpoint(ctx, step)
+        ctx.console.info(f"saved a checkpoint of step {step} before stopping")
+    except Exception as exc:  # the stop's own error says more
+        log.error("checkpoint before stopping failed", step=step, error=f"{type(exc).__name__}: {exc}")
+
+
+async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[str, float]]:
+    """Pack the step's samples into one list of micro-batches per data-parallel rank and train."""
+    from telescope_algos import pack_samples, pad_multiple
+
+    cfg = ctx.config
+    shards = pack_samples(
+        samples,
+        seq_len=cfg.seq_len,
+        pad_to_multiple_of=pad_multiple(cfg.pad_to_multiple_of, ctx.row_multiple),
+        num_ranks=ctx.dp_world_size,
+        pad_token_id=ctx.pad_token_id,
+        share_prompts=ctx.share_prompts,
+    )
+    pairs = zip(ctx.trainers, ctx.dp_ranks, strict=True)
+    return await _gather([a.train_step.remote(shards[dp], step) for a, dp in pairs])
+
+
+async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
+    """One training step, its records and checkpoint, then the evals due after it."""
+    t0 = time.monotonic()
+    batch = await next_batch(ctx, step)  # ctx.engine.next_batch(), saying how it goes while it waits
+    t_rollout = time.monotonic() - t0
+    # the trainer holds the weights of the pool's version outside this block (a restarted server's
+    # resync sends them: _supervise)
+    async with ctx.supervisor.lock if ctx.supervisor is not None else contextlib.nullcontext():
+        metrics = await _train_and_publish(ctx, evals, step, batch, {"timing/rollout_wait_s": t_rollout})
+    metrics["timing/step_s"] = time.monotonic() - t0
+    metrics.update(_derived(batch, metrics))
+    t3 = time.monotonic()
+    try:
+        await _records_written(ctx)  # the previous step's, if still being written
+    except asyncio.CancelledError:  # Ctrl-C: this step trained and published, keep its records
+        _write_step(ctx, step, batch, metrics, spans=[])
+        raise
+    metrics["timing/records_wait_s"] = time.monotonic() - t3
+    ctx.records_task = asyncio.create_task(_record_step(ctx, step, batch), name=f"records-step-{step}")
+    _write_step(ctx, step, batch, metrics, spans=None)
+    ctx.last_step = step
+    if _should_checkpoint(ctx.config, step):
+        await _on_trainers(
+            ctx, f"the checkpoint of step {step}", lambda: _checkpoint(ctx, step), locked=False
+        )
+    await evals.after_step(step)
+
+
+async def _checkpoint(ctx: LoopContext, step: int) -> None:
+    """Step ``step``'s checkpoint, with its spans and events filed with the step."""
+    records = ctx.run.records
+    await _records_written(ctx)  # a checkpoint's step has its whole record
+    with records.phase("checkpoint", step):
+        path = await save_checkpoint(ctx, step)
+    if ctx.trainer_restarts is not None:
+        ctx.trainer_restarts.checkpointed(step, str(path))
+    # its spans and event, filed with its step (a resume from it keeps them)
+    spans = await _spans(ctx)
+    await asyncio.to_thread(records.write_checkpoint, step, spans, records.take_events())
+
+
+async def _train_and_publish(
+    ctx: LoopContext, evals: InTrainingEvals, step: int, batch: Any, timing: dict[str, float]
+) -> dict[str, Any]:
+    """Train on ``batch`` and publish the new weights; returns the step's metrics so far. Once the
+    trainers stepped, the step's records are written whatever stops the publish."""
+    records = ctx.run.records
+    samples, filter_stats = to_train_samples(batch, ctx.config)
+    num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    t1 = time.monotonic()
+    with records.phase("train_step", step, samples=len(samples), tokens=num_tokens):
+        per_rank = await _on_trainers(ctx, f"the training of step {step}", lambda: _train(ctx, samples, step))
+    t_train = time.monotonic() - t1
+    if ctx.trainer_restarts is not None:
+        ctx.trainer_restarts.trained(step, samples, _mean_metrics(per_rank))
+    metrics: dict[str, Any] = {
+        "step": step,
+        "time": time.time(),
+        **reward_metrics(batch),
+        **_mean_metrics(per_rank),
+        **filter_stats,
+        **batch.metrics,
+        "async_level": batch.metrics.get("rollout/async_level", 0),
+        "groups/kept": len(batch.groups),
+        "groups/discarded": len(batch.discarded),
+        "groups/cancelled": len(batch.cancelled),
+        "throughput/tokens_per_s": num_tokens / max(t_train, 1e-9),
+        **timing,
+        "timing/train_s": t_train,
+    }
+    try:
+        t2 = time.monotonic()
+        with records.phase("weights_published", step) as published:
+            metrics.update(
+                await _on_trainers(ctx, f"the weight update of step {step}", lambda: evals.publish(step))
+            )
+            published["bytes"] = metrics.get("weight_sync/bytes")
+        metrics["timing/weight_sync_s"] = time.monotonic() - t2
+    except BaseException:  # the trainers stepped: keep the step's records whatever stopped us
+        log.warning("step interrupted after training: recorded without weight-sync metrics", step=step)
+        await _records_written(ctx)
+        _write_step(ctx, step, batch, metrics, spans=[])
+        raise
+    if ctx.supervisor is not None:
+        metrics.update(ctx.supervisor.metrics())
+    if ctx.trainer_restarts is not None:
+        metrics["restarts/trainer"] = float(ctx.trainer_restarts.restarts)
+    from telescope_orchestrator.run.sandboxes import sandbox_metrics
+
+    metrics.update(sandbox_metrics(ctx.sandboxes))
+    return metrics
+
+
+async def _on_trainers(
+    ctx: LoopContext, what: str, call: Callable[[], Awaitable[Any]], *, locked: bool = True
+) -> Any:
+    """``call()``; when a trainer rank died in it, the ranks are restarted and it goes again
+    (``_trainer_restart``). ``locked``: the caller holds the supervisor's lock."""
+    dead: dict[int, str] = {}
+    while True:
+        try:
+            if dead:
+                async with (
+                    ctx.supervisor.lock
+                    if ctx.supervisor is not None and not locked
+                    else contextlib.nullcontext()
+                ):
+                    await _recover_trainers(ctx, dead, what)
+                dead = {}
+            return await call()
+        except TrainersGone:
+            raise
+        except Exception as exc:
+            if ctx.trainer_restarts is None:
+                raise
+            restarting = bool(dead)
+            dead = await dead_ranks(ctx.trainers)
+            if not dead and restarting:
+                raise TrainersGone(
+                    f"the trainer ranks could not be restarted: {type(exc).__name__}: {exc}"
+                ) from exc
+            if not dead:
+                raise
+
+
+async def _recover_trainers(ctx: LoopContext, dead: dict[int, str], what: str) -> None:
+    """New trainer ranks where the dead ones were: placed, the restore point loaded, the steps since
+    trained again, the weight-sync groups formed (see ``_trainer_restart``)."""
+    rt = ctx.trainer_restarts
+    assert rt is not None
+    rt.lost(dead, what)  # raises when they are not restarted
+    t0 = time.monotonic()
+    ctx.trainers[:] = await asyncio.to_thread(rt.place)
+    if rt.restore_from is not None:
+        await _gather([a.load_checkpoint.remote(rt.restore_from) for a in ctx.trainers])
+    diffs = {}
+    for step, samples, recorded in rt.replay:
+        diffs[step] = replay_diff(recorded, _mean_metrics(await _train(ctx, samples, step)))
+    groups = ctx.supervisor.groups_now() if ctx.supervisor is not None else None
+    await asyncio.to_thread(rt.connect, ctx.trainers, groups)
+    if ctx.supervisor is not None and groups is not None:
+        ctx.supervisor.trainers, ctx.supervisor.connected = ctx.trainers, groups
+    rt.back(time.monotonic() - t0, diffs)
+
+
+async def _records_written(ctx: LoopContext) -> None:
+    """Wait for the step record being written in the background (see :func:`_record_step`);
+    cancelling the wait (Ctrl-C) does not cancel the writing, which the loop's end waits for."""
+    task = ctx.records_task
+    if task is None:
+        return
+    try:
+        await asyncio.shield(task)
+    finally:
+        if task.done():
+            ctx.records_task = None
+
+
+async def _record_step(ctx: LoopContext, step: int, batch: Any) -> None:
+    """A step's record, written off the event loop while the next step goes on: the trainer ranks'
+    spans (one call per rank, queued before their next step), then the files, in a thread. Never
+    raises: the record of a step must never cost the step."""
+    records = ctx.run.records
+    events = records.take_events()
+    spans = await _spans(ctx)
+    decode = getattr(getattr(ctx.engine, "tokenizer", None), "decode", None)
+    t0 = time.monotonic()
+    try:
+        await asyncio.to_thread(records.write_step, step, batch, decode=decode, spans=spans, events=events)
+    except Exception as exc:
+        log.warning("step records not written", step=step, error=repr(exc))
+    log.debug("step records written", step=step, seconds=round(time.monotonic() - t0, 4))
+
+
+def _derived(batch: Any, metrics: dict[str, Any]) -> dict[str, float]:
+    """The step's ``derived/*`` metrics (docs/records.md, "Step metrics")."""
+    from telescope_orchestrator.record.derived import derived_metrics
+
+    timings = {
+        "train_s": metrics.get("timing/train_s", 0.0),
+        "weight_sync_s": metrics.get("timing/weight_sync_s", 0.0),
+        "step_s": metrics.get("timing/step_s", 0.0),
+    }
+    try:
+        return derived_metrics(batch, timings=timings)
+    except Exception as exc:  # a statistic must never stop a run
+        log.warning("derived metrics failed", error=repr(exc))
+        return {}
+
+
+async def _spans(ctx: LoopContext) -> list[dict[str, Any]]:
+    """Every trainer rank's spans since the last step (the last checkpoint's included)."""
+    try:
+        per_rank = await _gather([a.drain_spans.remote() for a in ctx.trainers])
+    except Exception as exc:
+        log.warning("trainer spans not collected", error=repr(exc))
+        return []
+    return [row for rows in per_rank for row in rows]
+
+
+def _write_step(
+    ctx: LoopContext, step: int, batch: Any, metrics: dict[str, Any], *, spans: list[dict[str, Any]] | None
+) -> None:
+    """The step's metrics line (W&B, console); with ``spans`` given, its record too, here and now
+    (a step interrupted after training; otherwise :func:`_record_step` writes it)."""
+    if spans is not None:
+        try:
+            decode = getattr(getattr(ctx.engine, "tokenizer", None), "decode", None)
+            ctx.run.records.write_step(step, batch, decode=decode, spans=spans)
+        except Exception as exc:  # the record of a step must never cost the step
+            log.warning("step records not written", step=step, error=repr(exc))
+    ctx.run.append_metrics(metrics)
+    if ctx.wandb is not None:
+        ctx.wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=step)
+        ctx.wandb_step = max(ctx.wandb_step, step)
+    ctx.console.step(metrics)
+    log.info("step done", **{k: v for k, v in metrics.items() if not k.startswith("rollout/")})
+
+
+async def save_checkpoint(ctx: LoopContext, step: int) -> Any:
+    """``step_<step>`` under the checkpoint root: every rank writes into one temporary folder, then
+    the folder gets its ``meta.json`` (with the engine's state) and its name, then retention runs
+    (layout and rules: ``_checkpoints``)."""
+    import hashlib
+
+    from telescope_orchestrator.run import checkpoints as ck
+
+    cfg = ctx.config
+    training_state = bool(cfg.checkpoint_save_training_state)
+    config = ctx.run.path / "config.yaml"
+    # folder work (clearing a stale .tmp, renames, deleting old checkpoints) off the event loop
+    tmp = await asyncio.to_thread(ck.begin, ctx.checkpoint_root, step)
+    facts = await _gather([a.save_checkpoint.remote(str(tmp), training_state) for a in ctx.trainers])
+    meta = {
+        **facts[0],
+        "base_model": cfg.model,
+        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
+        "training_state": training_state,
+        "extra_state": {"engine": ctx.engine.state_dict()},
+    }
+    path = await asyncio.to_thread(ck.commit, tmp, step, meta)
+    keep = {"keep_last": cfg.checkpoint_keep_last, "keep_every": cfg.checkpoint_keep_every}
+    deleted = await asyncio.to_thread(ck.prune, ctx.checkpoint_root, current=step, **keep)
+    log.info("checkpoint saved", step=step, path=str(path), deleted=[str(p) for p in deleted])
+    return path

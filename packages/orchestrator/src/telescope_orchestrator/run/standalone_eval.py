@@ -1,0 +1,190 @@
+"""``telescope eval``: evaluate checkpoints after (or beside) training, into the run's record.
+
+Each checkpoint (a ``step_N`` folder with ``meta.json`` of either backend, a folder of them such
+as ``runs/<name>/checkpoints``, or a Hugging Face folder with ``config.json``) is converted to a
+Hugging Face folder when needed (``convert_checkpoint`` of its backend, into a temporary folder
+deleted afterwards), served by one vLLM server of its own, and evaluated with the config's
+``evals`` (the same runner, sampling and pass@k as in-training evals). Results go where a run's
+evals go: ``eval_samples`` (with turns, tool calls, rollout events) of the record, tagged with
+this attempt so an in-training eval of the same step is kept, and one ``metrics.jsonl`` line per
+checkpoint with ``eval/step`` and ``eval/standalone: 1``. The run directory is ``--run-dir``, else
+the run the checkpoints belong to (the parent of their ``checkpoints`` folder). W&B is not used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from telescope_orchestrator.record.rundir import RunDir
+
+__all__ = ["Checkpoint", "EvalError", "find_checkpoints", "run_dir_of", "standalone_eval"]
+
+log = structlog.get_logger()
+
+_STEP = re.compile(r"step_(\d+)$")
+
+
+class EvalError(ValueError):
+    """The checkpoints or the config cannot be evaluated as asked; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+    native: bool
+    """True for a Telescope checkpoint (``meta.json``), False for a Hugging Face folder."""
+
+
+def _one(path: Path) -> Checkpoint | None:
+    match = _STEP.search(path.name)
+    if (path / "meta.json").is_file():
+        import json
+
+        meta = json.loads((path / "meta.json").read_text())
+        return Checkpoint(path, int(meta.get("step", match.group(1) if match else 0)), True)
+    if (path / "config.json").is_file():
+        return Checkpoint(path, int(match.group(1)) if match else 0, False)
+    return None
+
+
+def find_checkpoints(paths: list[str]) -> list[Checkpoint]:
+    """Every checkpoint named or held (one level down) by ``paths``, by step."""
+    found: list[Checkpoint] = []
+    for text in paths:
+        path = Path(text).expanduser()
+        if not path.is_dir():
+            raise EvalError(
+                f"{path} is not a folder: pass checkpoints (…/checkpoints/step_N) or their folder"
+            )
+        one = _one(path)
+        inside = (
+            [c for c in (_one(p) for p in sorted(path.iterdir()) if p.is_dir()) if c]
+            if one is None
+            else [one]
+        )
+        if not inside:
+            raise EvalError(
+                f"{path} holds no checkpoint: a checkpoint has meta.json (telescope train) or config.json "
+                "(a Hugging Face folder)"
+            )
+        found += inside
+    return sorted(found, key=lambda c: c.step)
+
+
+def run_dir_of(checkpoints: list[Checkpoint], explicit: str | None) -> Path:
+    """``--run-dir``, else the run of the checkpoints (``<run>/checkpoints/step_N``)."""
+    if explicit:
+        return Path(explicit).expanduser()
+    parents = {c.path.parent.parent for c in checkpoints if c.path.parent.name == "checkpoints"}
+    if len(parents) == 1 and (next(iter(parents)) / "config.yaml").is_file():
+        return next(iter(parents))
+    raise EvalError("cannot tell which run these checkpoints belong to: pass --run-dir DIR for the results")
+
+
+def _hf_folder(ckpt: Checkpoint, scratch: Path) -> Path:
+    if not ckpt.native:
+        return ckpt.path
+    from importlib.metadata import entry_points
+
+    from telescope_orchestrator.run.checkpoints import read_meta
+
+    try:
+        backend = read_meta(ckpt.path).get("backend", "fsdp")
+    except ValueError as err:  # CheckpointError, or a meta.json that is not JSON
+        raise EvalError(f"{ckpt.path}: {err}") from None
+    found = {ep.name: ep for ep in entry_points(group="telescope.trainers")}
+    if backend not in found:
+        raise EvalError(f"{ckpt.path} was written by the {backend!r} backend, which is not installed")
+    try:
+        return Path(found[backend].load().convert_checkpoint(ckpt.path, scratch / f"step_{ckpt.step}"))
+    except (FileNotFoundError, ValueError) as err:
+        raise EvalError(f"{ckpt.path} could not be converted: {err}") from None
+
+
+async def _evaluate(
+    cfg: Any, run: RunDir, console: Any, model: Path, step: int, url: str
+) -> dict[str, float]:
+    from telescope_orchestrator.run.evals import run_scheduled_evals
+    from telescope_orchestrator.run.wiring import tokenizer_dir
+    from telescope_rollout import EngineSettings, EvalRunner, InferenceClient, Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(tokenizer_dir(str(model)), chat_template=cfg.chat_template)
+    client = InferenceClient([url], timeout_s=1200.0)
+    runner = EvalRunner(
+        cfg.evals, tokenizer=tokenizer, client=client, settings=EngineSettings.from_config(cfg)
+    )
+    runner.load()
+    names = [spec.name for spec in runner.specs]
+    async with client:
+        return await run_scheduled_evals(runner, run, console, step=step, names=names, servers=[url])
+
+
+def _serve(cfg: Any, model: Path, run: RunDir, step: int) -> Any:
+    from telescope_orchestrator.cluster.vllm_server import ServerSettings, launch_server
+
+    device = "cuda" if _has_cuda() else "cpu"
+    settings = ServerSettings.from_config(  # a LoRA run's checkpoint is served merged: no adapter here
+        cfg, model=str(model), device=device, seed=cfg.seed, host="127.0.0.1", lora_rank=0
+    )
+    log_path = run.path / "logs" / "inference" / f"eval_step_{step}.log"
+    handle = launch_server(settings, port=_free_port(), log_path=log_path)  # beside a training run too
+    try:
+        handle.wait_healthy(float(cfg.ray_placement_timeout_s))
+    except BaseException:
+        handle.stop()
+        raise
+    return handle
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _has_cuda() -> bool:
+    from telescope_orchestrator.cluster.ray_cluster import _has_cuda as has_cuda
+
+    return has_cuda()
+
+
+def standalone_eval(
+    cfg: Any, checkpoints: list[Checkpoint], run: RunDir, console: Any
+) -> list[dict[str, float]]:
+    """Evaluate each checkpoint (see the module docstring); returns each one's metrics line."""
+    if not cfg.evals:
+        raise EvalError("the config lists no evals: add `evals` to it or pass --evals '[{\"name\": ...}]'")
+    records = run.records
+    records.open(None)
+    records.eval_tag = f"a{records.attempt:03d}"
+    lines = []
+    scratch = Path(tempfile.mkdtemp(prefix="telescope-eval-"))
+    try:
+        for ckpt in checkpoints:
+            with console.phase(f"step {ckpt.step}: convert and serve {ckpt.path}"):
+                model = _hf_folder(ckpt, scratch)
+                handle = _serve(cfg, model, run, ckpt.step)
+            try:
+                metrics = asyncio.run(_evaluate(cfg, run, console, model, ckpt.step, handle.url))
+            finally:
+                handle.stop()
+                if ckpt.native:
+                    shutil.rmtree(model, ignore_errors=True)
+            line = {"step": ckpt.step, **metrics, "eval/step": ckpt.step, "eval/standalone": 1}
+            run.append_metrics(line)
+            lines.append(line)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        records.close()
+    return lines

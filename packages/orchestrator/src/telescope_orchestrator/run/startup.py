@@ -1,0 +1,565 @@
+"""``telescope train``: start-up phases, then the loop, then a clean stop, whatever happens.
+
+Phases (one console line each): run directory → model → Ray → vLLM servers and trainer ranks
+(placed concurrently) → environments, evals and the rollout engine → weight-sync group → resume
+→ loop (baseline evals, steps, periodic and final evals). The weight-sync groups are ``full`` and,
+when periodic evals run beside training, ``training_only`` (every server but the eval servers).
+Every process the run starts is stopped on the way out: normal end, error, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import structlog
+
+from telescope_orchestrator.cluster.guard import start_guard
+from telescope_orchestrator.record.rundir import RunDir, choose_run_dir
+from telescope_orchestrator.recovery.trainers import dead_ranks
+from telescope_orchestrator.run.evals import weight_groups
+from telescope_orchestrator.run.waiting import on_engine_event
+
+if TYPE_CHECKING:
+    from telescope_config import ResolvedConfig, TelescopeConfig
+    from telescope_orchestrator.run.report import Reporter
+
+__all__ = ["TrainError", "train"]
+
+log = structlog.get_logger()
+WEIGHTSYNC_EXTENSION = "telescope_weightsync.vllm_worker.WeightReceiver"
+
+
+class TrainError(RuntimeError):
+    """A run could not start or continue; the message says what to do."""
+
+
+def _sigterm_to_interrupt() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _setup_file_logging(run: RunDir, debug: bool) -> None:
+    """Structured JSON logs of the driver into the run directory; the console keeps phases only."""
+    from telescope_orchestrator.record.logging import configure_logging
+
+    configure_logging(debug=debug, file=run.log_file.open("a", encoding="utf-8", buffering=1))
+
+
+def _open_run(resolved: ResolvedConfig, run_dir: str | None, debug: bool) -> RunDir:
+    """The run directory with its config, the process markers and the guard, and file logging."""
+    cfg = resolved.config
+    run_name = cfg.wandb_run_name if "wandb_run_name" in resolved.user_keys else None
+    run = RunDir(
+        choose_run_dir(explicit=run_dir, run_name=run_name, resuming=bool(cfg.resume_from_checkpoint))
+    )
+    run.write_config(resolved.to_yaml())
+    # every process of the run (Ray daemons, actors, vLLM) inherits this: tests and users find them by it
+    os.environ["TELESCOPE_RUN_DIR"] = str(run.path)
+    # ... and this marker, unique to this launch: the guard stops them all should the driver be killed
+    os.environ["TELESCOPE_RUN_ID"] = uuid.uuid4().hex
+    start_guard(
+        f"TELESCOPE_RUN_ID={os.environ['TELESCOPE_RUN_ID']}", log_file=run.path / "logs" / "guard.log"
+    )
+    _setup_file_logging(run, debug)
+    from telescope_orchestrator.cluster.stacks import dump_stacks_on_sigusr1
+
+    dump_stacks_on_sigusr1(run.path / "logs" / "stacks.txt")
+    return run
+
+
+@dataclass
+class _Run:
+    """What a run holds between its start-up phases and its stop."""
+
+    resolved: ResolvedConfig
+    run: RunDir
+    console: Any
+    cluster: Any
+    sandboxes: list[Any] = field(default_factory=list)
+    """Filled by the start-up phases; closed on the way out (by the loop, once it started)."""
+    wandb: Any = None
+    loop_started: bool = False
+    infra: Any = None
+    """The infrastructure sampler (``_observe.start_infra``), stopped on the way out."""
+
+
+def train(
+    resolved: ResolvedConfig, *, reporter: Reporter, run_dir: str | None = None, debug: bool = False
+) -> Path:
+    """Run a whole training job from a resolved config; returns the run directory. ``reporter``
+    hears of the phases and steps (the command line's console, or ``run.report.SilentReporter``)."""
+    from telescope_orchestrator.cluster.ray_cluster import Cluster
+
+    cfg = resolved.config
+    if cfg.use_wandb:
+        _wandb_mode()  # a bad WANDB_MODE fails now, not after every process started
+    run = _open_run(resolved, run_dir, debug)
+    console = reporter
+    console.on_phase = lambda text, at, seconds: run.records.event(
+        "startup", None, duration_s=seconds, at=at, phase=text
+    )
+    console.info(f"run directory: {run.path}")
+    _sigterm_to_interrupt()
+    state = _Run(resolved, run, console, Cluster(cfg, log_path=run.path / "logs" / "ray.log"))
+    try:
+        ctx = _start(state)
+        state.loop_started = True
+        from telescope_orchestrator.recovery.trainers import TrainersGone
+        from telescope_orchestrator.run.loop import training_loop
+        from telescope_rollout import RolloutError
+
+        try:
+            asyncio.run(training_loop(ctx))
+        # the input cannot make progress (hopeless prompts, every sample failing), or its parts died
+        except (RolloutError, TrainersGone) as err:
+            raise TrainError(str(err)) from None
+        console.close()
+        console.info(f"[green]finished[/green] {cfg.number_of_steps} steps; records in {run.path}")
+        console.info(f"look at the run: telescope ui {run.path.parent}")
+        return run.path
+    finally:
+        _stop(state)
+
+
+def _start(state: _Run) -> Any:
+    """Every start-up phase after the run directory; returns the loop's context."""
+    from telescope_orchestrator.run.loop import LoopContext
+
+    resolved, run, console = state.resolved, state.run, state.console
+    cfg = resolved.config
+    inputs = _prepare_inputs(cfg, run, console, state.sandboxes)
+    run.records.open(
+        resume_from=int(inputs.resume[1]["step"]) if inputs.resume is not None else None,
+        flush_every_s=float(cfg.event_upload_interval_seconds),
+    )
+    env_for_actors = {
+        "TELESCOPE_RUN_DIR": str(run.path) if cfg.ray_propagate_run_dir else "",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", ""),
+    }
+    with console.phase("Ray"):
+        state.cluster.start(run_env={k: v for k, v in env_for_actors.items() if v})
+    servers, trainers, infos = _start_workers(state.cluster, resolved, inputs.model_path, run, console)
+    log.info("trainer ranks ready", torch_threads=[i["threads"] for i in infos])
+    urls = [s["url"] for s in servers]
+    with console.phase("evals and rollout engine"):
+        from telescope_orchestrator.run.sandboxes import SandboxSetupError
+        from telescope_orchestrator.run.wiring import build_engine
+
+        try:
+            engine, client, pad_id, evals, eval_pools = build_engine(
+                cfg, inputs.tokenizer, urls, inputs.built, on_event=on_engine_event(run.records, console)
+            )
+        except SandboxSetupError as err:
+            raise TrainError(str(err)) from None
+        state.sandboxes.extend(eval_pools)
+    from telescope_orchestrator.record.observe import record_setup, start_infra
+
+    pids = record_setup(run, cfg, servers=[s["actor"] for s in servers], trainers=trainers,
+                        built=inputs.built, evals=evals)  # fmt: skip
+    state.infra = start_infra(
+        run, pids=pids, urls=urls, interval_s=float(cfg.system_metrics_collection_interval_seconds)
+    )
+    groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
+    with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
+        _connect_weights(resolved, trainers, groups)
+        _register_adapter(cfg, trainers, resuming=inputs.resume is not None)
+    start_step = 0
+    if inputs.resume is not None:
+        with console.phase("resume from checkpoint"):
+            start_step = _resume(inputs.resume, trainers, engine, run)
+    if cfg.use_wandb:
+        state.wandb = _start_wandb(cfg, resolved, run)
+    restarts = _trainer_restarts(state, inputs, groups, pids)
+    supervisor = _supervisor(state, engine, servers, trainers, evals, pids)
+    return LoopContext(
+        config=cfg, engine=engine, client=client, trainers=trainers,
+        dp_ranks=[i["dp_rank"] for i in infos],
+        dp_world_size=infos[0]["dp_world_size"], run=run, console=console,
+        checkpoint_root=run.checkpoints(cfg.checkpoint_dir),
+        start_step=start_step, pad_token_id=pad_id, row_multiple=infos[0]["row_multiple"],
+        share_prompts=all(i["shares_prompts"] for i in infos),
+        wandb=state.wandb, evals=evals, sandboxes=state.sandboxes,
+        supervisor=supervisor, trainer_restarts=restarts,
+    )  # fmt: skip
+
+
+def _trainer_restarts(
+    state: _Run, inputs: _Inputs, groups: dict[str, list[str]], pids: dict[str, int]
+) -> Any:
+    """What restarting dead trainer ranks takes (``_trainer_restart``): placing them again (their
+    new pids go to the infrastructure sampler's ``pids``), forming their weight-sync groups
+    (``groups`` less the servers that are out), the restore point."""
+    import ray
+
+    from telescope_orchestrator.recovery.trainers import TrainerRestarts
+
+    cfg, cluster, run = state.resolved.config, state.cluster, state.run
+    log_dir = run.path / "logs" / "trainer"
+
+    def place() -> list[Any]:
+        cluster.stop_trainers()
+        trainers = cluster.place_trainers(inputs.model_path, str(log_dir))
+        ray.get([a.setup.remote() for a in trainers], timeout=float(cfg.ray_placement_timeout_s))
+        from telescope_orchestrator.record.observe import local_pids
+
+        pids.update(local_pids(trainers))
+        return list(trainers)
+
+    def connect(trainers: list[Any], now: dict[str, list[str]] | None) -> None:
+        _connect_weights(state.resolved, trainers, groups if now is None else now)
+
+    restarts = TrainerRestarts(config=cfg, place=place, connect=connect, log_dir=log_dir,
+                               event=lambda kind, **detail: run.records.event(kind, None, **detail),
+                               say=state.console.info)  # fmt: skip
+    if inputs.resume is not None:
+        restarts.restore_from, restarts.restore_step = str(inputs.resume[0]), int(inputs.resume[1]["step"])
+    return restarts
+
+
+def _supervisor(state: _Run, engine: Any, servers: list[dict[str, Any]], trainers: list[Any], evals: Any,
+                pids: dict[str, int]) -> Any:  # fmt: skip
+    """The watcher that restarts dead inference servers (``_supervise``): it tells the evals under
+    way of a lost server and the infrastructure sampler of a restarted one's pid, and leaves a
+    failure of the trainer ranks to the loop."""
+    from telescope_orchestrator.record.observe import local_pids
+    from telescope_orchestrator.recovery.servers import ServerSupervisor
+
+    cfg, run = state.resolved.config, state.run
+    groups = weight_groups([s["url"] for s in servers], has_evals=bool(cfg.evals),
+                           eval_num_servers=int(cfg.eval_num_servers))  # fmt: skip
+    supervisor = ServerSupervisor(
+        engine=engine, servers=[(s["url"], s["actor"]) for s in servers], trainers=trainers, groups=groups,
+        config=cfg, event=lambda kind, **detail: run.records.event(kind, None, **detail),
+        say=state.console.info,
+    )  # fmt: skip
+    supervisor.trainers_dead = lambda: dead_ranks(trainers)
+    supervisor.on_lost = evals.server_lost if evals is not None else None
+    supervisor.on_restarted = lambda actor: pids.update(local_pids([actor]))
+    return supervisor
+
+
+def _connect_weights(resolved: ResolvedConfig, trainers: list[Any], groups: dict[str, list[str]]) -> None:
+    """The weight-sync group(s) between the broadcast rank and the servers."""
+    import ray
+
+    from telescope_weightsync import PublisherSettings
+
+    cfg = resolved.config
+    settings = PublisherSettings.from_config(cfg, user_keys=resolved.user_keys)
+    loopback = cfg.ray_broadcast_prefer_loopback_if_single_node
+    ray.get([a.connect_weights.remote(groups, settings, loopback) for a in trainers])
+
+
+def _cause(err: BaseException) -> BaseException:
+    """The exception a Ray task raised (``RayTaskError.cause``), else ``err`` itself."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, BaseException) else err
+
+
+def _register_adapter(cfg: TelescopeConfig, trainers: list[Any], *, resuming: bool) -> None:
+    """With LoRA, send the untrained adapter (``B = 0``: the base model exactly) as the weights of
+    step 0: each server registers it under the name generation requests use (docs/weightsync.md,
+    "LoRA adapters"). A resumed run sends its checkpoint's adapter instead (``_resume``)."""
+    if cfg.lora_rank <= 0 or resuming:
+        return
+    import ray
+    from ray.exceptions import RayTaskError
+
+    try:
+        ray.get([a.publish.remote(0) for a in trainers])
+    except RayTaskError as err:
+        raise TrainError(f"the inference servers did not take the LoRA adapter: {_cause(err)}") from None
+
+
+def _stop(state: _Run) -> None:
+    """Close what the run started, whatever stopped it: sandboxes (unless the loop did), every
+    process of the run, then W&B (after the workers stopped: their logs are complete)."""
+    state.console.close()
+    reason = _stop_reason()
+    log.info("stopping", reason=reason)
+    if state.infra is not None:
+        state.infra.stop()
+    state.run.records.event("stop", None, reason=reason)
+    state.run.records.close()  # never raises
+    if state.sandboxes and not state.loop_started:
+        from telescope_orchestrator.run.sandboxes import close_sandboxes
+
+        asyncio.run(close_sandboxes(state.sandboxes))
+    try:
+        with state.console.phase("stopping every process of the run"):
+            state.cluster.close()
+        log.info("stopped every process of the run")
+    finally:
+        if state.wandb is not None:
+            _finish_wandb(state.wandb, state.resolved.config, state.run)
+
+
+def _stop_reason() -> str:
+    """``finished``, or the exception the run is stopping with (called on the way out)."""
+    import sys
+
+    error = sys.exc_info()[1]
+    return "finished" if error is None else f"{type(error).__name__}: {str(error)[:300]}"
+
+
+@dataclass
+class _Inputs:
+    """What the start-up phases before Ray produce (everything that can be wrong with the input)."""
+
+    built: list[Any]
+    model_path: str
+    tokenizer: Any
+    resume: tuple[Path, dict[str, Any]] | None
+    """The checkpoint to resume and its meta.json, when ``resume_from_checkpoint`` is set."""
+
+
+def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: list[Any]) -> _Inputs:
+    """Start-up checks, environments with their sandboxes, model, datasets, the checkpoint to resume.
+
+    Everything here fails with a ``TrainError`` before any process starts; ``sandboxes`` receives
+    the pools as they are built (the caller closes them).
+    """
+    from telescope_orchestrator.run.checks import backend_problem, truncated_sampling_warning
+    from telescope_orchestrator.run.models import resolve_model
+    from telescope_orchestrator.run.sandboxes import SandboxSetupError
+    from telescope_orchestrator.run.wiring import DatasetError, build_training_environments, load_datasets
+    from telescope_rollout import UnknownEnvironmentError
+
+    if (problem := backend_problem(cfg.train_backend, lora=cfg.lora_rank > 0)) is not None:
+        raise TrainError(problem)
+    if (warning := truncated_sampling_warning(cfg)) is not None:
+        log.warning("truncated sampling", detail=warning)
+        console.warning(warning)
+    resume = None
+    if cfg.resume_from_checkpoint:
+        resume = _choose_checkpoint(cfg, run.checkpoints(cfg.checkpoint_dir))
+    with console.phase("environments and sandboxes"):
+        try:
+            built, pools = build_training_environments(cfg)
+        except (SandboxSetupError, UnknownEnvironmentError, ValueError) as err:
+            raise TrainError(str(err)) from None
+        sandboxes.extend(pools)
+    with console.phase("model"):
+        model_path = resolve_model(cfg.model)
+    with console.phase("datasets and prompts"):
+        try:
+            tokenizer, problem = load_datasets(cfg, built, model_path)
+        except DatasetError as err:
+            raise TrainError(str(err)) from None
+        if problem is not None:
+            raise TrainError(problem)
+    return _Inputs(built, model_path, tokenizer, resume)
+
+
+def _choose_checkpoint(cfg: TelescopeConfig, root: Path) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint to resume and its meta, checked against the config before anything starts."""
+    from telescope_orchestrator.run import checkpoints as ck
+
+    try:
+        path = ck.find_checkpoint(root, cfg.resume_from_checkpoint)
+        meta = ck.read_meta(path)
+    except (ck.CheckpointError, ValueError) as err:
+        raise TrainError(str(err)) from None
+    if not meta.get("training_state"):
+        raise TrainError(
+            f"{path} holds weights only (checkpoint_save_training_state was false): it cannot resume a run. "
+            "Start a new run from it with --model <converted folder> instead (telescope convert)."
+        )
+    if meta.get("backend") != cfg.train_backend:
+        raise TrainError(
+            f"{path} was written by the {meta.get('backend')!r} backend; this run has train_backend "
+            f"{cfg.train_backend!r}. Resume with --train_backend {meta.get('backend')}, or convert it "
+            "(telescope convert) and start a new run from the converted folder."
+        )
+    if meta.get("backend") == "megatron":
+        layout = {
+            "world_size": cfg.trainer_num_workers,
+            "tp_size": cfg.megatron_tensor_parallel_size,
+            "pp_size": cfg.megatron_pipeline_parallel_size,
+            "cp_size": cfg.megatron_context_parallel_size,
+            "ep_size": cfg.megatron_expert_parallel_size,
+        }
+        diff = {k: (meta.get(k), v) for k, v in layout.items() if k in meta and meta[k] != v}
+        if diff:
+            raise TrainError(
+                f"{path} was written with another parallel layout {diff} (saved, now): resume with the "
+                "saved sizes, or convert it (telescope convert) and start a new run from the converted "
+                "folder."
+            )
+    return path, meta
+
+
+def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, console: Any):
+    """Place the vLLM servers and the trainer ranks, start them concurrently, wait for both."""
+    import dataclasses
+
+    import ray
+    from ray.exceptions import RayTaskError
+
+    from telescope_orchestrator.cluster.vllm_server import ServerSettings, ServerStartError
+
+    cfg = resolved.config
+    count = cfg.inference_num_workers // cfg.inference_tensor_parallel_size
+    device = "cuda" if cluster.gpu else "cpu"
+    settings = dataclasses.asdict(
+        ServerSettings.from_config(
+            cfg, model=model_path, device=device, seed=cfg.seed, host=cfg.inference_host
+        )
+    )
+    settings["extra_args"] = tuple(settings["extra_args"])
+    launches = [
+        {
+            "settings": settings,
+            "port": cfg.inference_base_port + i,
+            "log_path": str(run.path / "logs" / "inference" / f"server_{i}.log"),
+            "extension_cls": WEIGHTSYNC_EXTENSION,
+        }
+        for i in range(count)
+    ]
+    with console.phase(f"{count} vLLM server(s) and {cfg.trainer_num_workers} trainer rank(s)"):
+        try:
+            actors = cluster.place_servers(launches)
+            urls = ray.get([a.start.remote() for a in actors])
+            trainers = cluster.place_trainers(model_path, str(run.path / "logs" / "trainer"))
+            setup_refs = [a.setup.remote() for a in trainers]  # loads the model while vLLM boots
+            ray.get([a.wait_healthy.remote(float(cfg.ray_placement_timeout_s)) for a in actors])
+            infos = ray.get(setup_refs)
+        except RayTaskError as err:
+            cause = _cause(err)
+            if isinstance(cause, ServerStartError):
+                raise TrainError(str(cause)) from None
+            raise TrainError(f"a worker failed to start: {cause}") from cause
+    return (
+        [
+            {"url": u, "log": launch["log_path"], "actor": a}
+            for u, launch, a in zip(urls, launches, actors, strict=True)
+        ],
+        trainers,
+        infos,
+    )
+
+
+def _resume(chosen: tuple[Path, dict[str, Any]], trainers: list[Any], engine: Any, run: RunDir) -> int:
+    """Load the chosen checkpoint on every rank, the engine's state, and the servers' weights.
+
+    The engine's step counter is set to the trainer's: batches it had queued but the trainer never
+    trained are generated again, so ``max_async_rollout`` means the same after a resume. Checkpoints
+    of later steps (a run resumed from an earlier one) are set aside, never resumed or kept by retention.
+    """
+    import ray
+    from ray.exceptions import RayTaskError
+
+    from telescope_orchestrator.run import checkpoints as ck
+
+    path, meta = chosen
+    step = int(meta["step"])
+    try:
+        ray.get([a.load_checkpoint.remote(str(path)) for a in trainers])
+    except RayTaskError as err:
+        raise TrainError(f"could not load {path}: {_cause(err)}") from None
+    for moved in ck.set_aside_later(path.parent, step):
+        log.warning("later checkpoint set aside", path=str(moved), resumed_step=step)
+    engine.load_state_dict(resumed_engine_state(meta["extra_state"]["engine"], step))
+    ray.get([a.publish.remote(step) for a in trainers])  # the servers still hold the base model
+    run.truncate_metrics(step)
+    log.info("resumed", checkpoint=str(path), step=step, at=time.time())
+    return step
+
+
+def resumed_engine_state(state: dict[str, Any], step: int) -> dict[str, Any]:
+    """The engine's saved state with its counters at the trainer's ``step``.
+
+    A checkpoint of step N is written while the engine may already have assembled batches N+1 ..
+    N+max_async_rollout (its ``step`` counter ahead of N); those batches die with the run, so the
+    resumed engine counts from N and generates them again (from new prompts: the sampler goes on
+    from where it was, so no prompt is drawn twice).
+    """
+    return {**state, "step": step, "version": step}
+
+
+def _wandb_mode() -> Literal["online", "offline", "disabled", "shared"]:
+    """WANDB_MODE when set (one of wandb's modes); else online with credentials (WANDB_API_KEY or
+    ~/.netrc), offline without.
+
+    Offline runs write to ``<run dir>/wandb`` and upload later with ``wandb sync``; a run never
+    stops to ask for a login.
+    """
+    given = os.environ.get("WANDB_MODE", "")
+    mode = {"dryrun": "offline", "run": "online"}.get(given, given)  # wandb's older names
+    if mode in ("online", "offline", "disabled", "shared"):
+        return mode
+    if mode:
+        raise TrainError(f"WANDB_MODE={mode!r} is not a wandb mode: use online, offline, disabled or shared")
+    netrc = Path.home() / ".netrc"
+    logged_in = netrc.is_file() and "api.wandb.ai" in netrc.read_text(encoding="utf-8", errors="ignore")
+    return "online" if os.environ.get("WANDB_API_KEY") or logged_in else "offline"
+
+
+def _start_wandb(cfg: TelescopeConfig, resolved: ResolvedConfig, run: RunDir) -> Any:
+    """A W&B run with the config, tags and the step metrics of ``metrics.jsonl``."""
+    try:
+        import wandb
+    except ImportError as exc:
+        raise TrainError(
+            "use_wandb is true but wandb is not installed: pip install 'telescope-cli[wandb]'"
+        ) from exc
+    from telescope_orchestrator.record.setup import process_setup
+
+    mode = _wandb_mode()
+    log.info("wandb", mode=mode, dir=str(run.path / "wandb"))
+    setup = process_setup("driver")
+    tags = os.environ["WANDB_TAGS"].split(",") if os.environ.get("WANDB_TAGS") else list(cfg.wandb_tags)
+    tags += _version_tags(setup)
+    wb = wandb.init(
+        project=os.environ.get("WANDB_PROJECT", cfg.wandb_project),
+        name=os.environ.get("WANDB_RUN_NAME", cfg.wandb_run_name),
+        tags=tags,
+        config={**resolved.to_dict(), "_user_keys": sorted(resolved.user_keys)},
+        dir=str(run.path),
+        mode=mode,
+    )
+    wb.summary["setup"] = setup  # the driver's hardware and software; every process: records/setup
+    # periodic evals end steps after the weights they measured: chart them against eval/step
+    wb.define_metric("eval/step")
+    wb.define_metric("eval/*", step_metric="eval/step")
+    if cfg.wandb_upload_code:
+        from telescope_orchestrator.record.wandb import upload_code
+
+        try:
+            upload_code(wb, cfg, root=Path.cwd(), run_dir=run.path)
+        except Exception as exc:  # the metrics matter more than the code snapshot
+            log.warning("wandb code upload failed", error=f"{type(exc).__name__}: {exc}")
+    return wb
+
+
+def _version_tags(setup: dict[str, Any]) -> list[str]:
+    """``version:<telescope-cli version>``, ``commit:<sha>`` (when known) and the record format."""
+    from telescope_records import FORMAT_VERSION
+
+    versions = setup.get("versions") or {}
+    tags = [f"version:{versions.get('telescope-cli', '')}", f"records_format:{FORMAT_VERSION}"]
+    if setup.get("git_commit"):
+        tags.append(f"commit:{str(setup['git_commit'])[:12]}")
+    return [t[:64] for t in tags]  # W&B's tag length limit
+
+
+def _finish_wandb(wb: Any, cfg: TelescopeConfig, run: RunDir) -> None:
+    """Hand the logs to W&B (``wandb_upload_logs*``) and close the run; never raises."""
+    from telescope_orchestrator.record.wandb import save_logs
+
+    try:
+        save_logs(wb, cfg, run.path)
+    except Exception as exc:
+        log.warning("wandb log upload failed", error=f"{type(exc).__name__}: {exc}")
+    with contextlib.suppress(Exception):
+        wb.finish()

@@ -1,0 +1,184 @@
+"""Build the rollout side of a run from the config: tokenizer, environments, evals, sampler, engine.
+
+The chat template comes from the model's tokenizer files unless the config's ``chat_template``
+overrides it; environments are weighted by their ``weight`` entries. The engine gets its math
+from telescope-algos (:func:`engine_math`): the group stage of the advantages here (batch
+whitening follows in the loop) and the overlong penalty, so training sees one implementation.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+if TYPE_CHECKING:
+    from telescope_config import TelescopeConfig
+    from telescope_rollout.engine import AdvantageFn, RewardShaping
+
+__all__ = [
+    "DatasetError",
+    "build_engine",
+    "build_training_environments",
+    "engine_math",
+    "load_datasets",
+    "tokenizer_dir",
+]
+
+log = structlog.get_logger()
+_TOKENIZER_FILES = [
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "chat_template.json", "config.json", "generation_config.json",
+]  # fmt: skip
+
+
+def tokenizer_dir(model: str) -> Path:
+    """A local folder with the model's tokenizer files (downloads only those for a hub id)."""
+    local = Path(model).expanduser()
+    if local.is_dir():
+        return local
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, allow_patterns=_TOKENIZER_FILES))
+
+
+def engine_math(cfg: TelescopeConfig) -> tuple[AdvantageFn, RewardShaping | None]:
+    """The engine's ``(advantage_fn, reward_shaping)`` for the config, both from telescope-algos.
+
+    ``advantage_fn`` is ``group_advantages`` with the config's algorithm and normalisation (for
+    ``advantage_norm: batch`` and REINFORCE++ its group stage; the loop whitens over the step).
+    ``reward_shaping`` adds the overlong penalty to each sample's reward when
+    ``overlong_penalty_factor > 0`` (else None): model tokens against ``max_tokens``.
+    """
+    from telescope_algos import group_advantages, overlong_penalty
+
+    advantage_fn = functools.partial(
+        group_advantages, algorithm=cfg.algorithm, advantage_norm=cfg.advantage_norm
+    )
+    if not cfg.overlong_penalty_factor > 0:
+        return advantage_fn, None
+    penalty = functools.partial(
+        overlong_penalty, max_tokens=cfg.max_tokens, buffer_tokens=cfg.overlong_buffer_tokens,
+        factor=cfg.overlong_penalty_factor,
+    )  # fmt: skip
+
+    def with_overlong_penalty(sample: Any) -> float:
+        return sample.reward + penalty(sample.num_model_tokens)
+
+    return advantage_fn, with_overlong_penalty
+
+
+class DatasetError(ValueError):
+    """An environment's dataset cannot be used; the message names the environment."""
+
+
+def build_training_environments(cfg: TelescopeConfig) -> tuple[list[Any], list[Any]]:
+    """The config's environments (datasets not loaded yet) and the sandbox pools given to them.
+
+    Runs before any server starts, so an unknown environment or a sandbox provider that cannot
+    work fails in seconds (``_sandboxes.SandboxSetupError``).
+    """
+    from telescope_orchestrator.run.sandboxes import attach_sandboxes
+    from telescope_rollout import build_environments
+
+    built = build_environments(cfg.environments)
+    return built, attach_sandboxes((b.name, b.env, b.kwargs) for b in built)
+
+
+def load_datasets(cfg: TelescopeConfig, built: list[Any], model_path: str) -> tuple[Any, str | None]:
+    """Load every environment's dataset and the tokenizer; check that prompts can fit at all.
+
+    Returns the tokenizer and, when the first prompts of an environment can never fit
+    ``max_model_len``, the message that says so (``telescope_rollout.engine.unfit_environment``); both
+    before any server starts.
+    """
+    from telescope_rollout import Tokenizer
+    from telescope_rollout.engine import unfit_environment
+
+    for b in built:
+        try:
+            b.env.load_dataset()
+        except Exception as exc:  # a hub name, a missing extra, bad rows: the user's to fix
+            raise DatasetError(
+                f"environment {b.name!r}: its dataset did not load: {type(exc).__name__}: {exc}"
+            ) from exc
+        if not len(b.env):
+            raise DatasetError(f"environment {b.name!r} loaded no samples: check its dataset kwargs")
+        log.info("environment ready", name=b.name, weight=b.weight, samples=len(b.env))
+    tokenizer = Tokenizer.from_pretrained(tokenizer_dir(model_path), chat_template=cfg.chat_template)
+    thinking = cfg.enable_thinking
+    problem = unfit_environment(
+        {b.name: b.env for b in built},
+        tokenizer,
+        max_model_len=int(cfg.max_model_len),
+        max_tokens=int(cfg.max_tokens),
+        probe=int(cfg.max_consecutive_unfit_prompts),
+        chat_template_kwargs={} if thinking is None else {"enable_thinking": thinking},
+    )
+    return tokenizer, problem
+
+
+def served_model(cfg: TelescopeConfig) -> str | None:
+    """The ``model`` generation requests name: with LoRA the adapter the servers serve (the trained
+    policy), else None (each server's own model)."""
+    if cfg.lora_rank <= 0:
+        return None
+    from telescope_weightsync import ADAPTER_NAME
+
+    return ADAPTER_NAME
+
+
+def build_engine(
+    cfg: TelescopeConfig, tokenizer: Any, urls: list[str], built: list[Any], *, on_event: Any = None
+) -> tuple[Any, Any, int, Any, list[Any]]:
+    """(engine, client, pad token id, eval runner or None, the eval environments' sandbox pools).
+
+    ``on_event`` receives the engine's timeline events (``telescope_rollout.engine.EngineEvent``).
+
+    ``built`` comes from :func:`build_training_environments`, ``tokenizer`` from
+    :func:`load_datasets` (the datasets are loaded). The caller enters ``client`` then ``engine``
+    and closes the sandbox pools at the end (``close_sandboxes``). Eval datasets are loaded here
+    too, so that ``separate_eval_samples`` can hold their items out of the training sampler; eval
+    environments that run code get their sandbox pools here.
+    """
+    from telescope_orchestrator.run.sandboxes import attach_sandboxes
+    from telescope_rollout import (
+        EngineSettings,
+        EvalRunner,
+        InferenceClient,
+        MultiEnvSampler,
+        RolloutEngine,
+        SamplerEntry,
+    )
+
+    pools: list[Any] = []
+    client = InferenceClient(urls, timeout_s=1200.0, model=served_model(cfg))
+    settings = EngineSettings.from_config(cfg)
+    evals, held_out = None, {}
+    if cfg.evals:
+        evals = EvalRunner(cfg.evals, tokenizer=tokenizer, client=client, settings=settings)
+        evals.load()
+        specs = {spec.name: spec for spec in evals.specs}
+        pools = attach_sandboxes(
+            (n, env, specs[n].kwargs if n in specs else {}) for n, env in evals.environments.items()
+        )
+        held_out = evals.exclusions(built)
+        for name, indices in held_out.items():
+            log.info("eval samples held out of training", environment=name, samples=len(indices))
+    entries = [SamplerEntry(b.name, b.weight, len(b.env)) for b in built]
+    sampler = MultiEnvSampler(entries, seed=cfg.seed, exclude=held_out)
+    advantage_fn, reward_shaping = engine_math(cfg)
+    engine = RolloutEngine(
+        settings,
+        environments=built,
+        sampler=sampler,
+        tokenizer=tokenizer,
+        client=client,
+        advantage_fn=advantage_fn,
+        reward_shaping=reward_shaping,
+        on_event=on_event,
+    )
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return engine, client, int(pad) if isinstance(pad, int) else 0, evals, pools

@@ -1,0 +1,122 @@
+"""The run guard: once the driver is gone, every process carrying the run's marker goes too, and
+its log says which."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from telescope_orchestrator.cluster.guard import marked_processes, start_guard, sweep
+from telescope_orchestrator.cluster.reaper import pid_alive
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
+
+# A "driver" that starts a marked worker in a session of its own (as Ray's daemons are), then sleeps.
+DRIVER = """
+import os, subprocess, sys, time
+worker = subprocess.Popen(["sleep", "300"], start_new_session=True)
+print(worker.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def _wait_dead(pids: list[int], timeout_s: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := [p for p in pids if pid_alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _wait_for_text(path, timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.is_file() and path.read_text().endswith("\n"):
+            return path.read_text()
+        time.sleep(0.2)
+    raise AssertionError(f"{path} was not written within {timeout_s} s")
+
+
+def test_guard_kills_marked_processes_after_the_driver_is_killed(tmp_path):
+    marker = f"TELESCOPE_RUN_ID={uuid.uuid4().hex}"
+    key, value = marker.split("=")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER], env={**os.environ, key: value}, stdout=subprocess.PIPE, text=True
+    )
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)  # same user, no marker
+    try:
+        worker = int(driver.stdout.readline())
+        start_guard(marker, watch=driver.pid, log_file=tmp_path / "logs" / "guard.log")
+        assert set(marked_processes(marker)) >= {driver.pid, worker}
+        time.sleep(1.0)
+        assert pid_alive(worker), "the guard acted while the driver was alive"
+        driver.kill()
+        driver.wait()
+        assert _wait_dead([worker]) == [], "the marked worker survived its driver"
+        assert marked_processes(marker) == []  # the guard itself has gone too
+        assert pid_alive(bystander.pid), "an unmarked process was killed"
+        # one line for the sweep: the PID it stopped with its command name
+        log = _wait_for_text(tmp_path / "logs" / "guard.log")
+        assert len(log.splitlines()) == 1
+        assert f"guard sweep {marker}: SIGTERM {worker} (sleep); SIGKILL none" in log
+        assert str(bystander.pid) not in log
+    finally:
+        for proc in (driver, bystander):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        driver.stdout.close()
+        for pid in marked_processes(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _child_named(marker: str, name: str) -> int | None:
+    """A marked process whose command name is ``name`` (after its exec), if any."""
+    for pid in marked_processes(marker):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_sweep_logs_what_it_signalled_and_what_it_had_to_kill(tmp_path):
+    marker = f"TELESCOPE_RUN_ID={uuid.uuid4().hex}"
+    key, value = marker.split("=")
+    log = tmp_path / "guard.log"
+    # a marked shell that ignores SIGTERM (as does its sleep, which inherits that)
+    stubborn = subprocess.Popen(
+        ["sh", "-c", 'trap "" TERM; echo ready; sleep 300'], env={**os.environ, key: value},
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert stubborn.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 30
+        while not (sleeper := _child_named(marker, "sleep")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the shell forks first and execs sleep a moment later
+        assert sleeper, "the shell's sleep never started"
+        assert set(marked_processes(marker)) == {stubborn.pid, sleeper}
+        assert sorted(sweep(marker, grace_s=0.5, log_file=str(log))) == sorted([stubborn.pid, sleeper])
+        stubborn.wait(timeout=10)
+        assert _wait_dead([sleeper]) == []
+        [line] = log.read_text().splitlines()
+        for part in (f"{stubborn.pid} (sh)", f"{sleeper} (sleep)"):
+            # in the SIGTERM list and, as both ignored it, in the SIGKILL list
+            assert line.count(part) == 2, line
+        # a sweep with nothing left appends its own line
+        assert sweep(marker, grace_s=0.1, log_file=str(log)) == []
+        assert log.read_text().splitlines()[1].endswith(f"guard sweep {marker}: SIGTERM none; SIGKILL none")
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()
+            stubborn.wait()
+        stubborn.stdout.close()
+        for pid in marked_processes(marker):
+            os.kill(pid, signal.SIGKILL)

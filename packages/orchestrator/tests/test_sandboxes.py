@@ -1,0 +1,106 @@
+"""Environments that run code get a sandbox pool from their kwargs; a provider that cannot work
+fails at start-up with the environment, the provider and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from telescope_orchestrator.run.sandboxes import (
+    SandboxSetupError,
+    attach_sandboxes,
+    close_sandboxes,
+    needs_sandbox,
+    sandbox_metrics,
+)
+from telescope_orchestrator.run.wiring import build_training_environments
+from telescope_rollout import get_environment
+from telescope_sandbox import SandboxPool
+
+SUM = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+
+
+class _Config:
+    def __init__(self, environments):
+        self.environments = environments
+
+
+async def test_i3_code_gets_a_local_pool_and_its_rewards_run_in_bubblewrap():
+    kwargs = {
+        "provider": "local",
+        "pool_size": 3,
+        "dataset": "bundled",
+        "infra_retries": 1,
+        "breaker_after": 4,
+    }
+    cfg = _Config([{"name": "i3_code", "kwargs": kwargs}])
+    built, pools = build_training_environments(cfg)
+    env = built[0].env
+    try:
+        assert isinstance(env.sandbox, SandboxPool)
+        assert pools == [env.sandbox]
+        assert env.sandbox.max_concurrency == 3
+        assert (env.sandbox.infra_retries, env.sandbox.breaker.threshold) == (1, 4)
+        assert env.sandbox.breaker.cooldown_s == 30.0  # the pool's default
+        samples = env.load_dataset()
+        add = next(s for s in samples if "sum" in str(s.prompt))
+        result = await env.score(SUM, add)
+        assert result.total_reward == 1.0, result.info_turns
+        assert env.sandbox.metrics()["runs"] >= 1
+        counted = sandbox_metrics(pools)
+        assert counted == {"sandbox/failures": 0.0, "sandbox/infra_retries": 0.0, "sandbox/fast_failed": 0.0,
+                           "sandbox/breaker_opened": 0.0}  # fmt: skip
+    finally:
+        await close_sandboxes(pools)
+
+
+async def test_the_default_provider_is_local():
+    env = get_environment("i3_code", dataset="bundled")
+    assert needs_sandbox(env)
+    pools = attach_sandboxes([("i3_code", env, {})])
+    try:
+        assert isinstance(env.sandbox, SandboxPool)
+        assert not needs_sandbox(env)
+    finally:
+        await close_sandboxes(pools)
+
+
+def test_environments_without_needs_get_nothing():
+    env = get_environment("countdown", dataset="bundled")
+    assert attach_sandboxes([("countdown", env, {"provider": "daytona"})]) == []
+    assert getattr(env, "sandbox", None) is None
+
+
+def test_a_missing_sdk_names_environment_provider_and_fix(monkeypatch):
+    monkeypatch.setenv("DAYTONA_API_KEY", "k")  # credentials present: the SDK extra is what lacks
+    env = get_environment("i3_code", dataset="bundled")
+    with pytest.raises(SandboxSetupError) as info:
+        attach_sandboxes([("i3_code", env, {"provider": "daytona", "pool_size": 10})])
+    text = str(info.value)
+    assert "environment 'i3_code'" in text
+    assert "provider 'daytona'" in text
+    assert "pip install 'telescope-sandbox[daytona]'" in text
+    assert "`provider: local`" in text
+
+
+def test_missing_credentials_are_named_before_anything_starts(monkeypatch):
+    for name in ("E2B_API_KEY", "DAYTONA_API_KEY", "DAYTONA_JWT_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    env = get_environment("i3_code", dataset="bundled")
+    with pytest.raises(SandboxSetupError, match=r"none of E2B_API_KEY is set.*Fix: pip install"):
+        attach_sandboxes([("code", env, {"provider": "e2b"})])
+
+
+def test_an_unknown_provider_lists_the_installed_ones():
+    env = get_environment("i3_code", dataset="bundled")
+    known = r"no such provider \(installed: daytona, e2b, local, modal\)"
+    with pytest.raises(SandboxSetupError, match=known):
+        attach_sandboxes([("code", env, {"provider": "nope"})])
+
+
+def test_every_problem_is_reported_at_once(monkeypatch):
+    monkeypatch.delenv("E2B_API_KEY", raising=False)
+    a, b = get_environment("i3_code", dataset="bundled"), get_environment("i3_code", dataset="bundled")
+    with pytest.raises(SandboxSetupError) as info:
+        attach_sandboxes([("first", a, {"provider": "nope"}), ("second", b, {"provider": "e2b"})])
+    assert "'first'" in str(info.value)
+    assert "'second'" in str(info.value)

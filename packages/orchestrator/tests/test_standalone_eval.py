@@ -1,0 +1,60 @@
+"""``telescope eval``: which checkpoints it finds, where their results go, what it refuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from telescope_orchestrator.run.standalone_eval import (
+    EvalError,
+    find_checkpoints,
+    run_dir_of,
+    standalone_eval,
+)
+
+
+def _run_with_checkpoints(tmp_path, steps=(2, 4)):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("model: x\n")
+    for step in steps:
+        folder = run / "checkpoints" / f"step_{step}"
+        folder.mkdir()
+        (folder / "meta.json").write_text(json.dumps({"step": step, "backend": "fsdp"}))
+    return run
+
+
+def test_a_folder_of_checkpoints_gives_each_by_step_and_its_run(tmp_path):
+    run = _run_with_checkpoints(tmp_path, steps=(10, 2))
+    (run / "checkpoints" / "step_3.tmp").mkdir()  # unfinished: no meta.json
+    found = find_checkpoints([str(run / "checkpoints")])
+    assert [(c.step, c.native) for c in found] == [(2, True), (10, True)]
+    assert run_dir_of(found, None) == run
+    assert run_dir_of(found, str(tmp_path / "elsewhere")) == tmp_path / "elsewhere"
+
+
+def test_a_hugging_face_folder_takes_its_step_from_its_name(tmp_path):
+    hf = tmp_path / "exports" / "step_7"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    (found,) = find_checkpoints([str(hf)])
+    assert (found.step, found.native) == (7, False)
+    with pytest.raises(EvalError, match="--run-dir"):
+        run_dir_of([found], None)
+
+
+def test_folders_without_checkpoints_are_refused_with_the_fix(tmp_path):
+    with pytest.raises(EvalError, match=r"holds no checkpoint: a checkpoint has meta\.json"):
+        find_checkpoints([str(tmp_path)])
+    with pytest.raises(EvalError, match="is not a folder"):
+        find_checkpoints([str(tmp_path / "missing")])
+
+
+def test_a_config_without_evals_is_refused_before_anything_starts(tmp_path):
+    from types import SimpleNamespace
+
+    from telescope_orchestrator.record.rundir import RunDir
+
+    with pytest.raises(EvalError, match="lists no evals"):
+        standalone_eval(SimpleNamespace(evals=[]), [], RunDir(tmp_path / "r"), console=None)
