@@ -46,7 +46,7 @@ def test_debug_flag_rejects_a_non_boolean(capsys):
 @pytest.fixture
 def recorded(monkeypatch, tmp_path: Path) -> list[dict]:
     """Stand in for the job: record what ``train`` got instead of starting Ray and vLLM."""
-    import telescope_orchestrator.run.startup as train_mod
+    import telescope_orchestrator as train_mod
 
     calls: list[dict] = []
 
@@ -93,7 +93,7 @@ def test_debug_true_in_the_config_is_debug_mode(recorded, tmp_path):
 
 
 def test_debug_in_the_config_shows_internal_tracebacks(monkeypatch, tmp_path, capsys):
-    import telescope_orchestrator.run.startup as train_mod
+    import telescope_orchestrator as train_mod
 
     def boom(resolved, **kwargs):
         raise RuntimeError("simulated bug")

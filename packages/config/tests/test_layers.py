@@ -8,7 +8,7 @@ import pydantic
 import pytest
 import yaml
 
-from telescope_config import ResolvedConfig, TelescopeConfig, defaults, load_config
+from telescope_config import ConfigError, ResolvedConfig, TelescopeConfig, defaults, load_config
 
 ENV = '[{"name": "countdown"}]'
 
@@ -156,3 +156,38 @@ def test_to_dict_is_plain_data_that_validates_again():
     data = resolved.to_dict()
     assert TelescopeConfig.model_validate(data) == resolved.config
     assert isinstance(resolved, ResolvedConfig)
+
+
+def test_python_values_sit_between_the_file_and_the_command_line(write):
+    path = write("environments: [{name: countdown}]\nlearning_rate: 3.0e-6\ngroup_size: 4\n")
+    values = {"group_size": 8, "number_of_steps": 7, "ray_runtime_env": {"env_vars": {"A": "1"}}}
+    resolved = load_config(path, ["--number_of_steps", "9"], values=values)
+    assert resolved.config.learning_rate == 3e-6  # the file, untouched by the values
+    assert resolved.config.group_size == 8  # the values over the file
+    assert resolved.config.number_of_steps == 9  # the command line over the values
+    assert resolved.config.ray_runtime_env == {"env_vars": {"A": "1"}}
+    assert resolved.sources == ("defaults", str(path), "the Python values", "command line")
+    keys = {"environments", "learning_rate", "group_size", "number_of_steps", "ray_runtime_env"}
+    assert resolved.user_keys == keys
+
+
+def test_python_values_alone_and_their_mistakes_named_by_their_source():
+    resolved = load_config(values={"environments": [{"name": "countdown"}], "number_of_steps": 3})
+    assert resolved.config.number_of_steps == 3
+    assert resolved.sources == ("defaults", "the Python values")
+    with pytest.raises(ConfigError) as bad:
+        load_config(values={"environments": [{"name": "countdown"}], "lerning_rate": 1e-5})
+    [problem] = bad.value.problems
+    assert problem.field == "lerning_rate"
+    assert problem.source == "the Python values"
+    assert "learning_rate" in problem.fix
+    assert "the Python values" in str(bad.value)
+
+
+@pytest.mark.parametrize("values", [["model", "x"], {1: "x"}, "model: x"])
+def test_values_that_are_not_a_mapping_of_names_are_one_problem(values):
+    with pytest.raises(ConfigError) as bad:
+        load_config(values=values)
+    [problem] = bad.value.problems
+    assert problem.rule == "the values must be a mapping of field names (strings) to values"
+    assert "pass a dict" in problem.fix

@@ -120,3 +120,39 @@ def test_sweep_logs_what_it_signalled_and_what_it_had_to_kill(tmp_path):
         stubborn.stdout.close()
         for pid in marked_processes(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def _guards_of(marker: str) -> list[int]:
+    """Guard processes watching for ``marker`` (found by their command line)."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"telescope_orchestrator.cluster.guard" in cmdline and marker.encode() in cmdline:
+            found.append(int(name))
+    return [p for p in found if pid_alive(p)]
+
+
+def test_a_stopped_guard_sweeps_once_and_exits_while_its_driver_lives_on(tmp_path):
+    """A Python program that trains and goes on: the run's guard ends with the run."""
+    marker = f"TELESCOPE_RUN_ID={uuid.uuid4().hex}"
+    key, value = marker.split("=")
+    worker = subprocess.Popen(["sleep", "300"], env={**os.environ, key: value}, start_new_session=True)
+    stop_file = tmp_path / "guard.stop"
+    try:
+        guard = start_guard(marker, log_file=tmp_path / "guard.log", stop_file=stop_file)
+        assert guard is not None
+        assert len(_guards_of(marker)) == 1
+        time.sleep(1.0)
+        assert pid_alive(worker.pid), "the guard acted while the driver was alive and running"
+        guard.stop()
+        worker.wait(timeout=30)  # the stop's sweep: a marked process left over is stopped
+        assert _wait_dead(_guards_of(marker)) == []
+        assert not stop_file.exists(), "the guard left its stop file behind"
+        assert f"SIGTERM {worker.pid} (sleep)" in _wait_for_text(tmp_path / "guard.log")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()

@@ -68,34 +68,36 @@ class ResolvedConfig:
         )
 
 
+PYTHON_SOURCE = "the Python values"
+"""The label of the ``values`` layer of :func:`load_config` in ``sources`` and problems."""
+
+
 def load_config(
     config_path: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
     *,
+    values: Mapping[str, Any] | None = None,
     defaults_path: str | os.PathLike[str] | None = None,
 ) -> ResolvedConfig:
-    """Resolve defaults, the run YAML at ``config_path`` and ``overrides`` into a validated config.
+    """Resolve defaults, the run YAML at ``config_path``, ``values`` (fields given from Python, as
+    in the YAML) and ``overrides`` into a validated config, in that order.
 
     Raises ``ConfigError`` listing every problem found; no other exception comes from bad input.
     """
     problems: list[Problem] = []
-    if defaults_path is None:
-        base: dict[str, Any] | None = defaults()
-    else:
-        base, found = read_file(defaults_path, DEFAULTS_SOURCE)
-        problems += found
-    layers: list[tuple[str, dict[str, Any] | None]] = [(DEFAULTS_SOURCE, base)]
-    if config_path is not None:
-        data, found = read_file(config_path, str(config_path))
-        problems += found
-        layers.append((str(config_path), data))
+    layers = _file_layers(defaults_path, config_path, problems)
+    base = layers[0][1]
+    if values is not None:
+        layers.append((PYTHON_SOURCE, _python_layer(values, problems)))
     cli_values, found, flag_of = parse_collecting(overrides)
     problems += found
     if overrides:
         layers.append((CLI, cli_values))
 
     where = " and ".join(
-        ([str(config_path)] if config_path is not None else []) + (["the command line"] if overrides else [])
+        ([str(config_path)] if config_path is not None else [])
+        + ([PYTHON_SOURCE] if values is not None else [])
+        + (["the command line"] if overrides else [])
     )
     where = where or "the defaults"
     if any(data is None for _, data in layers):  # a file we could not read: nothing to validate
@@ -125,6 +127,39 @@ def load_config(
     if problems or cfg is None:
         raise ConfigError(problems, where)
     return ResolvedConfig(cfg, user_keys, tuple(label for label, _ in layers), tuple(notes))
+
+
+def _file_layers(
+    defaults_path: str | os.PathLike[str] | None,
+    config_path: str | os.PathLike[str] | None,
+    problems: list[Problem],
+) -> list[tuple[str, dict[str, Any] | None]]:
+    """The defaults and the run YAML as ``(label, data)`` layers; data None for a file that could
+    not be read (its problems go to ``problems``)."""
+    if defaults_path is None:
+        base: dict[str, Any] | None = defaults()
+    else:
+        base, found = read_file(defaults_path, DEFAULTS_SOURCE)
+        problems += found
+    layers: list[tuple[str, dict[str, Any] | None]] = [(DEFAULTS_SOURCE, base)]
+    if config_path is not None:
+        data, found = read_file(config_path, str(config_path))
+        problems += found
+        layers.append((str(config_path), data))
+    return layers
+
+
+def _python_layer(values: object, problems: list[Problem]) -> dict[str, Any] | None:
+    """``values`` as a layer: a mapping with string keys, else a problem (and no layer)."""
+    kind = type(values).__name__
+    if isinstance(values, Mapping):
+        layer = {k: v for k, v in cast(Mapping[object, Any], values).items() if isinstance(k, str)}
+        if len(layer) == len(cast(Mapping[object, Any], values)):
+            return layer
+    rule = "the values must be a mapping of field names (strings) to values"
+    fix = "pass a dict such as {'model': 'Qwen/Qwen3-0.6B', 'number_of_steps': 10}"
+    problems.append(Problem("(config)", kind, rule, fix, PYTHON_SOURCE))
+    return None
 
 
 def _validate(

@@ -37,21 +37,13 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(str(err), file=sys.stderr)
         return EXIT_INVALID
+    from telescope_orchestrator import RunDirError, TrainError, configure_logging, train
+
     debug = bool(resolved.config.debug)
     if debug and not args.debug:  # debug: true in the config file
-        from telescope_orchestrator.record.logging import configure_logging
-
         configure_logging(debug=True)
     args.debug = debug  # main() shows the traceback of an internal error when this is set
-    from telescope_orchestrator.run import checks as _checks
-
-    problem = _checks.cpu_torch_conflict()
-    if problem is not None:
-        print(f"telescope train: {problem}", file=sys.stderr)
-        return EXIT_INVALID
     from telescope_cli.console import Console
-    from telescope_orchestrator.record.rundir import RunDirError
-    from telescope_orchestrator.run.startup import TrainError, train
     from telescope_records import RecordError
 
     console = Console(resolved.config.number_of_steps, enabled=not args.quiet)

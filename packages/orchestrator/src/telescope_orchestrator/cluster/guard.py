@@ -9,6 +9,8 @@ at once) and waits for the driver to be gone:
 
 - after a normal end, Ctrl-C or SIGTERM the driver has already stopped everything, and the guard
   finds nothing to do;
+- a driver that lives on after its run (a Python program calling ``train`` again) ends the guard
+  with ``Guard.stop``: it sweeps once and exits;
 - after a SIGKILL or a crash it SIGTERMs every process that carries the marker, SIGKILLs what is
   left after a grace period, and exits. Without it, Ray's per-node agents of a local Ray wait on
   a GCS that is gone (a 60 s publish timeout inside Ray) before they exit.
@@ -34,7 +36,7 @@ from pathlib import Path
 
 from telescope_orchestrator.cluster.reaper import pid_alive
 
-__all__ = ["command_names", "marked_processes", "start_guard", "sweep"]
+__all__ = ["Guard", "command_names", "marked_processes", "start_guard", "sweep"]
 
 GRACE_S = 5.0
 POLL_S = 0.5
@@ -106,14 +108,34 @@ def sweep(marker: str, grace_s: float = GRACE_S, log_file: str | None = None) ->
     return signalled
 
 
-def start_guard(
-    marker: str, watch: int | None = None, log_file: str | os.PathLike[str] | None = None
-) -> None:
-    """Start the guard for this process (the driver); returns at once.
+class Guard:
+    """A started guard: :meth:`stop` ends it once the run stopped (a driver that lives on, e.g. a
+    Python program that trains twice, keeps no guard of a finished run)."""
 
-    ``log_file``: where the guard appends a line per sweep (what it stopped)."""
+    def __init__(self, stop_file: Path) -> None:
+        self.stop_file = stop_file
+
+    def stop(self) -> None:
+        """Tell the guard the run is over: it sweeps once more (finding nothing after a clean stop)
+        and exits within ``POLL_S``."""
+        with contextlib.suppress(OSError):
+            self.stop_file.parent.mkdir(parents=True, exist_ok=True)
+            self.stop_file.touch()
+
+
+def start_guard(
+    marker: str,
+    watch: int | None = None,
+    log_file: str | os.PathLike[str] | None = None,
+    *,
+    stop_file: str | os.PathLike[str] | None = None,
+) -> Guard | None:
+    """Start the guard for this process (the driver); returns at once (None off Linux).
+
+    ``log_file``: where the guard appends a line per sweep (what it stopped); ``stop_file``: the
+    file whose creation ends the guard (``Guard.stop``; default: none, it waits for the driver)."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     watched = str(watch or os.getpid())
     cmd = [
         sys.executable,
@@ -126,7 +148,12 @@ def start_guard(
     ]
     if log_file is not None:
         cmd += ["--log", str(Path(log_file).absolute())]
+    stop = Path(stop_file).absolute() if stop_file is not None else None
+    if stop is not None:
+        stop.unlink(missing_ok=True)
+        cmd += ["--stop-file", str(stop)]
     subprocess.run(cmd, check=True, timeout=60, stdin=subprocess.DEVNULL)
+    return Guard(stop) if stop is not None else None
 
 
 def main(argv: list[str]) -> int:
@@ -135,6 +162,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--marker", required=True, help="KEY=VALUE environment entry of the run's processes")
     parser.add_argument("--grace", type=float, default=GRACE_S)
     parser.add_argument("--log", default=None, help="append one line per sweep (PIDs stopped) to this file")
+    parser.add_argument("--stop-file", default=None, help="sweep and exit once this file exists")
     args = parser.parse_args(argv)
     if "=" not in args.marker:
         parser.error("--marker must be KEY=VALUE")
@@ -144,9 +172,12 @@ def main(argv: list[str]) -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # hold none of the driver's pipes open
         os.dup2(devnull, fd)
-    while pid_alive(args.watch):
+    stop = Path(args.stop_file) if args.stop_file else None
+    while pid_alive(args.watch) and not (stop is not None and stop.exists()):
         time.sleep(POLL_S)
     sweep(args.marker, args.grace, args.log)
+    if stop is not None:
+        stop.unlink(missing_ok=True)
     os._exit(0)
 
 

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,8 @@ class LoopContext:
     """The last step trained, published and recorded."""
     trainer_restarts: TrainerRestarts | None = None
     """Replaces dead trainer ranks (``_trainer_restart``); None: a dead rank's error stops the run."""
+    stop_requested: Callable[[], bool] = lambda: False
+    """Asked after each step: true stops the run there, with a checkpoint of that step."""
 
 
 def _filtered(s: Any, config: TelescopeConfig) -> dict[str, bool]:
@@ -206,6 +209,9 @@ async def training_loop(ctx: LoopContext) -> None:
                 try:
                     for step in range(ctx.start_step + 1, ctx.config.number_of_steps + 1):
                         await _step(ctx, evals, step)
+                        if step < ctx.config.number_of_steps and ctx.stop_requested():
+                            await _checkpoint_before_stopping(ctx)
+                            break
                 except RolloutError:  # servers gone, hopeless input: keep what was trained, then stop
                     await _checkpoint_before_stopping(ctx)
                     raise

@@ -34,8 +34,13 @@ def plain_text(text: str) -> str:
 class Reporter(Protocol):
     """What the run calls while it starts, trains and stops (module docstring)."""
 
-    on_phase: PhaseHook | None
-    """Set by the run: hears of each phase when it ends, whether it succeeded or not."""
+    @property
+    def on_phase(self) -> PhaseHook | None:
+        """Set by the run: hears of each phase when it ends, whether it succeeded or not."""
+        ...
+
+    @on_phase.setter
+    def on_phase(self, hook: PhaseHook | None) -> None: ...
 
     def phase(self, text: str) -> AbstractContextManager[None]:
         """A start-up or shutdown phase, as ``with reporter.phase("model"):``."""

@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import os
 import signal
+import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -48,33 +50,67 @@ def _sigterm_to_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _setup_file_logging(run: RunDir, debug: bool) -> None:
-    """Structured JSON logs of the driver into the run directory; the console keeps phases only."""
-    from telescope_orchestrator.record.logging import configure_logging
-
-    configure_logging(debug=debug, file=run.log_file.open("a", encoding="utf-8", buffering=1))
-
-
-def _open_run(resolved: ResolvedConfig, run_dir: str | None, debug: bool) -> RunDir:
-    """The run directory with its config, the process markers and the guard, and file logging."""
+def _open_run(resolved: ResolvedConfig, run_dir: str | None) -> RunDir:
+    """The run directory, with its config written."""
     cfg = resolved.config
     run_name = cfg.wandb_run_name if "wandb_run_name" in resolved.user_keys else None
     run = RunDir(
         choose_run_dir(explicit=run_dir, run_name=run_name, resuming=bool(cfg.resume_from_checkpoint))
     )
     run.write_config(resolved.to_yaml())
+    return run
+
+
+_RUN_VARIABLES = ("TELESCOPE_RUN_DIR", "TELESCOPE_RUN_ID")
+
+
+@contextlib.contextmanager
+def _driver_scope(run: RunDir, debug: bool) -> Iterator[None]:
+    """What a run changes in the driver's process, put back when it ends (a Python program may
+    train again): the run's environment markers, the guard, file logging, SIGTERM as Ctrl-C and
+    SIGUSR1 stack dumps (signal handlers only from the main thread, where Python allows them)."""
+    import logging
+    import threading
+
+    from telescope_orchestrator.cluster.stacks import dump_stacks_on_sigusr1
+    from telescope_orchestrator.record.logging import configure_logging
+
+    saved_env = {name: os.environ.get(name) for name in _RUN_VARIABLES}
+    main = threading.current_thread() is threading.main_thread()
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)} if main else {}
+    saved_structlog, root = structlog.get_config(), logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
     # every process of the run (Ray daemons, actors, vLLM) inherits this: tests and users find them by it
     os.environ["TELESCOPE_RUN_DIR"] = str(run.path)
     # ... and this marker, unique to this launch: the guard stops them all should the driver be killed
-    os.environ["TELESCOPE_RUN_ID"] = uuid.uuid4().hex
-    start_guard(
-        f"TELESCOPE_RUN_ID={os.environ['TELESCOPE_RUN_ID']}", log_file=run.path / "logs" / "guard.log"
+    os.environ["TELESCOPE_RUN_ID"] = run_id = uuid.uuid4().hex
+    guard = start_guard(
+        f"TELESCOPE_RUN_ID={run_id}",
+        log_file=run.path / "logs" / "guard.log",
+        stop_file=Path(tempfile.gettempdir()) / f"telescope-guard-{run_id}.stop",
     )
-    _setup_file_logging(run, debug)
-    from telescope_orchestrator.cluster.stacks import dump_stacks_on_sigusr1
-
-    dump_stacks_on_sigusr1(run.path / "logs" / "stacks.txt")
-    return run
+    log_file = run.log_file.open("a", encoding="utf-8", buffering=1)
+    # structured JSON logs of the driver into the run directory; the console keeps phases only
+    configure_logging(debug=debug, file=log_file)
+    if main:
+        _sigterm_to_interrupt()
+        dump_stacks_on_sigusr1(run.path / "logs" / "stacks.txt")
+    try:
+        yield
+    finally:
+        if guard is not None:
+            guard.stop()
+        for sig, handler in saved_signals.items():
+            signal.signal(sig, handler)
+        structlog.configure(**saved_structlog)
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        log_file.close()
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @dataclass
@@ -94,25 +130,39 @@ class _Run:
 
 
 def train(
-    resolved: ResolvedConfig, *, reporter: Reporter, run_dir: str | None = None, debug: bool = False
+    resolved: ResolvedConfig,
+    *,
+    reporter: Reporter,
+    run_dir: str | None = None,
+    debug: bool = False,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> Path:
     """Run a whole training job from a resolved config; returns the run directory. ``reporter``
-    hears of the phases and steps (the command line's console, or ``run.report.SilentReporter``)."""
-    from telescope_orchestrator.cluster.ray_cluster import Cluster
-
+    hears of the phases and steps (the command line's console, or ``run.report.SilentReporter``);
+    ``stop_requested`` is asked after each step, and true stops the run there (checkpointed)."""
     cfg = resolved.config
     if cfg.use_wandb:
         _wandb_mode()  # a bad WANDB_MODE fails now, not after every process started
-    run = _open_run(resolved, run_dir, debug)
-    console = reporter
+    run = _open_run(resolved, run_dir)
+    with _driver_scope(run, debug):
+        return _train(resolved, run, reporter, stop_requested or (lambda: False))
+
+
+def _train(
+    resolved: ResolvedConfig, run: RunDir, console: Reporter, stop_requested: Callable[[], bool]
+) -> Path:
+    """Start-up, the loop and the stop, in the driver's scope (``train``)."""
+    from telescope_orchestrator.cluster.ray_cluster import Cluster
+
+    cfg = resolved.config
     console.on_phase = lambda text, at, seconds: run.records.event(
         "startup", None, duration_s=seconds, at=at, phase=text
     )
     console.info(f"run directory: {run.path}")
-    _sigterm_to_interrupt()
     state = _Run(resolved, run, console, Cluster(cfg, log_path=run.path / "logs" / "ray.log"))
     try:
         ctx = _start(state)
+        ctx.stop_requested = stop_requested
         state.loop_started = True
         from telescope_orchestrator.recovery.trainers import TrainersGone
         from telescope_orchestrator.run.loop import training_loop
@@ -124,7 +174,10 @@ def train(
         except (RolloutError, TrainersGone) as err:
             raise TrainError(str(err)) from None
         console.close()
-        console.info(f"[green]finished[/green] {cfg.number_of_steps} steps; records in {run.path}")
+        if ctx.last_step < cfg.number_of_steps:  # asked to stop (``stop_requested``)
+            console.info(f"stopped after step {ctx.last_step} as asked; records in {run.path}")
+        else:
+            console.info(f"[green]finished[/green] {cfg.number_of_steps} steps; records in {run.path}")
         console.info(f"look at the run: telescope ui {run.path.parent}")
         return run.path
     finally:
