@@ -83,3 +83,19 @@ def test_vllm_build_is_an_explicit_extra_with_the_same_pin():
 
 def test_no_lock_files_committed():
     assert not list(ROOT.glob("**/uv.lock"))
+
+
+def test_nothing_outside_the_cli_imports_its_private_modules():
+    """The command line is a thin layer: tests, tools and packages use the orchestrator's public
+    API (or ``telescope_cli.console``, the console), never ``telescope_cli._*`` or its commands."""
+    private = re.compile(
+        r"(?:from|import)\s+telescope_cli\.(?:_\w+|commands)|from\s+telescope_cli\s+import\s+_"
+    )
+    offenders = []
+    for path in ROOT.glob("**/*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in {".hatch", ".git", "build", "dist"} or rel.parts[:2] == ("apps", "cli"):
+            continue
+        if private.search(path.read_text(errors="replace")):
+            offenders.append(str(rel))
+    assert offenders == []
