@@ -315,7 +315,7 @@ def _cached_rows(
         for r in per_file or []
         if r[last] >= start and r[first] <= end
     ]
-    return sorted(picked, key=lambda r: r[first])  # fmt: skip
+    return sorted(picked, key=lambda r: r[first])
 
 
 def _bucket(t: float, start: float, width: float) -> int:

@@ -61,18 +61,39 @@ def _sample_row(
     # a kept group's first sample is wrong (a whole-number 0.0, as in real runs), the rest are partial
     reward = round(rng.random(), 3) if status == "kept" and i % args["group_size"] else 0.0
     return {
-        "attempt": 0, "step": step, "status": status,
+        "attempt": 0,
+        "step": step,
+        "status": status,
         "reason": None if status == "kept" else "zero_advantage",
-        "env": "countdown" if i % 2 else "wordle", "group_id": group, "sample_id": sid, "sample_index": group,
-        "prompt": f"<|user|>Solve problem {group} of step {step}.", "system_prompt": "You are careful.",
-        "prompt_tokens": 12, "completion": text, "completion_tokens": 20, "num_turns": args["turns"],
-        "stop_reason": "stop", "truncated": False, "model_tokens": 18, "reward": reward,
-        "advantage": reward - 0.5, "metrics": {"correct": reward}, "golden_answers": {"correct": str(i % 97)},
-        "tags": {"difficulty": "easy" if i % 3 else "hard"}, "info": "[]", "version_start": step - 1,
-        "version_end": step - 1, "off_policy_steps": 0, "lane": (i // args["servers"]) % args["lanes"],
-        "server": f"http://127.0.0.1:{8000 + i % args['servers']}", "queue_s": 0.01, "generation_s": 1.0,
-        "reward_s": 0.001, "trainer_input": f"ids of {text}" if status == "kept" else None,
-    }  # fmt: skip
+        "env": "countdown" if i % 2 else "wordle",
+        "group_id": group,
+        "sample_id": sid,
+        "sample_index": group,
+        "prompt": f"<|user|>Solve problem {group} of step {step}.",
+        "system_prompt": "You are careful.",
+        "prompt_tokens": 12,
+        "completion": text,
+        "completion_tokens": 20,
+        "num_turns": args["turns"],
+        "stop_reason": "stop",
+        "truncated": False,
+        "model_tokens": 18,
+        "reward": reward,
+        "advantage": reward - 0.5,
+        "metrics": {"correct": reward},
+        "golden_answers": {"correct": str(i % 97)},
+        "tags": {"difficulty": "easy" if i % 3 else "hard"},
+        "info": "[]",
+        "version_start": step - 1,
+        "version_end": step - 1,
+        "off_policy_steps": 0,
+        "lane": (i // args["servers"]) % args["lanes"],
+        "server": f"http://127.0.0.1:{8000 + i % args['servers']}",
+        "queue_s": 0.01,
+        "generation_s": 1.0,
+        "reward_s": 0.001,
+        "trainer_input": f"ids of {text}" if status == "kept" else None,
+    }
 
 
 def _episode(row: dict[str, Any], start: float, turns: int) -> tuple[list[dict[str, Any]], ...]:
@@ -87,17 +108,48 @@ def _episode(row: dict[str, Any], start: float, turns: int) -> tuple[list[dict[s
     out_turns, tools, events = [], [], [event("dispatched", start, start)]
     at = start
     for k in range(turns):
-        out_turns.append({**common, "turn_index": 2 * k, "role": "model", "turn_type": "generation",
-                          "text": text if k == 0 else f"turn {k}", "tokens": 9, "server": server,
-                          "started_at": at, "ended_at": at + 0.8, "stop_reason": "stop"})  # fmt: skip
+        out_turns.append(
+            {
+                **common,
+                "turn_index": 2 * k,
+                "role": "model",
+                "turn_type": "generation",
+                "text": text if k == 0 else f"turn {k}",
+                "tokens": 9,
+                "server": server,
+                "started_at": at,
+                "ended_at": at + 0.8,
+                "stop_reason": "stop",
+            }
+        )
         events.append(event("generation", at, at + 0.8, server=server, turn_index=k))
         if k + 1 < turns:
-            tools.append({**common, "turn_index": k, "call_index": k, "name": "echo", "arguments": '{"x": 1}',
-                          "raw_text": "<tool>echo</tool>", "result": f"echo {k}", "success": True,
-                          "started_at": at + 0.8, "duration_s": 0.05})  # fmt: skip
-            out_turns.append({**common, "turn_index": 2 * k + 1, "role": "env", "turn_type": "tool_result",
-                              "text": f"echo {k}", "tokens": 3,
-                              "started_at": at + 0.8, "ended_at": at + 0.85})  # fmt: skip
+            tools.append(
+                {
+                    **common,
+                    "turn_index": k,
+                    "call_index": k,
+                    "name": "echo",
+                    "arguments": '{"x": 1}',
+                    "raw_text": "<tool>echo</tool>",
+                    "result": f"echo {k}",
+                    "success": True,
+                    "started_at": at + 0.8,
+                    "duration_s": 0.05,
+                }
+            )
+            out_turns.append(
+                {
+                    **common,
+                    "turn_index": 2 * k + 1,
+                    "role": "env",
+                    "turn_type": "tool_result",
+                    "text": f"echo {k}",
+                    "tokens": 3,
+                    "started_at": at + 0.8,
+                    "ended_at": at + 0.85,
+                }
+            )
             events.append(event("tool_execution", at + 0.8, at + 0.85, turn_index=k, detail="echo"))
         at += 0.9
     events.append(event("reward", at, at + 0.001))
@@ -170,26 +222,47 @@ def _metrics(step: int, t0: float, samples: list[dict[str, Any]], args: dict[str
     std = (sum((r - mean) ** 2 for r in kept) / len(kept)) ** 0.5
     groups = args["samples"] // args["group_size"]
     return {
-        "step": step, "time": t0 + args["step_s"], "loss": 1.0 / step, "grad_norm": 0.5,
+        "step": step,
+        "time": t0 + args["step_s"],
+        "loss": 1.0 / step,
+        "grad_norm": 0.5,
         "learning_rate": 3e-5,
-        "reward/mean": mean, "reward/countdown/mean": mean, "reward/wordle/mean": mean / 2,
-        "groups/kept": groups - groups // 4, "groups/discarded": groups // 4, "groups/cancelled": 0,
-        "derived/reward_mean": mean, "derived/reward_std": std,
-        "derived/reward_min": min(kept), "derived/reward_max": max(kept),
-        "derived/discarded/zero_advantage_count": groups // 4, "derived/discarded/max_async_count": 0,
+        "reward/mean": mean,
+        "reward/countdown/mean": mean,
+        "reward/wordle/mean": mean / 2,
+        "groups/kept": groups - groups // 4,
+        "groups/discarded": groups // 4,
+        "groups/cancelled": 0,
+        "derived/reward_mean": mean,
+        "derived/reward_std": std,
+        "derived/reward_min": min(kept),
+        "derived/reward_max": max(kept),
+        "derived/discarded/zero_advantage_count": groups // 4,
+        "derived/discarded/max_async_count": 0,
         "derived/cancelled_count": 0,
-        "timing/step_s": args["step_s"], "kl_divergence_inference": 1e-6,
-    }  # fmt: skip
+        "timing/step_s": args["step_s"],
+        "kl_divergence_inference": 1e-6,
+    }
 
 
 def _evals(folder: Path, step: int, args: dict[str, Any]) -> dict[str, Any]:
     rows = [
-        {"attempt": 0, "step": step, "eval": "digits", "env": "countdown", "sample_index": i,
-         "completion_idx": c, "sample_id": 10_000_000 + step * 100 + i * 2 + c,
-         "prompt": f"eval prompt {i}", "completion": f"eval answer {i}.{c}",
-         "metrics": {"correct": float((i + c) % 2)}, "num_turns": 1}
-        for i in range(args["eval_items"]) for c in range(2)
-    ]  # fmt: skip
+        {
+            "attempt": 0,
+            "step": step,
+            "eval": "digits",
+            "env": "countdown",
+            "sample_index": i,
+            "completion_idx": c,
+            "sample_id": 10_000_000 + step * 100 + i * 2 + c,
+            "prompt": f"eval prompt {i}",
+            "completion": f"eval answer {i}.{c}",
+            "metrics": {"correct": float((i + c) % 2)},
+            "num_turns": 1,
+        }
+        for i in range(args["eval_items"])
+        for c in range(2)
+    ]
     _write(folder, "eval_samples", f"step_{step:06d}-digits.parquet", _cols(rows))
     return {"step": step, "eval/step": step, "eval/digits/correct": 0.5, "eval/digits/pass@2/correct": 1.0}
 

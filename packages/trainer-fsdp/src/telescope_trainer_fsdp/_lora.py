@@ -98,10 +98,14 @@ def adapter_config(settings: dict[str, Any], *, base: str = "") -> dict[str, Any
 
     alpha: Any = float(settings["alpha"])  # PEFT annotates an int; a float scales the same (alpha / r)
     config = LoraConfig(
-        r=int(settings["rank"]), lora_alpha=alpha, lora_dropout=float(settings["dropout"]),
-        target_modules=list(settings["targets"]), bias="none", task_type="CAUSAL_LM",
+        r=int(settings["rank"]),
+        lora_alpha=alpha,
+        lora_dropout=float(settings["dropout"]),
+        target_modules=list(settings["targets"]),
+        bias="none",
+        task_type="CAUSAL_LM",
         base_model_name_or_path=base or None,
-    ).to_dict()  # fmt: skip
+    ).to_dict()
     return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
 
 

@@ -82,17 +82,21 @@ def row_attention(
         if shared == 0:
             root = s
         if shared == 0 or root is None:
-            out.append(F.scaled_dot_product_attention(
-                q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], dropout_p=dropout, is_causal=True, scale=scale
-            ))  # fmt: skip
+            out.append(
+                F.scaled_dot_product_attention(
+                    q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], dropout_p=dropout, is_causal=True, scale=scale
+                )
+            )
             continue
         keys = torch.cat([k[:, :, root : root + shared], k[:, :, s:e]], dim=2)
         values = torch.cat([v[:, :, root : root + shared], v[:, :, s:e]], dim=2)
         # query i sits at position shared + i: it sees the shared prefix and its own first i + 1 tokens
         mask = torch.ones(e - s, shared + e - s, dtype=torch.bool, device=q.device).tril(diagonal=shared)
-        out.append(F.scaled_dot_product_attention(
-            q[:, :, s:e], keys, values, attn_mask=mask, dropout_p=dropout, scale=scale
-        ))  # fmt: skip
+        out.append(
+            F.scaled_dot_product_attention(
+                q[:, :, s:e], keys, values, attn_mask=mask, dropout_p=dropout, scale=scale
+            )
+        )
     return torch.cat(out, dim=2)
 
 

@@ -73,9 +73,10 @@ def load_adapter(
         )
     if response.status_code != 200:
         raise ServerError(
-            url, f"server {url} refused LoRA adapter {name} from {path}: HTTP {response.status_code}: "
+            url,
+            f"server {url} refused LoRA adapter {name} from {path}: HTTP {response.status_code}: "
             f"{response.text[:500]}",
-        )  # fmt: skip
+        )
 
 
 def server_version(url: str, *, timeout_s: float = 10.0) -> int:

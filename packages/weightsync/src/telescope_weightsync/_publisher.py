@@ -260,17 +260,29 @@ class WeightPublisher:
         joins: Calls = {}
         for url in members:
             payload = {
-                "group": name, "host": self.host, "port": port, "rank_offset": offset, "world_size": world,
-                "backend": self.backend, "timeout_s": self.settings.timeout_s, "iface_host": iface,
+                "group": name,
+                "host": self.host,
+                "port": port,
+                "rank_offset": offset,
+                "world_size": world,
+                "backend": self.backend,
+                "timeout_s": self.settings.timeout_s,
+                "iface_host": iface,
                 "prefix": prefix,
-            }  # fmt: skip
+            }
             joins[self._submit(url, "telescope_join", payload, timeout)] = url
             offset += self.tp_sizes[url]
         store = open_store(self.host, port, is_master=False, timeout_s=timeout, prefix=prefix)
         own = self._executor().submit(
-            make_group, store, rank=0, world_size=world, backend=self.backend,
-            timeout_s=timeout, name=name, iface_host=iface,
-        )  # fmt: skip
+            make_group,
+            store,
+            rank=0,
+            world_size=world,
+            backend=self.backend,
+            timeout_s=timeout,
+            name=name,
+            iface_host=iface,
+        )
         failed = _first_error({**joins, own: "trainer"}, timeout)
         if failed is not None:
             url, exc = failed

@@ -112,8 +112,15 @@ def _model_config(model: str) -> dict[str, Any] | None:
         if c.is_file():
             return json.loads(c.read_text(encoding="utf-8"))
     if model == SMOLLM2_ID:  # the offline copy is not converted yet: its known shape
-        return {"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152, "num_attention_heads": 9,
-                "num_key_value_heads": 3, "intermediate_size": 1536, "tie_word_embeddings": True}  # fmt: skip
+        return {
+            "hidden_size": 576,
+            "num_hidden_layers": 30,
+            "vocab_size": 49152,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "intermediate_size": 1536,
+            "tie_word_embeddings": True,
+        }
     return None
 
 

@@ -71,9 +71,17 @@ def _span(
     step: int, name: str, parent: str, depth: int, start: float, end: float, **labels: Any
 ) -> dict[str, Any]:
     """A ``trainer_spans`` row the actor measures itself (weight sync)."""
-    return {"step": step, "name": name, "parent": parent, "depth": depth, "started_at": start,
-            "ended_at": end,
-            "microbatch": -1, "minibatch": -1, "server": labels.get("server", "")}  # fmt: skip
+    return {
+        "step": step,
+        "name": name,
+        "parent": parent,
+        "depth": depth,
+        "started_at": start,
+        "ended_at": end,
+        "microbatch": -1,
+        "minibatch": -1,
+        "server": labels.get("server", ""),
+    }
 
 
 def _span_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -183,8 +191,12 @@ class InferenceServerActor:
             fh.flush()
             subprocess.run(  # returns once the detached reaper has started vLLM
                 [*reaper, "--pid-file", str(pid_file), "--", *cmd],
-                stdout=fh, stderr=subprocess.STDOUT, env=env, check=True, timeout=120,
-            )  # fmt: skip
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+                check=True,
+                timeout=120,
+            )
         url = f"http://{host}:{self.port}"
         self.handle = ServerHandle(self.index, self.port, url, _Detached(pid_file), self.log_path, cmd)
         return url
@@ -281,9 +293,12 @@ class TrainerActor:
 
         assert self.master is not None, "set_master must run before setup"
         os.environ.update(
-            RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-            MASTER_ADDR=self.master[0], MASTER_PORT=str(self.master[1]),
-        )  # fmt: skip
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",
+            MASTER_ADDR=self.master[0],
+            MASTER_PORT=str(self.master[1]),
+        )
         import torch
 
         config = self.config
@@ -297,9 +312,15 @@ class TrainerActor:
         backend = found[config.train_backend].load()
         self.trainer = backend.create_trainer(config, model_path=self.model_path, seed=config.seed)
         t = self.trainer
-        return {"rank": t.rank, "dp_rank": t.dp_rank, "dp_world_size": t.dp_world_size,
-                "broadcast": int(t.is_broadcast_rank), "row_multiple": int(t.row_multiple),
-                "shares_prompts": bool(t.shares_prompts), "threads": threads}  # fmt: skip
+        return {
+            "rank": t.rank,
+            "dp_rank": t.dp_rank,
+            "dp_world_size": t.dp_world_size,
+            "broadcast": int(t.is_broadcast_rank),
+            "row_multiple": int(t.row_multiple),
+            "shares_prompts": bool(t.shares_prompts),
+            "threads": threads,
+        }
 
     def connect_weights(
         self, groups: dict[str, list[str]], settings: PublisherSettings, prefer_loopback: bool = True

@@ -217,20 +217,33 @@ def server_command(
     s = settings
     cpu = s.device == "cpu"
     cmd = [
-        python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(s.model), "--host", s.host, "--port", str(port),
-        "--max-model-len", str(s.max_model_len),
-        "--tensor-parallel-size", str(s.tensor_parallel_size),
-        "--dtype", "float32" if cpu and s.dtype == "auto" else s.dtype,
-        "--scheduling-policy", s.scheduling_policy,
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(s.model),
+        "--host",
+        s.host,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(s.max_model_len),
+        "--tensor-parallel-size",
+        str(s.tensor_parallel_size),
+        "--dtype",
+        "float32" if cpu and s.dtype == "auto" else s.dtype,
+        "--scheduling-policy",
+        s.scheduling_policy,
         "--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching",
-        "--override-generation-config", '{"max_new_tokens": null}',
+        "--override-generation-config",
+        '{"max_new_tokens": null}',
         # logprobs of the distribution tokens are sampled from (after temperature, top-k, top-p),
         # the one the trainer computes with its logits divided by the temperature
-        "--logprobs-mode", LOGPROBS_MODE,
+        "--logprobs-mode",
+        LOGPROBS_MODE,
         # each answer carries the request's queue, prefill and decode times (the record's turns)
         "--enable-per-request-metrics",
-    ]  # fmt: skip
+    ]
     if not cpu:
         cmd += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     if cpu or s.enforce_eager:

@@ -58,8 +58,15 @@ def _gather_infos(actors: Sequence[Any]) -> list[dict[str, Any]]:
         return []
 
 
-def record_setup(run: RunDir, cfg: Any, *, servers: Sequence[Any], trainers: Sequence[Any],
-                 built: Iterable[Any], evals: Any) -> dict[str, int]:  # fmt: skip
+def record_setup(
+    run: RunDir,
+    cfg: Any,
+    *,
+    servers: Sequence[Any],
+    trainers: Sequence[Any],
+    built: Iterable[Any],
+    evals: Any,
+) -> dict[str, int]:
     """Write ``setup``, ``model`` and ``environments`` for this attempt; returns role -> pid of
     every process of the run (for :func:`start_infra`)."""
     from telescope_orchestrator.record.setup import process_setup

@@ -263,14 +263,26 @@ class RunRecords:
         return int(self.writer.attempt)
 
     # ----------------------------------------------------------------------- events
-    def event(self, event: str, step: int | None, *, duration_s: float | None = None, at: float | None = None,
-              **detail: Any) -> None:  # fmt: skip
+    def event(
+        self,
+        event: str,
+        step: int | None,
+        *,
+        duration_s: float | None = None,
+        at: float | None = None,
+        **detail: Any,
+    ) -> None:
         """Log one orchestrator event (written with the step's records); ``step`` None: the step
         the events are next written under."""
         self.events.append(
-            {"step": step, "time": time.time() if at is None else at, "event": event,
-             "duration_s": duration_s, "detail": detail or None}
-        )  # fmt: skip
+            {
+                "step": step,
+                "time": time.time() if at is None else at,
+                "event": event,
+                "duration_s": duration_s,
+                "detail": detail or None,
+            }
+        )
 
     @contextlib.contextmanager
     def phase(self, event: str, step: int | None, **detail: Any) -> Generator[dict[str, Any]]:

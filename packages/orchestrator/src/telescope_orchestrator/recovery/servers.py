@@ -317,8 +317,13 @@ class ServerSupervisor:
             if self.on_restarted is not None:
                 await asyncio.to_thread(self.on_restarted, server.actor)
             log.info("inference server back", server=server.url, version=version, seconds=round(seconds, 1))
-            self.event("server_restarted", server=server.url, attempt=server.restarts, version=version,
-                       seconds=seconds)  # fmt: skip
+            self.event(
+                "server_restarted",
+                server=server.url,
+                attempt=server.restarts,
+                version=version,
+                seconds=seconds,
+            )
             self.say(f"inference server {server.url} is back ({seconds:.0f} s, weights of step {version})")
             return
 
@@ -337,8 +342,9 @@ class ServerSupervisor:
         async with self.lock:
             version = int(self.engine.version)
             groups = self.groups_now(back=server.url)
-            dead = await self._formed({**groups, RESTART_GROUP: [server.url]}, f"the resync of {server.url}",
-                                      retry=True)  # fmt: skip
+            dead = await self._formed(
+                {**groups, RESTART_GROUP: [server.url]}, f"the resync of {server.url}", retry=True
+            )
             if server.url in dead or "" in dead:
                 raise RuntimeError(
                     f"it did not join the weight-sync groups: {dead.get(server.url) or dead['']}"

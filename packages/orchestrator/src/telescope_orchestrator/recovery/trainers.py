@@ -157,8 +157,11 @@ async def dead_ranks(trainers: Sequence[Any]) -> dict[int, str]:
     found = await asyncio.gather(*[why(a) for a in trainers])
     if not any(w is not None and w != "hung" for w in found):
         return {}
-    return {rank: w if w != "hung" else f"did not answer within {PING_S:.0f} s"
-            for rank, w in enumerate(found) if w is not None}  # fmt: skip
+    return {
+        rank: w if w != "hung" else f"did not answer within {PING_S:.0f} s"
+        for rank, w in enumerate(found)
+        if w is not None
+    }
 
 
 @dataclass
@@ -214,35 +217,57 @@ class TrainerRestarts:
         when they are not restarted."""
         self.restarts += 1
         ranks = ", ".join(f"rank {r}: {w}" for r, w in sorted(dead.items()))
-        self.event("trainer_lost", dead={str(r): w for r, w in dead.items()}, during=what,
-                   restarts=self.restarts - 1)  # fmt: skip
+        self.event(
+            "trainer_lost", dead={str(r): w for r, w in dead.items()}, during=what, restarts=self.restarts - 1
+        )
         log.error("trainer ranks died", dead=dead, during=what, restarts=self.restarts - 1)
         limit = int(self.config.trainer_max_restarts)
-        stop = self.why_not or (f"they died {self.restarts} times (trainer_max_restarts: {limit})"
-                                if self.restarts > limit else None)  # fmt: skip
+        stop = self.why_not or (
+            f"they died {self.restarts} times (trainer_max_restarts: {limit})"
+            if self.restarts > limit
+            else None
+        )
         if stop is not None:
             raise TrainersGone(self._report(dead, what, stop))
         self.say(
             f"[yellow]trainer {ranks} during {what}[/yellow]: restarting the trainer ranks from "
             f"{self.point()} ({self.restarts}/{limit})"
         )
-        self.event("trainer_restarting", attempt=self.restarts, from_step=self.restore_step,
-                   checkpoint=self.restore_from, replay=[s for s, _, _ in self.replay.steps])  # fmt: skip
+        self.event(
+            "trainer_restarting",
+            attempt=self.restarts,
+            from_step=self.restore_step,
+            checkpoint=self.restore_from,
+            replay=[s for s, _, _ in self.replay.steps],
+        )
 
     def point(self) -> str:
         return f"the checkpoint of step {self.restore_step}" if self.restore_from else "the base model"
 
     def back(self, seconds: float, diffs: dict[int, float]) -> None:
         worst = max(diffs.values(), default=0.0)
-        self.event("trainer_restarted", attempt=self.restarts, seconds=seconds, from_step=self.restore_step,
-                   replayed=sorted(diffs), replay_max_diff=worst)  # fmt: skip
+        self.event(
+            "trainer_restarted",
+            attempt=self.restarts,
+            seconds=seconds,
+            from_step=self.restore_step,
+            replayed=sorted(diffs),
+            replay_max_diff=worst,
+        )
         log.info(
             "trainer ranks back", seconds=round(seconds, 1), replayed=sorted(diffs), replay_max_diff=worst
         )
         if worst > 1e-4:
             log.warning("a replayed step differs from its record", diffs=diffs)
-        steps = "" if not diffs else (f", step {min(diffs)} trained again" if len(diffs) == 1
-                                      else f", steps {min(diffs)}-{max(diffs)} trained again")  # fmt: skip
+        steps = (
+            ""
+            if not diffs
+            else (
+                f", step {min(diffs)} trained again"
+                if len(diffs) == 1
+                else f", steps {min(diffs)}-{max(diffs)} trained again"
+            )
+        )
         self.say(f"trainer ranks are back ({seconds:.0f} s{steps})")
 
     def _report(self, dead: dict[int, str], what: str, stop: str) -> str:

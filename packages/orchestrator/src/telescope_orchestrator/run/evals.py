@@ -229,8 +229,15 @@ async def run_scheduled_evals(
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning("eval records not written", eval=r.name, step=step, error=error)
-        run.records.event("eval", step, duration_s=time.monotonic() - t0, at=started, eval=r.name,
-                          servers=list(servers), failed=bool(getattr(r, "error", "")))  # fmt: skip
+        run.records.event(
+            "eval",
+            step,
+            duration_s=time.monotonic() - t0,
+            at=started,
+            eval=r.name,
+            servers=list(servers),
+            failed=bool(getattr(r, "error", "")),
+        )
         console.info(console_line(r))
     metrics = {**eval_metrics(results), "eval/step": step} if results else {}
     log.info("evals done", step=step, seconds=round(time.monotonic() - t0, 2), **metrics)

@@ -56,10 +56,14 @@ def needs_sandbox(env: Any) -> bool:
 
 
 def _fail(env_name: str, provider: str, problem: str) -> SandboxSetupError:
-    alternative = "" if provider == DEFAULT_PROVIDER else (
-        f", or run the code on this machine with `provider: local` in the kwargs of {env_name!r} "
-        "(needs bubblewrap: apt-get install bubblewrap)"
-    )  # fmt: skip
+    alternative = (
+        ""
+        if provider == DEFAULT_PROVIDER
+        else (
+            f", or run the code on this machine with `provider: local` in the kwargs of {env_name!r} "
+            "(needs bubblewrap: apt-get install bubblewrap)"
+        )
+    )
     return SandboxSetupError(
         f"environment {env_name!r} needs a sandbox, but provider {provider!r} cannot be used: {problem}. "
         f"Fix: {_fix(provider)}{alternative}."

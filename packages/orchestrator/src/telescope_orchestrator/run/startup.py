@@ -195,30 +195,17 @@ def _start(state: _Run) -> Any:
         resume_from=int(inputs.resume[1]["step"]) if inputs.resume is not None else None,
         flush_every_s=float(cfg.event_upload_interval_seconds),
     )
-    env_for_actors = {
-        "TELESCOPE_RUN_DIR": str(run.path) if cfg.ray_propagate_run_dir else "",
-        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", ""),
-    }
     with console.phase("Ray"):
-        state.cluster.start(run_env={k: v for k, v in env_for_actors.items() if v})
+        state.cluster.start(run_env=_actor_env(cfg, run))
     servers, trainers, infos = _start_workers(state.cluster, resolved, inputs.model_path, run, console)
     log.info("trainer ranks ready", torch_threads=[i["threads"] for i in infos])
     urls = [s["url"] for s in servers]
-    with console.phase("evals and rollout engine"):
-        from telescope_orchestrator.run.sandboxes import SandboxSetupError
-        from telescope_orchestrator.run.wiring import build_engine
-
-        try:
-            engine, client, pad_id, evals, eval_pools = build_engine(
-                cfg, inputs.tokenizer, urls, inputs.built, on_event=on_engine_event(run.records, console)
-            )
-        except SandboxSetupError as err:
-            raise TrainError(str(err)) from None
-        state.sandboxes.extend(eval_pools)
+    engine, client, pad_id, evals = _build_engine(state, inputs, urls)
     from telescope_orchestrator.record.observe import record_setup, start_infra
 
-    pids = record_setup(run, cfg, servers=[s["actor"] for s in servers], trainers=trainers,
-                        built=inputs.built, evals=evals)  # fmt: skip
+    pids = record_setup(
+        run, cfg, servers=[s["actor"] for s in servers], trainers=trainers, built=inputs.built, evals=evals
+    )
     state.infra = start_infra(
         run, pids=pids, urls=urls, interval_s=float(cfg.system_metrics_collection_interval_seconds)
     )
@@ -235,15 +222,56 @@ def _start(state: _Run) -> Any:
     restarts = _trainer_restarts(state, inputs, groups, pids)
     supervisor = _supervisor(state, engine, servers, trainers, evals, pids)
     return LoopContext(
-        config=cfg, engine=engine, client=client, trainers=trainers,
+        config=cfg,
+        engine=engine,
+        client=client,
+        trainers=trainers,
         dp_ranks=[i["dp_rank"] for i in infos],
-        dp_world_size=infos[0]["dp_world_size"], run=run, console=console,
+        dp_world_size=infos[0]["dp_world_size"],
+        run=run,
+        console=console,
         checkpoint_root=run.checkpoints(cfg.checkpoint_dir),
-        start_step=start_step, pad_token_id=pad_id, row_multiple=infos[0]["row_multiple"],
+        start_step=start_step,
+        pad_token_id=pad_id,
+        row_multiple=infos[0]["row_multiple"],
         share_prompts=all(i["shares_prompts"] for i in infos),
-        wandb=state.wandb, evals=evals, sandboxes=state.sandboxes,
-        supervisor=supervisor, trainer_restarts=restarts,
-    )  # fmt: skip
+        wandb=state.wandb,
+        evals=evals,
+        sandboxes=state.sandboxes,
+        supervisor=supervisor,
+        trainer_restarts=restarts,
+    )
+
+
+def _actor_env(cfg: TelescopeConfig, run: RunDir) -> dict[str, str]:
+    """What the run's actors get in their environment besides Ray's own (unset ones left out)."""
+    env = {
+        "TELESCOPE_RUN_DIR": str(run.path) if cfg.ray_propagate_run_dir else "",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", ""),
+    }
+    return {k: v for k, v in env.items() if v}
+
+
+def _build_engine(state: _Run, inputs: _Inputs, urls: list[str]) -> tuple[Any, Any, int, Any]:
+    """The phase "evals and rollout engine": ``(engine, client, pad token id, evals)``; the
+    evals' sandbox pools join ``state.sandboxes``."""
+    from telescope_orchestrator.run.sandboxes import SandboxSetupError
+    from telescope_orchestrator.run.wiring import build_engine
+
+    run, console = state.run, state.console
+    with console.phase("evals and rollout engine"):
+        try:
+            engine, client, pad_id, evals, eval_pools = build_engine(
+                state.resolved.config,
+                inputs.tokenizer,
+                urls,
+                inputs.built,
+                on_event=on_engine_event(run.records, console),
+            )
+        except SandboxSetupError as err:
+            raise TrainError(str(err)) from None
+        state.sandboxes.extend(eval_pools)
+    return engine, client, pad_id, evals
 
 
 def _trainer_restarts(
@@ -271,16 +299,27 @@ def _trainer_restarts(
     def connect(trainers: list[Any], now: dict[str, list[str]] | None) -> None:
         _connect_weights(state.resolved, trainers, groups if now is None else now)
 
-    restarts = TrainerRestarts(config=cfg, place=place, connect=connect, log_dir=log_dir,
-                               event=lambda kind, **detail: run.records.event(kind, None, **detail),
-                               say=state.console.info)  # fmt: skip
+    restarts = TrainerRestarts(
+        config=cfg,
+        place=place,
+        connect=connect,
+        log_dir=log_dir,
+        event=lambda kind, **detail: run.records.event(kind, None, **detail),
+        say=state.console.info,
+    )
     if inputs.resume is not None:
         restarts.restore_from, restarts.restore_step = str(inputs.resume[0]), int(inputs.resume[1]["step"])
     return restarts
 
 
-def _supervisor(state: _Run, engine: Any, servers: list[dict[str, Any]], trainers: list[Any], evals: Any,
-                pids: dict[str, int]) -> Any:  # fmt: skip
+def _supervisor(
+    state: _Run,
+    engine: Any,
+    servers: list[dict[str, Any]],
+    trainers: list[Any],
+    evals: Any,
+    pids: dict[str, int],
+) -> Any:
     """The watcher that restarts dead inference servers (``_supervise``): it tells the evals under
     way of a lost server and the infrastructure sampler of a restarted one's pid, and leaves a
     failure of the trainer ranks to the loop."""
@@ -288,13 +327,18 @@ def _supervisor(state: _Run, engine: Any, servers: list[dict[str, Any]], trainer
     from telescope_orchestrator.recovery.servers import ServerSupervisor
 
     cfg, run = state.resolved.config, state.run
-    groups = weight_groups([s["url"] for s in servers], has_evals=bool(cfg.evals),
-                           eval_num_servers=int(cfg.eval_num_servers))  # fmt: skip
+    groups = weight_groups(
+        [s["url"] for s in servers], has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers)
+    )
     supervisor = ServerSupervisor(
-        engine=engine, servers=[(s["url"], s["actor"]) for s in servers], trainers=trainers, groups=groups,
-        config=cfg, event=lambda kind, **detail: run.records.event(kind, None, **detail),
+        engine=engine,
+        servers=[(s["url"], s["actor"]) for s in servers],
+        trainers=trainers,
+        groups=groups,
+        config=cfg,
+        event=lambda kind, **detail: run.records.event(kind, None, **detail),
         say=state.console.info,
-    )  # fmt: skip
+    )
     supervisor.trainers_dead = lambda: dead_ranks(trainers)
     supervisor.on_lost = evals.server_lost if evals is not None else None
     supervisor.on_restarted = lambda actor: pids.update(local_pids([actor]))

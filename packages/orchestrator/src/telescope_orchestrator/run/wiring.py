@@ -60,9 +60,11 @@ def engine_math(cfg: TelescopeConfig) -> tuple[AdvantageFn, RewardShaping | None
     if not cfg.overlong_penalty_factor > 0:
         return advantage_fn, None
     penalty = functools.partial(
-        overlong_penalty, max_tokens=cfg.max_tokens, buffer_tokens=cfg.overlong_buffer_tokens,
+        overlong_penalty,
+        max_tokens=cfg.max_tokens,
+        buffer_tokens=cfg.overlong_buffer_tokens,
         factor=cfg.overlong_penalty_factor,
-    )  # fmt: skip
+    )
 
     def with_overlong_penalty(sample: Any) -> float:
         return sample.reward + penalty(sample.num_model_tokens)

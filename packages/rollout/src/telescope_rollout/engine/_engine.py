@@ -242,9 +242,11 @@ class RolloutEngine:
             if not self._event_failed:
                 self._event_failed = True
                 log.warning(
-                    "rollout_on_event_failed", kind=kind, error=f"{type(exc).__name__}: {exc}",
+                    "rollout_on_event_failed",
+                    kind=kind,
+                    error=f"{type(exc).__name__}: {exc}",
                     note="further failures of the on_event callback are not logged",
-                )  # fmt: skip
+                )
 
     # ----------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> RolloutEngine:
@@ -416,8 +418,13 @@ class RolloutEngine:
         for group in reversed(victims) if requeue else ():
             self.prompts.put_back(group.prompt)  # reversed: the oldest is handed out first
         if victims:
-            log.info("rollout_groups_cancelled", servers=sorted({g.server for g in victims}),
-                     groups=len(victims), reason=reason, requeued=requeue)  # fmt: skip
+            log.info(
+                "rollout_groups_cancelled",
+                servers=sorted({g.server for g in victims}),
+                groups=len(victims),
+                reason=reason,
+                requeued=requeue,
+            )
         self._wake.set()
 
     async def _unwind(self, victims: list[_GroupRun], timeout_s: float) -> None:
@@ -626,17 +633,24 @@ class RolloutEngine:
         if prompt.env_name not in self._warned_unfit:
             self._warned_unfit.add(prompt.env_name)
             log.warning(
-                "rollout_prompt_too_long", env=prompt.env_name, prompt_tokens=n,
-                max_model_len=s.max_model_len, note="dropped at dispatch; further ones are logged at debug",
-            )  # fmt: skip
+                "rollout_prompt_too_long",
+                env=prompt.env_name,
+                prompt_tokens=n,
+                max_model_len=s.max_model_len,
+                note="dropped at dispatch; further ones are logged at debug",
+            )
         candidates = self._candidates(prompt.env_name)
         streak = self.watch.prompt_unfit(prompt.env_name, prompt.index, n, candidates)
         if streak is not None:
             limit = s.max_consecutive_unfit_prompts
             msg = unfit_message(
-                prompt.env_name, streak, candidates=candidates, max_model_len=s.max_model_len,
-                max_tokens=s.max_tokens, limit=limit,
-            )  # fmt: skip
+                prompt.env_name,
+                streak,
+                candidates=candidates,
+                max_model_len=s.max_model_len,
+                max_tokens=s.max_tokens,
+                limit=limit,
+            )
             raise RolloutError(msg)
         return True
 
@@ -703,9 +717,13 @@ class RolloutEngine:
             env = self.environments[group.prompt.env_name]
             eos = self.eos_token or env.eos_token
             play = Play(
-                self.client, self.settings, self.prompts, eos, on_generated,
+                self.client,
+                self.settings,
+                self.prompts,
+                eos,
+                on_generated,
                 version=lambda: self.server_versions[group.server],
-            )  # fmt: skip
+            )
             failure = await play_sample(env, group.prompt, out, play)
             # Only an unreachable server leaves the pool; a timeout fails its sample alone.
             unreachable = failure if isinstance(failure, ServerUnavailableError) else None
@@ -858,10 +876,11 @@ class RolloutEngine:
         batch = RolloutBatch(self.step, groups, self._discarded, self._cancelled)
         batch.metrics = self._metrics(batch, now)
         self._emit(
-            "batch_assembled", kept=len(groups),
+            "batch_assembled",
+            kept=len(groups),
             discarded=len(batch.discarded) + int(self._stats.get("discarded_unrecorded", 0)),
             cancelled=len(batch.cancelled) + int(self._stats.get("cancelled_unrecorded", 0)),
-        )  # fmt: skip
+        )
         self._discarded, self._cancelled = [], []
         self.step += 1
         self._last_batch_t = now

@@ -99,9 +99,14 @@ async def _generate(
         return None
     try:
         return await client.complete(
-            out.server, ids, max_tokens=budget, sampling=settings.sampling_params(), priority=priority,
-            request_id=request_id, cache_salt=salt,
-        )  # fmt: skip
+            out.server,
+            ids,
+            max_tokens=budget,
+            sampling=settings.sampling_params(),
+            priority=priority,
+            request_id=request_id,
+            cache_salt=salt,
+        )
     except PromptTooLongError as exc:
         if first_turn:
             raise SampleError("prompt_too_long", str(exc)) from exc
@@ -158,9 +163,15 @@ async def _model_turn(
     when it answers (None: the context is exhausted, no turn)."""
     start, version_start, t0 = time.time(), play.version(), time.perf_counter()
     comp = await _generate(
-        play.client, out, ids, play.settings, request_id=request_id, priority=priority, first_turn=first_turn,
+        play.client,
+        out,
+        ids,
+        play.settings,
+        request_id=request_id,
+        priority=priority,
+        first_turn=first_turn,
         salt=play.cache_salt(),
-    )  # fmt: skip
+    )
     if comp is None:
         return None
     timings = dict(comp.timings)

@@ -271,7 +271,12 @@ def unfit_environment(
             streak = watch.prompt_unfit(name, i, tokens, candidates=n)
             if streak is not None:
                 return unfit_message(
-                    name, streak, candidates=len(env), max_model_len=max_model_len, max_tokens=max_tokens,
-                    limit=probe, drawn=False,
-                )  # fmt: skip
+                    name,
+                    streak,
+                    candidates=len(env),
+                    max_model_len=max_model_len,
+                    max_tokens=max_tokens,
+                    limit=probe,
+                    drawn=False,
+                )
     return None

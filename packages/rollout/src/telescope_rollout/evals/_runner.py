@@ -256,8 +256,12 @@ class EvalRunner:
             if len(env) == 0:
                 raise ValueError(f"eval {spec.name!r} loaded no samples; check its dataset and kwargs")
             if spec.num_samples > len(env):
-                log.warning("eval dataset smaller than num_samples: evaluating all of it",
-                            eval=spec.name, asked=spec.num_samples, available=len(env))  # fmt: skip
+                log.warning(
+                    "eval dataset smaller than num_samples: evaluating all of it",
+                    eval=spec.name,
+                    asked=spec.num_samples,
+                    available=len(env),
+                )
             log.info(
                 "eval ready", name=spec.name, samples=len(env), completions=spec.pass_k.completions_per_sample
             )
@@ -277,8 +281,10 @@ class EvalRunner:
             ev = self.environments[spec.name]
             matched = [name for name, env in envs.items() if dataset_key(env) == dataset_key(ev)]
             if not matched:
-                log.warning("separate_eval_samples has no effect: no training environment uses its dataset",
-                            eval=spec.name)  # fmt: skip
+                log.warning(
+                    "separate_eval_samples has no effect: no training environment uses its dataset",
+                    eval=spec.name,
+                )
             for name in matched:
                 held.setdefault(name, set()).update(range(min(len(ev), len(envs[name]))))
         return {name: sorted(indices) for name, indices in held.items()}
@@ -366,8 +372,12 @@ class EvalRunner:
         for metric in dict.fromkeys(named):
             if metric not in reported and (spec.name, metric) not in self._warned:
                 self._warned.add((spec.name, metric))
-                log.warning("pass_k names a metric the eval does not report: no pass metrics for it",
-                            eval=spec.name, metric=metric, reported=reported)  # fmt: skip
+                log.warning(
+                    "pass_k names a metric the eval does not report: no pass metrics for it",
+                    eval=spec.name,
+                    metric=metric,
+                    reported=reported,
+                )
 
     async def _complete(
         self,
@@ -385,8 +395,14 @@ class EvalRunner:
             live = [u for u in urls if u not in health.down]
             k = self._next_id % max(len(live), 1)  # ties go round-robin
             url = min(live[k:] + live[:k], key=lambda u: self._in_flight[u]) if live else urls[0]
-            out = ScoredSample(group_id=prompt.index, sample_id=self._next_id, env_name=spec.name,
-                               prompt_ids=prompt.ids, prompt_text=prompt.text, server=url)  # fmt: skip
+            out = ScoredSample(
+                group_id=prompt.index,
+                sample_id=self._next_id,
+                env_name=spec.name,
+                prompt_ids=prompt.ids,
+                prompt_text=prompt.text,
+                server=url,
+            )
             self._next_id += 1
             out.lane = completion_index
             if not live:
@@ -398,17 +414,26 @@ class EvalRunner:
             try:
                 eos = self.eos_token or env.eos_token
                 play = Play(  # the servers hold step's weights: its prefix-cache salt
-                    self.client, settings, self.prompts, eos, request_prefix=f"eval-{spec.name}-s{step}",
+                    self.client,
+                    settings,
+                    self.prompts,
+                    eos,
+                    request_prefix=f"eval-{spec.name}-s{step}",
                     weights=lambda: step,
-                )  # fmt: skip
+                )
                 failure = await play_sample(env, prompt, out, play)
             finally:
                 self._in_flight[url] -= 1
             reason = health.record(url, failure)
             if reason is not None:
-                log.warning("eval server unreachable: no more eval requests go to it in this run",
-                            eval=spec.name, server=url, left=[u for u in urls if u not in health.down],
-                            reason=reason, error=str(failure)[:300])  # fmt: skip
+                log.warning(
+                    "eval server unreachable: no more eval requests go to it in this run",
+                    eval=spec.name,
+                    server=url,
+                    left=[u for u in urls if u not in health.down],
+                    reason=reason,
+                    error=str(failure)[:300],
+                )
             if out.error:
                 log.warning(
                     "eval completion failed", eval=spec.name, error=out.error, detail=out.error_detail[:300]
@@ -424,6 +449,30 @@ def main_metric(metrics: Iterable[str]) -> str | None:
     """``correct`` when present, else the first metric name in sorted order."""
     names = sorted(metrics)
     return "correct" if "correct" in names else (names[0] if names else None)
+
+
+def _row(
+    spec: EvalSpec, step: int, prompt: PreparedPrompt, index: int, o: ScoredSample, passed: dict[str, float]
+) -> dict[str, Any]:
+    """One completion of an eval as a row (``pass_json``: its item's pass metrics, unless it failed)."""
+    return {
+        "step": step,
+        "eval": spec.name,
+        "sample_index": prompt.index,
+        "completion_index": index,
+        "prompt": prompt.text,
+        "answer": str(prompt.sample.answer),
+        "completion": o.completion_text,
+        "completion_tokens": o.num_model_tokens,
+        "finish_reason": str(o.finish_reason or ""),
+        "num_turns": o.num_turns,
+        "server": o.server,
+        "error": str(o.error or ""),
+        "metrics_json": json.dumps(o.metrics),
+        "pass_json": json.dumps(passed if not o.error else {}),
+        "golden_answers_json": json.dumps(o.golden_answers, default=str),
+        "tags_json": json.dumps(o.sample_tags, default=str),
+    }
 
 
 def aggregate(
@@ -465,16 +514,7 @@ def aggregate(
         for k, v in passed.items():
             pass_sums[k] = pass_sums.get(k, 0.0) + v
             pass_counts[k] = pass_counts.get(k, 0) + 1
-        for c_i, o in enumerate(group):
-            rows.append({
-                "step": step, "eval": spec.name, "sample_index": prompt.index, "completion_index": c_i,
-                "prompt": prompt.text, "answer": str(prompt.sample.answer), "completion": o.completion_text,
-                "completion_tokens": o.num_model_tokens, "finish_reason": str(o.finish_reason or ""),
-                "num_turns": o.num_turns, "server": o.server, "error": str(o.error or ""),
-                "metrics_json": json.dumps(o.metrics), "pass_json": json.dumps(passed if not o.error else {}),
-                "golden_answers_json": json.dumps(o.golden_answers, default=str),
-                "tags_json": json.dumps(o.sample_tags, default=str),
-            })  # fmt: skip
+        rows += [_row(spec, step, prompt, c_i, o, passed) for c_i, o in enumerate(group)]
     n_all = len(prompts) * per_sample
     metrics: dict[str, float] = {
         "samples": float(len(prompts)),
