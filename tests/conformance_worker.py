@@ -24,7 +24,8 @@ warnings.simplefilter("ignore")
 import torch  # noqa: E402
 
 import telescope_config  # noqa: E402
-from telescope_algos import TrainerBackend, TrainingSample, pack_samples  # noqa: E402
+from telescope_algos import TrainingSample, pack_samples  # noqa: E402
+from telescope_algos.backend import TrainerBackend  # noqa: E402
 from telescope_orchestrator.run import checkpoints as ck  # noqa: E402
 
 

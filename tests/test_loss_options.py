@@ -8,7 +8,8 @@ from dataclasses import MISSING, fields
 
 import pytest
 
-from telescope_algos import LossOptions, loss_options
+from telescope_algos import LossOptions
+from telescope_algos.backend import loss_options
 from telescope_config import TelescopeConfig, defaults
 
 

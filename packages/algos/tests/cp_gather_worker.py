@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from telescope_algos import gather_partial, gather_replicated, zigzag_indices
+from telescope_algos.backend import gather_partial, gather_replicated, zigzag_indices
 
 
 def main() -> None:

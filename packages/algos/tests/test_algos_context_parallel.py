@@ -14,17 +14,19 @@ import torch
 
 from telescope_algos import (
     align_to_inputs,
+    label_logprobs_and_entropy,
+    next_token_labels,
+    token_logprobs_and_entropy,
+)
+from telescope_algos._context_parallel import _block_attention
+from telescope_algos.backend import (
     chunk_bounds,
     cu_seqlens,
     gather_order,
-    label_logprobs_and_entropy,
-    next_token_labels,
     packed_attention,
     split_length,
-    token_logprobs_and_entropy,
     zigzag_indices,
 )
-from telescope_algos._context_parallel import _block_attention
 
 
 def test_zigzag_split_by_hand():

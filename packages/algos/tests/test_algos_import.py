@@ -24,4 +24,9 @@ def test_import_loads_no_sibling_and_no_pydantic():
 def test_public_names_exist():
     for name in ta.__all__:
         assert hasattr(ta, name), name
+    for name in ta.backend.__all__:
+        assert hasattr(ta.backend, name), name
+    # the root is the math; what the backends share is in the namespace, not in both
+    assert not set(ta.__all__) & set(ta.backend.__all__)
+    assert len(ta.__all__) <= 50
     assert ta.ALGORITHMS == ("grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo")

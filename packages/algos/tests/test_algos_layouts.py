@@ -195,15 +195,17 @@ def test_token_sum_norm_defaults_and_explicit_denominators():
 
 def test_segments_are_vectorised_and_global():
     pos = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 0, 1, 2, 3]])
-    assert ta.segment_ids_from_position_ids(pos).tolist() == [[0, 0, 0, 1, 1, 2], [3, 3, 4, 4, 4, 4]]
-    seg = ta.find_segments(pos.shape, segment_ids=torch.tensor([[7, 7, 7, 2, 2, 9], [9, 9, 1, 1, 1, 1]]))
+    assert ta.backend.segment_ids_from_position_ids(pos).tolist() == [[0, 0, 0, 1, 1, 2], [3, 3, 4, 4, 4, 4]]
+    seg = ta.backend.find_segments(
+        pos.shape, segment_ids=torch.tensor([[7, 7, 7, 2, 2, 9], [9, 9, 1, 1, 1, 1]])
+    )
     assert seg.ids.tolist() == [[0, 0, 0, 1, 1, 2], [3, 3, 4, 4, 4, 4]]
     assert seg.count == 5
     # a branch (positions that jump back, not to 0) is a sample of its own
-    assert ta.segment_ids_from_position_ids(torch.tensor([[0, 1, 2, 1, 2, 0]])).tolist() == [
+    assert ta.backend.segment_ids_from_position_ids(torch.tensor([[0, 1, 2, 1, 2, 0]])).tolist() == [
         [0, 0, 0, 1, 1, 2]
     ]
     # a row that does not start at position 0 still opens a segment
-    assert ta.segment_ids_from_position_ids(torch.tensor([[3, 4, 0]])).tolist() == [[0, 0, 1]]
-    padded_layout = ta.find_segments((2, 3))
+    assert ta.backend.segment_ids_from_position_ids(torch.tensor([[3, 4, 0]])).tolist() == [[0, 0, 1]]
+    padded_layout = ta.backend.find_segments((2, 3))
     assert padded_layout.ids.tolist() == [[0, 0, 0], [1, 1, 1]]

@@ -194,7 +194,7 @@ def test_shared_prompts_pack_a_group_as_one_root_and_branches():
     assert mb.advantages.tolist() == [[1.0] * 5 + [2.0] * 2 + [3.0] * 3 + [4.0] * 3]
     assert (mb.num_samples, mb.num_tokens) == (4, 6)
     # the loss finds four samples: a branch is a sample of its own
-    assert ta.segment_ids_from_position_ids(mb.position_ids).tolist() == [
+    assert ta.backend.segment_ids_from_position_ids(mb.position_ids).tolist() == [
         [0] * 5 + [1] * 2 + [2] * 3 + [3] * 3
     ]
     # without sharing every sample is whole: 5 + 4 + 5 + 3 = 17 tokens

@@ -13,9 +13,8 @@ import torch
 from torch.testing import assert_close
 
 import telescope_algos as ta
-from telescope_algos import (
-    LossOptions,
-    compute_loss,
+from telescope_algos import LossOptions, compute_loss
+from telescope_algos.backend import (
     loss_options,
     minibatch_groups,
     needs_old_logprobs,
@@ -108,7 +107,8 @@ def test_rng_state_round_trip():
 def test_step_counts_total_tokens_and_samples_per_group():
     import torch.distributed as dist
 
-    from telescope_algos import TrainingSample, pack_samples, step_counts
+    from telescope_algos import TrainingSample, pack_samples
+    from telescope_algos.backend import step_counts
 
     samples = [
         TrainingSample(
@@ -136,19 +136,19 @@ def test_step_counts_total_tokens_and_samples_per_group():
 
 def test_lr_schedule_reads_the_config_and_checks_it_at_once():
     config = SimpleNamespace(lr_scheduler="linear", warmup_steps=2, number_of_steps=6, min_lr_ratio=0.1)
-    schedule = ta.lr_schedule(config)
+    schedule = ta.backend.lr_schedule(config)
     for step in range(8):
         expected = ta.lr_multiplier(step, schedule="linear", warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
         assert schedule(step) == expected
     with pytest.raises(ValueError, match="unknown lr_scheduler"):
-        ta.lr_schedule(
+        ta.backend.lr_schedule(
             SimpleNamespace(lr_scheduler="step", warmup_steps=0, number_of_steps=6, min_lr_ratio=0.0)
         )
 
 
 def test_a_step_without_micro_batches_is_an_error():
     with pytest.raises(ValueError, match="no micro-batches"):
-        ta.check_micro_batches([])
+        ta.backend.check_micro_batches([])
 
 
 def test_micro_batch_loss_is_compute_loss_with_the_group_totals():
@@ -159,9 +159,9 @@ def test_micro_batch_loss_is_compute_loss_with_the_group_totals():
     [[mb]] = ta.pack_samples(samples, seq_len=16)
     logprobs = -torch.rand(1, len(mb), generator=torch.Generator().manual_seed(0))
     entropy = torch.rand(1, len(mb), requires_grad=True)
-    counts = ta.StepCounts(tokens=[40, 7], samples=[9, 2])
+    counts = ta.backend.StepCounts(tokens=[40, 7], samples=[9, 2])
     options = ta.LossOptions(use_tis=True, kl_penalty_tau=0.1)
-    loss, metrics = ta.micro_batch_loss(
+    loss, metrics = ta.backend.micro_batch_loss(
         mb, logprobs, entropy, old_logprobs=None, counts=counts, group=1, max_len=12, options=options
     )
     expected, expected_metrics = ta.compute_loss(
@@ -184,7 +184,7 @@ def test_micro_batch_loss_is_compute_loss_with_the_group_totals():
 
 
 def test_step_log_records_norms_skips_and_timings():
-    log = ta.StepLog()
+    log = ta.backend.StepLog()
     with log.timed("optimizer"):
         log.update(2.0, applied=True)
     with log.timed("optimizer"):
@@ -201,6 +201,8 @@ def test_step_log_records_norms_skips_and_timings():
     assert sorted(timings) == ["timing/optimizer", "timing/step"]
     assert 0.0 <= timings["timing/optimizer"] <= timings["timing/step"]
     assert (
-        ta.StepLog().metrics(learning_rate=1.0, skipped_total=0, device=torch.device("cpu"))["grad_norm"]
+        ta.backend.StepLog().metrics(learning_rate=1.0, skipped_total=0, device=torch.device("cpu"))[
+            "grad_norm"
+        ]
         == 0.0
     )

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from telescope_algos import Span, StepLog, Timeline, nesting_problems
+from telescope_algos.backend import Span, StepLog, Timeline, nesting_problems
 
 
 class FakeClock:

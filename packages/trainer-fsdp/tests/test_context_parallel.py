@@ -14,7 +14,8 @@ import pytest
 import torch
 from fsdp_spawn import one_rank_order, run_ranks
 
-from telescope_algos import MicroBatch, pack_samples, pad_micro_batch, row_multiple
+from telescope_algos import MicroBatch, pack_samples, pad_micro_batch
+from telescope_algos.backend import row_multiple
 from telescope_trainer_fsdp._context_parallel import _ACTIVE, CPLayout, _Active, _cp_attention
 
 CASES = {

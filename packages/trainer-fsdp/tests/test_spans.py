@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 import torch
 
-from telescope_algos import Timeline, nesting_problems, pack_samples
+from telescope_algos import pack_samples
+from telescope_algos.backend import Timeline, nesting_problems
 
 
 def _names(spans) -> Counter:

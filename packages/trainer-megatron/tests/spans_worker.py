@@ -18,7 +18,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from megatron_worker import make_config  # noqa: E402
 
-from telescope_algos import TrainingSample, nesting_problems, pack_samples  # noqa: E402
+from telescope_algos import TrainingSample, pack_samples  # noqa: E402
+from telescope_algos.backend import nesting_problems  # noqa: E402
 from telescope_trainer_megatron import create_trainer  # noqa: E402
 
 

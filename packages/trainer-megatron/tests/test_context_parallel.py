@@ -29,7 +29,8 @@ import torch
 from megatron_spawn import run_ranks
 from safetensors.torch import load_file
 
-from telescope_algos import TrainingSample, chunk_bounds, pack_samples, split_length
+from telescope_algos import TrainingSample, pack_samples
+from telescope_algos.backend import chunk_bounds, split_length
 
 SEQ_LEN, PAD = 50, 5
 BASE = {

@@ -3,15 +3,16 @@
 Advantages (``compute_advantages`` and one function per estimator), the policy loss of every
 algorithm with its modifiers (``compute_loss(LossInputs, LossOptions)`` and one function per policy
 term and modifier), chunked token log-probabilities and entropy, sequence packing into
-micro-batches, the context-parallel split and attention both trainers share, the backend-neutral
-pieces of a train step and its timeline of spans (``Timeline``), and output filters. Depends on
-torch and numpy only; imports no other telescope package. The formulas, in words and with their
-papers: docs/algorithms.md.
+micro-batches, LR schedules and output filters. What the trainer backends share beside the math
+(the ``TrainerBackend`` protocol, train-step pieces, the step's timeline, the context-parallel
+split and attention) is in ``telescope_algos.backend``. Depends on torch and numpy only; imports no
+other telescope package. The formulas, in words and with their papers: docs/algorithms.md.
 
 Every per-token tensor is ``[rows, seq]`` and aligned with ``input_ids``: the value at position t
 describes token t, predicted from positions < t (see ``token_logprobs_and_entropy``).
 """
 
+from telescope_algos import backend
 from telescope_algos.__about__ import __version__
 from telescope_algos._advantages import (
     ALGORITHMS,
@@ -24,16 +25,6 @@ from telescope_algos._advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
     whiten_advantages,
-)
-from telescope_algos._context_parallel import (
-    chunk_bounds,
-    cu_seqlens,
-    gather_order,
-    gather_partial,
-    gather_replicated,
-    packed_attention,
-    split_length,
-    zigzag_indices,
 )
 from telescope_algos._filters import is_gibberish, is_overlong, is_repetitive, overlong_penalty
 from telescope_algos._modifiers import dual_clip, kl_penalty, seq_is_mask, tis_weights
@@ -53,26 +44,7 @@ from telescope_algos._policy_terms import (
     reinforce_policy_loss,
     sapo_policy_loss,
 )
-from telescope_algos._protocol import TrainerBackend
 from telescope_algos._schedule import LR_SCHEDULES, lr_multiplier
-from telescope_algos._segments import Segments, find_segments, segment_ids_from_position_ids
-from telescope_algos._step import (
-    StepCounts,
-    StepLog,
-    check_micro_batches,
-    loss_options,
-    lr_schedule,
-    micro_batch_loss,
-    minibatch_groups,
-    needs_old_logprobs,
-    pad_multiple,
-    rng_state,
-    row_multiple,
-    seed_everything,
-    set_rng_state,
-    step_counts,
-)
-from telescope_algos._timeline import Span, Timeline, nesting_problems
 from telescope_algos._tokens import (
     align_to_inputs,
     label_logprobs_and_entropy,
@@ -129,47 +101,8 @@ __all__ += [
     "token_logprobs_and_entropy",
 ]
 # packing and the sample layout
-__all__ += [
-    "MicroBatch",
-    "Segments",
-    "TrainingSample",
-    "find_segments",
-    "first_fit_decreasing",
-    "pack_samples",
-    "pad_micro_batch",
-    "segment_ids_from_position_ids",
-]
-# context parallel
-__all__ += [
-    "chunk_bounds",
-    "cu_seqlens",
-    "gather_order",
-    "gather_partial",
-    "gather_replicated",
-    "packed_attention",
-    "split_length",
-    "zigzag_indices",
-]
-# train-step helpers
-__all__ += [
-    "LR_SCHEDULES",
-    "StepCounts",
-    "StepLog",
-    "check_micro_batches",
-    "loss_options",
-    "lr_multiplier",
-    "lr_schedule",
-    "micro_batch_loss",
-    "minibatch_groups",
-    "needs_old_logprobs",
-    "pad_multiple",
-    "rng_state",
-    "row_multiple",
-    "seed_everything",
-    "set_rng_state",
-    "step_counts",
-]
-# the step timeline
-__all__ += ["Span", "Timeline", "nesting_problems"]
-# protocol
-__all__ += ["TrainerBackend"]
+__all__ += ["MicroBatch", "TrainingSample", "first_fit_decreasing", "pack_samples", "pad_micro_batch"]
+# LR schedules
+__all__ += ["LR_SCHEDULES", "lr_multiplier"]
+# what the trainer backends share beside the math
+__all__ += ["backend"]

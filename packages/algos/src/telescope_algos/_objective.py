@@ -40,7 +40,7 @@ _GSPO_LOG_RATIO_MAX = 10.0
 class LossOptions:
     """Every setting of :func:`compute_loss` that is not data: the config fields of the same names.
 
-    Build it from a run config with :func:`telescope_algos.loss_options`; the defaults are the
+    Build it from a run config with :func:`telescope_algos.backend.loss_options`; the defaults are the
     config's. ``algorithm`` picks the policy term (:data:`POLICY_TERMS`): grpo, rloo, reinforce_pp and
     dr_grpo use REINFORCE (PPO's clipped surrogate with ``use_ppo_clip``), cispo, gspo and sapo their
     own. ``clip_low``/``clip_high`` bound the ratio of PPO clip, CISPO and GSPO; ``clip_ratio_c`` (None:

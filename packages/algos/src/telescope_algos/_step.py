@@ -9,7 +9,7 @@
   (the ``num_tokens`` / ``num_samples`` of :class:`LossInputs`);
 - :func:`micro_batch_loss`: ``compute_loss`` of one packed micro-batch of such a group;
 - :class:`StepLog`: the grad norms, skipped updates and timings of a step, as its metrics (and its
-  timed blocks as spans of a :class:`~telescope_algos.Timeline`);
+  timed blocks as spans of a :class:`~telescope_algos.backend.Timeline`);
 - :func:`row_multiple`: the length every packed row must be a multiple of for a parallel layout,
   and :func:`pad_multiple`, what the loop pads rows to;
 - :func:`seed_everything`, and :func:`rng_state` / :func:`set_rng_state`: Python, NumPy, torch

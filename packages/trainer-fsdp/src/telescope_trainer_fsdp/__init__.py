@@ -1,7 +1,7 @@
 """telescope-trainer-fsdp: the FSDP2 training backend of Telescope (``train_backend: fsdp``).
 
 ``create_trainer(config)`` loads a Hugging Face causal LM, shards it per decoder layer with FSDP2
-and returns an :class:`FSDPTrainer` implementing ``telescope_algos.TrainerBackend``: exact packed
+and returns an :class:`FSDPTrainer` implementing ``telescope_algos.backend.TrainerBackend``: exact packed
 training (samples sharing a row never attend to each other; each update is the token mean of the
 whole step over micro-batches and ranks), AdamW with clipping and skipped non-finite steps, LR
 schedules, streamed Hugging Face weights for weight sync, and DCP checkpoints written into the

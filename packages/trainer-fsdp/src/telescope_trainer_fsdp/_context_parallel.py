@@ -8,7 +8,7 @@ Per micro-batch (exact; the same computation as cp = 1 up to summation order):
 
 1. The row is padded to a multiple of ``2·cp`` (``telescope_algos.pad_micro_batch`` with the
    trainer's ``row_multiple``: a padding segment without loss tokens) and each rank
-   keeps its zig-zag chunks (``telescope_algos.zigzag_indices``) with their *global* position ids,
+   keeps its zig-zag chunks (``telescope_algos.backend.zigzag_indices``) with their *global* position ids,
    so the model's rotary embeddings are those of the whole row.
 2. Attention is the ``telescope_cp`` implementation registered with transformers: keys and values
    are all-gathered over the cp group (``gather_partial``; the backward sums them back) and each
@@ -33,14 +33,11 @@ from typing import cast
 import torch
 import torch.distributed as dist
 
-from telescope_algos import (
-    MicroBatch,
-    align_to_inputs,
+from telescope_algos import MicroBatch, align_to_inputs, label_logprobs_and_entropy, next_token_labels
+from telescope_algos.backend import (
     cu_seqlens,
     gather_partial,
     gather_replicated,
-    label_logprobs_and_entropy,
-    next_token_labels,
     packed_attention,
     zigzag_indices,
 )

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from telescope_algos import LR_SCHEDULES as SCHEDULES
-from telescope_algos import lr_multiplier, lr_schedule
+from telescope_algos import lr_multiplier
+from telescope_algos.backend import lr_schedule
 
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
@@ -24,7 +25,7 @@ __all__ = ["SCHEDULES", "build_lr_scheduler", "lr_multiplier"]
 def build_lr_scheduler(
     optimizer: torch.optim.Optimizer, config: TelescopeConfig
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A ``LambdaLR`` applying the config's schedule (``telescope_algos.lr_schedule``, which checks
+    """A ``LambdaLR`` applying the config's schedule (``telescope_algos.backend.lr_schedule``, which checks
     it first); ``none`` is a scheduler of constant 1.
 
     Building it sets the optimizer's learning rate to the multiplier of step 0.

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from telescope_algos import Timeline, rng_state, set_rng_state
+from telescope_algos.backend import Timeline, rng_state, set_rng_state
 from telescope_trainer_fsdp import _checkpoint as ck
 
 __all__ = ["load_state", "save_state"]

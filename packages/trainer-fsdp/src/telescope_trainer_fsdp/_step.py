@@ -4,7 +4,7 @@ The backend-neutral pieces (loss options, the π_old decision, minibatch groups,
 counts) are ``telescope_algos``' (``_step`` there), shared with the Megatron backend.
 
 Normalisation: every optimizer update divides its loss by the loss-token count of *its whole
-minibatch group*: every micro-batch of the group on every rank (``telescope_algos.step_counts``,
+minibatch group*: every micro-batch of the group on every rank (``telescope_algos.backend.step_counts``,
 one collective before the micro-batch loop). Summing the micro-batch losses over ranks therefore
 gives the group's token mean, whatever the packing, the split into micro-batches or the number of
 ranks; dummy micro-batches (no loss tokens) change nothing. FSDP averages gradients over ranks, so

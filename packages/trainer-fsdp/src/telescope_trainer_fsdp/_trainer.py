@@ -1,4 +1,4 @@
-"""``FSDPTrainer``: the FSDP2 implementation of ``telescope_algos.TrainerBackend``.
+"""``FSDPTrainer``: the FSDP2 implementation of ``telescope_algos.backend.TrainerBackend``.
 
 One train step (every rank, collectively; the shared pieces are ``telescope_algos``' train-step
 helpers, the ones the Megatron backend uses too):
@@ -16,7 +16,7 @@ helpers, the ones the Megatron backend uses too):
 With ``fsdp_context_parallel_size`` > 1 each row is split over the context-parallel ranks of its
 replica (``_context_parallel``); the counts and sums above then count each replica once.
 
-Spans (``FSDPTrainer.timeline``, a ``telescope_algos.Timeline``; the caller drains it): every step
+Spans (``FSDPTrainer.timeline``, a ``telescope_algos.backend.Timeline``; the caller drains it): every step
 is ``train_step`` with ``prepare`` (padding, the counts), ``old_logprobs`` (a ``forward`` per
 micro-batch), per group ``minibatch`` (label ``minibatch``) with per micro-batch ``microbatch``
 (label ``microbatch``: its index in the step) holding ``forward``, ``loss`` and ``backward``, then
@@ -41,8 +41,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from telescope_algos import (
-    MicroBatch,
+from telescope_algos import MicroBatch, pad_micro_batch
+from telescope_algos.backend import (
     StepCounts,
     StepLog,
     Timeline,
@@ -51,7 +51,6 @@ from telescope_algos import (
     micro_batch_loss,
     minibatch_groups,
     needs_old_logprobs,
-    pad_micro_batch,
     row_multiple,
     seed_everything,
     step_counts,

@@ -1,7 +1,7 @@
 """telescope-trainer-megatron: the Megatron-core training backend of Telescope.
 
 ``create_trainer(config, model_path=None, seed=None, **options)`` returns a :class:`MegatronTrainer`
-implementing ``telescope_algos.TrainerBackend`` (registered as ``megatron`` in the
+implementing ``telescope_algos.backend.TrainerBackend`` (registered as ``megatron`` in the
 ``telescope.trainers`` entry-point group); ``convert_checkpoint(directory, out_dir)`` turns a
 folder its ``save_checkpoint`` wrote into a Hugging Face safetensors folder in a plain process
 (no torch.distributed, no megatron-core). Also public: the Hugging Face ⇄ Megatron weight

@@ -27,7 +27,7 @@ from typing import cast
 
 import torch.distributed as dist
 
-from telescope_algos import gather_partial, packed_attention
+from telescope_algos.backend import gather_partial, packed_attention
 from telescope_trainer_megatron._requirements import require_megatron
 
 require_megatron()

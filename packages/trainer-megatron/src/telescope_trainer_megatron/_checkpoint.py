@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from telescope_algos import rng_state as algos_rng_state
-from telescope_algos import set_rng_state as algos_set_rng_state
+from telescope_algos.backend import rng_state as algos_rng_state
+from telescope_algos.backend import set_rng_state as algos_set_rng_state
 
 __all__ = [
     "BACKEND",
@@ -121,7 +121,7 @@ def set_optimizer_state(optimizer: Any, state: list[dict[str, Any]]) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """``telescope_algos.rng_state`` (Python, NumPy, torch, CUDA) plus megatron's RNG tracker."""
+    """``telescope_algos.backend.rng_state`` (Python, NumPy, torch, CUDA) plus megatron's RNG tracker."""
     return {**algos_rng_state(), "tracker": _rng_tracker().get_states()}
 
 

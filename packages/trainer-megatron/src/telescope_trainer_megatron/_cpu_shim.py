@@ -114,7 +114,7 @@ def _cpu_manual_seed(seed: int) -> None:
 
 def _cpu_pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group: Any) -> torch.Tensor:
     """Megatron's ``get_pos_emb_on_this_cp_rank`` (chunks r and 2·cp−1−r) without CUDA."""
-    from telescope_algos import zigzag_indices
+    from telescope_algos.backend import zigzag_indices
 
     if cp_group is None:
         raise ValueError("cp_group must be provided to get positional embedding per CP rank")

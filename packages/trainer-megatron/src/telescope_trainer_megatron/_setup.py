@@ -19,7 +19,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from telescope_algos import seed_everything
+from telescope_algos.backend import seed_everything
 from telescope_config import TelescopeConfig
 from telescope_trainer_megatron._cpu_shim import cuda_type_names
 from telescope_trainer_megatron._settings import ParallelLayout, torch_dtype

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Generator, Sequence
 
-from telescope_algos import Timeline
+from telescope_algos.backend import Timeline
 
 __all__ = ["MicroBatchSpans"]
 

@@ -1,4 +1,4 @@
-"""``MegatronTrainer``: the ``telescope_algos.TrainerBackend`` protocol on megatron-core.
+"""``MegatronTrainer``: the ``telescope_algos.backend.TrainerBackend`` protocol on megatron-core.
 
 Setup (:func:`create_trainer`, the pieces in ``_setup``; megatron-core is the ``[megatron]`` extra,
 and without it an ImportError names it): process group from the environment (gloo on CPU, NCCL on GPU),
@@ -22,9 +22,9 @@ One ``train_step``: optionally a no-grad pass for the pre-update log-probabiliti
 (``ppo_clip_ref_logprobs: batch``); then the micro-batches are dealt round-robin into
 ``number_of_minibatches`` groups and each group is one optimizer step through Megatron's
 forward-backward schedule (pipelined when PP > 1). Each micro-batch loss is
-``telescope_algos.micro_batch_loss`` (``compute_loss`` with ``num_tokens`` and ``num_samples`` =
+``telescope_algos.backend.micro_batch_loss`` (``compute_loss`` with ``num_tokens`` and ``num_samples`` =
 the loss tokens and the samples of the whole group over every data-parallel rank, one all-gather),
-with the config's ``LossOptions`` (``telescope_algos.loss_options``: each field is the config field
+with the config's ``LossOptions`` (``telescope_algos.backend.loss_options``: each field is the config field
 of that name, the rule the FSDP backend uses too), so gradients are *summed* over
 micro-batches and ranks (``calculate_per_token_loss``) and the result is the group's exact token
 mean (or Dr. GRPO's ``token_sum_norm`` over the group's samples). The step is skipped when the
@@ -50,7 +50,7 @@ the rank of its experts and back; it takes a different token count from every ra
 micro-batches need no common length (on the CPU it runs through ``_cpu_shim``). Every rank must run
 the same number of micro-batches, which each step checks first.
 
-Spans (``MegatronTrainer.timeline``, a ``telescope_algos.Timeline``; the caller drains it): every
+Spans (``MegatronTrainer.timeline``, a ``telescope_algos.backend.Timeline``; the caller drains it): every
 step is ``train_step`` with ``prepare`` (the count check, padding, the counts), ``old_logprobs``,
 per group ``minibatch`` (label ``minibatch``) with the micro-batches of Megatron's schedule
 (``_spans``: without pipeline parallelism ``microbatch`` holding ``forward``, ``loss`` and
@@ -73,12 +73,11 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from telescope_algos import (
-    MicroBatch,
+from telescope_algos import MicroBatch, align_to_inputs, next_token_labels, pad_micro_batch
+from telescope_algos.backend import (
     StepCounts,
     StepLog,
     Timeline,
-    align_to_inputs,
     check_micro_batches,
     cu_seqlens,
     gather_replicated,
@@ -87,8 +86,6 @@ from telescope_algos import (
     micro_batch_loss,
     minibatch_groups,
     needs_old_logprobs,
-    next_token_labels,
-    pad_micro_batch,
     row_multiple,
     step_counts,
     zigzag_indices,

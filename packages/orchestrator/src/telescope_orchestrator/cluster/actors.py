@@ -85,7 +85,7 @@ def _span(
 
 
 def _span_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A ``telescope_algos.Span`` row in the record's column names (``started_at``/``ended_at``)."""
+    """A ``telescope_algos.backend.Span`` row in the record's column names (``started_at``/``ended_at``)."""
     out = dict(row)
     out["started_at"], out["ended_at"] = out.pop("start", None), out.pop("end", None)
     return out

@@ -243,7 +243,8 @@ async def _checkpoint_before_stopping(ctx: LoopContext) -> None:
 
 async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[str, float]]:
     """Pack the step's samples into one list of micro-batches per data-parallel rank and train."""
-    from telescope_algos import pack_samples, pad_multiple
+    from telescope_algos import pack_samples
+    from telescope_algos.backend import pad_multiple
 
     cfg = ctx.config
     shards = pack_samples(
