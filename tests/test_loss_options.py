@@ -11,12 +11,11 @@ import pytest
 from telescope_algos import LossOptions
 from telescope_algos.backend import loss_options
 from telescope_config import TelescopeConfig, defaults
+from telescope_config.testing import make_config
 
 
 def _config(**overrides):
-    return TelescopeConfig.model_validate(
-        {**defaults(), "environments": [{"name": "countdown"}], **overrides}
-    )
+    return make_config(**overrides)
 
 
 def test_every_loss_option_is_a_config_field_with_the_packaged_default():

@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 
 from telescope_config import TelescopeConfig, defaults
+from telescope_config.testing import make_config
 from telescope_weightsync import PublisherSettings
 from telescope_weightsync._settings import CONFIG_FIELDS, DEFAULT_BUCKET_MB
 
@@ -20,7 +21,7 @@ NOT_IN_THE_CONFIG = {"backend"}
 
 
 def _config(**values) -> TelescopeConfig:
-    return TelescopeConfig.model_validate({**defaults(), "environments": [{"name": "countdown"}], **values})
+    return make_config(**values)
 
 
 def test_every_setting_is_mapped_or_knowingly_left_out():

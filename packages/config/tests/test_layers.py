@@ -191,3 +191,14 @@ def test_values_that_are_not_a_mapping_of_names_are_one_problem(values):
     [problem] = bad.value.problems
     assert problem.rule == "the values must be a mapping of field names (strings) to values"
     assert "pass a dict" in problem.fix
+
+
+def test_make_config_is_the_defaults_with_an_environment_and_the_fields_given():
+    from telescope_config.testing import make_config
+
+    cfg = make_config(group_size=4, learning_rate=2e-6)
+    assert (cfg.group_size, cfg.learning_rate) == (4, 2e-6)
+    assert [e.name for e in cfg.environments] == ["countdown"]
+    assert cfg.seq_len == defaults()["seq_len"]
+    with pytest.raises(pydantic.ValidationError, match="lerning_rate"):
+        make_config(lerning_rate=1e-5)  # a misspelled field fails the test that used it

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from telescope_config import TelescopeConfig, defaults
+from telescope_config import TelescopeConfig
+from telescope_config.testing import make_config
 from telescope_orchestrator.run import checks as _checks
 
 
@@ -51,7 +52,7 @@ def test_lora_without_peft_names_the_extra(monkeypatch):
 
 
 def _config(**over) -> TelescopeConfig:
-    return TelescopeConfig.model_validate({**defaults(), "environments": [{"name": "countdown"}], **over})
+    return make_config(**over)
 
 
 def test_top_p_warns_only_with_a_term_that_compares_logprobs():

@@ -18,6 +18,7 @@ import torch
 
 import telescope_config
 from telescope_algos import TrainingSample
+from telescope_config import testing as config_testing
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # the helper modules (fsdp_spawn) of the multi-rank tests
@@ -27,9 +28,7 @@ if _HERE not in sys.path:  # the helper modules (fsdp_spawn) of the multi-rank t
 def make_config(model_dir: Path | str, **overrides) -> telescope_config.TelescopeConfig:
     """A valid config on a tiny local model: 1 rank, fp32 throughout, no LR schedule, grad clip 1."""
     values = {
-        **telescope_config.defaults(),
         "model": str(model_dir),
-        "environments": [{"name": "countdown"}],
         "trainer_num_workers": 1,
         "mixed_precision_dtype": None,
         "learning_rate": 1e-3,
@@ -40,7 +39,7 @@ def make_config(model_dir: Path | str, **overrides) -> telescope_config.Telescop
         "temperature": 1.0,
     }
     values.update(overrides)
-    return telescope_config.TelescopeConfig.model_validate(values)
+    return config_testing.make_config(**values)
 
 
 def make_samples(n: int, *, seed: int, vocab: int = 400, max_completion: int = 14) -> list[TrainingSample]:

@@ -21,6 +21,7 @@ import torch
 from megatron_spawn import run_ranks
 
 import telescope_config
+from telescope_config.testing import make_config
 from telescope_trainer_megatron import convert_checkpoint
 from telescope_trainer_megatron._trainer import _learning_rate
 
@@ -28,14 +29,7 @@ LR = 1e-3
 
 
 def _config(**overrides) -> telescope_config.TelescopeConfig:
-    data = {
-        **telescope_config.defaults(),
-        "environments": [{"name": "countdown"}],
-        "model": "unused",
-        "train_backend": "megatron",
-        **overrides,
-    }
-    return telescope_config.TelescopeConfig.model_validate(data)
+    return make_config(**{"model": "unused", "train_backend": "megatron", **overrides})
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import pytest
 import torch
 from megatron_families import family_config
 
-import telescope_config
 from telescope_config import ConfigError
+from telescope_config.testing import make_config
 from telescope_trainer_megatron import (
     Architecture,
     ParallelLayout,
@@ -21,9 +21,7 @@ from telescope_trainer_megatron import (
 
 
 def _config(**overrides):
-    data = {**telescope_config.defaults(), "environments": [{"name": "countdown"}], "model": "m", **overrides}
-    data["train_backend"] = "megatron"
-    return telescope_config.TelescopeConfig.model_validate(data)
+    return make_config(**{"model": "m", **overrides, "train_backend": "megatron"})
 
 
 LLAMA = Architecture.from_dict(family_config("llama").to_dict())  # 4 heads, 2 kv heads, 2 layers
