@@ -50,6 +50,7 @@ class Parrot(SingleTurnEnvironment):
 
 
 async def main(model_dir: str, servers: list[str], steps: int) -> None:
+    """Run ``steps`` batches of the Parrot environment on ``servers`` and print each."""
     tokenizer = Tokenizer.from_pretrained(model_dir)  # tokenizer.json + chat template, no transformers
     env = Parrot()
     env.load_dataset()

@@ -108,6 +108,7 @@ def extract_last_number(text: str) -> str | None:
 
 
 def normalize_whitespace(text: str) -> str:
+    """``text`` with each run of whitespace as one space, stripped."""
     return _WS.sub(" ", text).strip()
 
 

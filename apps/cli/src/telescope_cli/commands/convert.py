@@ -18,6 +18,7 @@ from telescope_cli._exit import EXIT_INVALID, EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
+    """Convert the checkpoint; 0 done, 1 bad input (module docstring)."""
     from telescope_orchestrator.run.checkpoints import CheckpointError, read_meta
 
     ckpt = Path(args.checkpoint)

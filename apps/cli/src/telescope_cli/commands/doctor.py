@@ -186,6 +186,8 @@ def _memory_report(out: Any, cfg: TelescopeConfig, gpus: list[tuple[str, float]]
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print what this machine can run and the fixes for what it lacks; the exit code says
+    whether it can."""
     from rich.console import Console
 
     out = Console(highlight=False, soft_wrap=True)  # a narrow terminal must not split the lines

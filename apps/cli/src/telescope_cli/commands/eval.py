@@ -16,6 +16,7 @@ from telescope_cli._exit import EXIT_INVALID, EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
+    """Evaluate the checkpoints into their run's record; 0 done, 1 bad input, 130 interrupted."""
     from telescope_orchestrator.run.standalone_eval import EvalError, find_checkpoints, run_dir_of
 
     try:

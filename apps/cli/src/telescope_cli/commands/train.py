@@ -29,6 +29,7 @@ def _debug_override(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Resolve the config and run the job with the console; 0 finished, 1 bad input."""
     from telescope_config import ConfigError, load_config
 
     config_path = args.config or default_run_config()

@@ -13,6 +13,7 @@ from telescope_cli._exit import EXIT_INVALID, EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
+    """Serve the inspector over the run folders until Ctrl-C; 1 for a folder that is not one."""
     from telescope_ui import UiError, check_roots, serve
 
     roots = args.runs or ["runs"]

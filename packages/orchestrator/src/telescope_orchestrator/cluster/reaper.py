@@ -119,6 +119,7 @@ def _reap(cmd: list[str], watch: int | None, pid_file: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
+    """The command line (module docstring): start the command, then watch; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m telescope_orchestrator.cluster.reaper")
     parser.add_argument("--watch", type=int, help="stop the command when this process is gone")
     parser.add_argument("--pid-file", type=Path, required=True)

@@ -52,6 +52,7 @@ class CheckpointError(ValueError):
 
 
 def step_dir(root: str | Path, step: int) -> Path:
+    """The folder of step ``step``'s checkpoint under ``root`` (``step_<N>``)."""
     if step < 0:
         raise ValueError(f"checkpoint step must be >= 0, got {step}")
     return Path(root) / f"step_{step}"

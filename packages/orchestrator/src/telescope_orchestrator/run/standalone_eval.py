@@ -38,6 +38,8 @@ class EvalError(ValueError):
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """One checkpoint to evaluate: its folder, its step and its kind."""
+
     path: Path
     step: int
     native: bool

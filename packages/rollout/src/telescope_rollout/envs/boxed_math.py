@@ -32,6 +32,7 @@ SYSTEM_PROMPT = (
 
 
 def score_math(completion: str, answer: str, eos_token: str = "") -> RewardResult:
+    """Reward 1 when the last ``\\boxed{}`` answer of ``completion`` equals ``answer`` (math-verify)."""
     text = strip_think_tags(strip_eos(completion, eos_token))
     pred = extract_boxed_answer(text)
     ok = verify_math_answer(pred, answer)
@@ -72,6 +73,8 @@ class MathEnv(HubDatasetEnv):
 
 
 class HendrycksMathEnv(MathEnv):
+    """Hendrycks MATH in the genesys format (``hendrycks_math``)."""
+
     dataset = "justus27/math-hendrycks-genesys-format"
 
     def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
@@ -83,6 +86,8 @@ class HendrycksMathEnv(MathEnv):
 
 
 class DapoMathEnv(MathEnv):
+    """DAPO-Math-17k (``dapo_math``)."""
+
     dataset = "BytedTsinghua-SIA/DAPO-Math-17k"
 
     def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
@@ -98,6 +103,8 @@ class DapoMathEnv(MathEnv):
 
 
 class DeepScalerEnv(MathEnv):
+    """DeepScaleR-Preview (``deepscaler``)."""
+
     dataset = "agentica-org/DeepScaleR-Preview-Dataset"
 
     def row_to_sample(self, row: dict[str, Any]) -> Sample | None:

@@ -64,6 +64,8 @@ def safe_eval(expr: str) -> float | None:
 
 
 def format_reward(completion: str) -> float:
+    """1 for ``...</think><answer>ARITHMETIC</answer>`` (the prompt opens the think tag), 0.5 when
+    the answer is not plain arithmetic, 0 without that layout."""
     m = _FORMAT.match("<think>" + completion)
     if not m:
         return 0.0
@@ -71,6 +73,7 @@ def format_reward(completion: str) -> float:
 
 
 def equation_reward(completion: str, nums: list[int], target: float) -> float:
+    """1 when the answer uses each of ``nums`` exactly once and evaluates to ``target``, else 0."""
     answer = extract_answer_tags(completion)
     if answer is None or len(answer) > 200:
         return 0.0

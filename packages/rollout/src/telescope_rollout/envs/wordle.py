@@ -33,6 +33,7 @@ SYSTEM_PROMPT = (
 
 
 def word_list() -> list[str]:
+    """The packaged five-letter words, lower case, sorted."""
     text = resources.files("telescope_rollout.envs").joinpath("data", "wordle_words.txt").read_text("utf-8")
     return sorted({w.strip().lower() for w in text.split() if len(w.strip()) == 5 and w.strip().isalpha()})
 
@@ -54,6 +55,7 @@ def feedback(guess: str, secret: str) -> str:
 
 
 def parse_guess(text: str) -> str | None:
+    """The last guess in ``text`` (outside think tags), lower case, or None."""
     found = _GUESS.findall(strip_think_tags(text)[-5_000:])
     return found[-1].strip().lower() if found else None
 
