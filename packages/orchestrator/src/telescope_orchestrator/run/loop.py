@@ -43,9 +43,13 @@ from telescope_orchestrator.run.waiting import next_batch
 from telescope_rollout import RolloutError
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable
+    from pathlib import Path
 
     from telescope_config import TelescopeConfig
+    from telescope_orchestrator.run.report import Reporter
+    from telescope_rollout import EvalRunner, InferenceClient, RolloutEngine
+    from telescope_sandbox import SandboxPool
 
 __all__ = ["LoopContext", "to_train_samples", "training_loop"]
 
@@ -57,14 +61,15 @@ class LoopContext:
     """Everything the loop needs; built by ``_train`` after the start-up phases."""
 
     config: TelescopeConfig
-    engine: Any
-    client: Any
+    engine: RolloutEngine
+    client: InferenceClient
     trainers: list[Any]
+    """The trainer ranks' actor handles (``cluster.actors.TrainerActor``), in rank order."""
     dp_ranks: list[int]
     dp_world_size: int
     run: RunDir
-    console: Any
-    checkpoint_root: Any
+    console: Reporter
+    checkpoint_root: Path
     start_step: int = 0
     pad_token_id: int = 0
     row_multiple: int = 1
@@ -72,14 +77,14 @@ class LoopContext:
     share_prompts: bool = False
     """Pack a group's shared prompt once (``TrainerBackend.shares_prompts`` on every rank)."""
     wandb: Any = None
-    extra_metrics: dict[str, float] = field(default_factory=dict)
-    evals: Any = None
-    """A telescope_rollout.EvalRunner (datasets loaded), or None when the config lists no evals."""
+    """The W&B run (``wandb.Run``, an optional dependency), or None."""
+    evals: EvalRunner | None = None
+    """The evals' runner (datasets loaded), or None when the config lists no evals."""
     wandb_step: int = 0
     """The last step logged to W&B (evals that end between steps are logged there)."""
     eval_schedule: InTrainingEvals | None = None
     """The run's evals around its steps (set by ``training_loop``)."""
-    sandboxes: list[Any] = field(default_factory=list)
+    sandboxes: list[SandboxPool] = field(default_factory=list)
     """The environments' sandbox pools (``_sandboxes``), closed when the loop ends."""
     records_task: asyncio.Task[None] | None = None
     """The last step's record being written in the background (``_record_step``)."""
