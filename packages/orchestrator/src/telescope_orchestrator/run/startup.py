@@ -220,7 +220,7 @@ def _start(state: _Run) -> Any:
     if cfg.use_wandb:
         state.wandb = _start_wandb(cfg, resolved, run)
     restarts = _trainer_restarts(state, inputs, groups, pids)
-    supervisor = _supervisor(state, engine, servers, trainers, evals, pids)
+    supervisor = _supervisor(state, engine, servers, trainers, evals, pids, groups)
     return LoopContext(
         config=cfg,
         engine=engine,
@@ -319,6 +319,7 @@ def _supervisor(
     trainers: list[Any],
     evals: Any,
     pids: dict[str, int],
+    groups: dict[str, list[str]],
 ) -> Any:
     """The watcher that restarts dead inference servers (``_supervise``): it tells the evals under
     way of a lost server and the infrastructure sampler of a restarted one's pid, and leaves a
@@ -327,9 +328,6 @@ def _supervisor(
     from telescope_orchestrator.recovery.servers import ServerSupervisor
 
     cfg, run = state.resolved.config, state.run
-    groups = weight_groups(
-        [s["url"] for s in servers], has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers)
-    )
     supervisor = ServerSupervisor(
         engine=engine,
         servers=[(s["url"], s["actor"]) for s in servers],
