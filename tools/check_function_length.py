@@ -12,6 +12,7 @@ from ``def`` to the last line of the body, docstring included.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -37,8 +38,12 @@ def long_functions(path: Path, max_lines: int) -> list[tuple[str, int, int]]:
     return found
 
 
+_FMT_MARK = re.compile(r"fmt:\s*(skip|off)")
+
+
 def skipped_formatting(path: Path) -> list[tuple[str, int]]:
-    """``(function name, line)`` of each ``# fmt: skip`` comment inside a function of ``path``."""
+    """``(function name, line)`` of each ``# fmt: skip`` (or ``fmt: off``) comment inside a
+    function of ``path``."""
     import io
     import tokenize
 
@@ -46,7 +51,7 @@ def skipped_formatting(path: Path) -> list[tuple[str, int]]:
     marks = [
         tok.start[0]
         for tok in tokenize.generate_tokens(io.StringIO(text).readline)
-        if tok.type == tokenize.COMMENT and "fmt: skip" in tok.string
+        if tok.type == tokenize.COMMENT and _FMT_MARK.search(tok.string)
     ]
     if not marks:
         return []
@@ -70,7 +75,7 @@ def main() -> int:
     for path in sorted([*ROOT.glob("packages/*/src/**/*.py"), *ROOT.glob("apps/*/src/**/*.py")]):
         rel = path.relative_to(ROOT).as_posix()
         problems += [
-            f"{rel}:{line}: `# fmt: skip` inside {name}: let the formatter lay it out, and split the "
+            f"{rel}:{line}: `# fmt: skip/off` inside {name}: let the formatter lay it out, and split the "
             "function if it then runs past the limit"
             for name, line in skipped_formatting(path)
         ]

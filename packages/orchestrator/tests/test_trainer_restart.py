@@ -1,4 +1,4 @@
-"""Replacing dead trainer ranks (``_trainer_restart`` and the loop's ``_on_trainers``), driven with
+"""Replacing dead trainer ranks (``recovery.trainers`` and the loop's ``_on_trainers``), driven with
 fakes of the rank actors (the real ones, killed in a real run: tests/test_e2e_chaos.py): the kept
 batches pack exactly as trained, which ranks count as dead, when a run stops instead, and the order
 of a restart."""

@@ -1,4 +1,4 @@
-"""telescope-cli: the ``telescope`` command, the composition root of the Telescope packages.
+"""telescope-cli: the ``telescope`` command, a thin command line over telescope-orchestrator.
 
 Nothing imports this package; it imports the others, and only inside the commands that need
 them, so ``telescope --help`` answers instantly.

@@ -7,7 +7,7 @@ plain line instead, flushed at once, with no escape codes::
     step 3/15  reward 0.125  1,234 tok/s  time 12.3 s  async 1
 
 A step that waits long for its batch says how the batch is going (``waiting``): on a terminal in
-the bar's place, updated at each report; otherwise one line at each full report (``_waiting``:
+the bar's place, updated at each report; otherwise one line at each full report (``run.waiting``:
 after 10 s of waiting, then every 30 s with the default ``event_upload_interval_seconds``)::
 
     step 3/15  waiting 25 s: kept 0/2 groups, dropped 14 (zero_advantage 14), 4 in flight; every

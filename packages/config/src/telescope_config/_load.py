@@ -1,4 +1,4 @@
-"""Loading: packaged defaults, then the run YAML, then command-line overrides, then validation.
+"""Loading: packaged defaults, the run YAML, values from Python, command-line overrides, then validation.
 
 Later layers win; dicts deep-merge and lists replace. Every user mistake on the way — a file
 that is missing, unreadable or not YAML, an unknown key, a wrong value, a broken cross-field
@@ -48,8 +48,8 @@ def _mapping(value: object) -> dict[str, Any] | None:
 class ResolvedConfig:
     """A validated config plus where it came from.
 
-    ``user_keys`` are the top-level fields the run YAML or the command line set; ``sources``
-    the layers used, lowest first; ``notes`` the adjustments made (also logged as warnings).
+    ``user_keys`` are the top-level fields the run YAML, the Python values or the command line set;
+    ``sources`` the layers used, lowest first; ``notes`` the adjustments made (also logged as warnings).
     """
 
     config: TelescopeConfig

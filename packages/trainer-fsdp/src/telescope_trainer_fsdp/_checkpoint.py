@@ -1,6 +1,6 @@
 """What the FSDP backend writes into a checkpoint folder (the caller owns the folder and its name).
 
-Inside the folder ``save_checkpoint`` is given (the CLI's ``step_<N>.tmp``, renamed once every
+Inside the folder ``save_checkpoint`` is given (the orchestrator's ``step_<N>.tmp``, renamed once every
 rank returned)::
 
     hf_meta/                 Hugging Face config, generation config and tokenizer files

@@ -1,6 +1,6 @@
 """Checkpoint folder of the Megatron backend: per-rank shards plus a ready Hugging Face folder.
 
-The caller (the CLI) owns the checkpoint *layout around* the folder: its name (``step_N``), the
+The caller (the orchestrator) owns the checkpoint *layout around* the folder: its name (``step_N``), the
 temporary folder renamed once every rank returned, its ``meta.json``, retention and finding the
 latest. ``MegatronTrainer.save_checkpoint(directory)`` writes into exactly ``directory`` (made,
 empty, by the caller) and nothing outside it::

@@ -41,10 +41,10 @@ def run(args: argparse.Namespace) -> int:
     from telescope_orchestrator.cluster.vllm_server import ServerStartError
     from telescope_orchestrator.record.rundir import RunDir
     from telescope_orchestrator.run.standalone_eval import standalone_eval
-    from telescope_orchestrator.run.startup import _sigterm_to_interrupt
+    from telescope_orchestrator.run.startup import sigterm_to_interrupt
     from telescope_records import RecordError
 
-    _sigterm_to_interrupt()  # SIGTERM stops the eval's vLLM server too
+    sigterm_to_interrupt()  # SIGTERM stops the eval's vLLM server too
     console = Console(0, enabled=not args.quiet)
     console.info(f"{len(checkpoints)} checkpoint(s) -> {Path(run_dir)}")
     try:

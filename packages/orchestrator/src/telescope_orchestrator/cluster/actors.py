@@ -1,8 +1,8 @@
 """The two Ray actors of a run: one per vLLM server, one per trainer rank.
 
 ``InferenceServerActor`` holds a server's placement bundle and runs the vLLM command that
-``_vllm.server_command`` builds, as a child process in its own session (so stopping it kills vLLM's
-engine processes too). ``TrainerActor`` is one rank of the trainer world: it creates the backend
+``cluster.vllm_server.server_command`` builds, as a child process in its own session (so stopping it kills
+vLLM's engine processes too). ``TrainerActor`` is one rank of the trainer world: it creates the backend
 named by ``train_backend`` through the ``telescope.trainers`` entry points, runs its collective
 calls, and on the broadcast rank owns the weight publisher.
 """
@@ -133,7 +133,7 @@ def _free_port() -> int:
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class InferenceServerActor:
-    """Runs one vLLM server process, built by ``_vllm.server_command``."""
+    """Runs one vLLM server process, built by ``cluster.vllm_server.server_command``."""
 
     def __init__(
         self,
@@ -302,7 +302,7 @@ class TrainerActor:
         import torch
 
         config = self.config
-        threads = torch.get_num_threads()  # OMP_NUM_THREADS of the actor's environment (_cluster)
+        threads = torch.get_num_threads()  # OMP_NUM_THREADS of the actor's environment (cluster.ray_cluster)
         found = {ep.name: ep for ep in entry_points(group="telescope.trainers")}
         if config.train_backend not in found:
             raise RuntimeError(

@@ -13,14 +13,17 @@ import faulthandler
 import io
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
 __all__ = ["dump_stacks_on_sigusr1"]
 
 
-def dump_stacks_on_sigusr1(path: Path) -> None:
-    """Install the SIGUSR1 handlers; ``path`` is opened once, in append mode, and kept open."""
+def dump_stacks_on_sigusr1(path: Path) -> Callable[[], None]:
+    """Install the SIGUSR1 handlers; ``path`` is opened once, in append mode, and kept open until
+    the returned function removes faulthandler's handler and closes it (the Python handler is the
+    caller's to put back)."""
     out = path.open("a", encoding="utf-8", buffering=1)
 
     def tasks(signum: int, frame: FrameType | None) -> None:
@@ -39,3 +42,9 @@ def dump_stacks_on_sigusr1(path: Path) -> None:
     signal.signal(signal.SIGUSR1, tasks)
     # the threads at once (signal-safe), then the Python handler above once the main thread runs
     faulthandler.register(signal.SIGUSR1, file=out, all_threads=True, chain=True)
+
+    def remove() -> None:
+        faulthandler.unregister(signal.SIGUSR1)
+        out.close()
+
+    return remove

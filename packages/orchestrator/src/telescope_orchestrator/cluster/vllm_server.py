@@ -194,7 +194,7 @@ class ServerSettings:
 
     @classmethod
     def from_config(cls, config: TelescopeConfig | ResolvedConfig, **overrides: Any) -> ServerSettings:
-        """Settings from a ``TelescopeConfig``/``ResolvedConfig``; ``overrides`` win (the CLI gives
+        """Settings from a ``TelescopeConfig``/``ResolvedConfig``; ``overrides`` win (a run gives
         ``model`` as resolved on disk and ``device``)."""
         return cls(**config_values(cls, config, overrides))
 

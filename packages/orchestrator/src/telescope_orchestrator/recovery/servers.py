@@ -106,7 +106,7 @@ class ServerSupervisor:
         self._http: httpx.AsyncClient | None = None
         self._closed = False
         self.trainers_dead: Callable[[], Awaitable[dict[int, str]]] | None = None
-        """Which trainer ranks died (``_trainer_restart.dead_ranks``): a failed update or forming with a
+        """Which trainer ranks died (``recovery.trainers.dead_ranks``): a failed update or forming with a
         dead rank is the trainer's failure, not the servers' (the loop restarts the ranks)."""
         self.on_restarted: Callable[[Any], None] | None = None
         """Told of each server actor whose vLLM was restarted (blocking, run in a thread: the

@@ -5,7 +5,7 @@ A rank counts as dead when a call to the ranks fails and it does not answer a pi
 process is gone, or (only beside a rank that is gone) it is stuck in a collective with the dead
 one. A call that fails while every rank answers is not a death: its error stops the run as before.
 Then, holding the inference supervisor's lock (no server resync meanwhile), the loop
-(``_loop._recover_trainers``):
+(``run.loop._recover_trainers``):
 
 1. stops every rank (a collective with a dead peer never finishes) and places the group again, at
    most ``trainer_max_restarts`` times in a run;
@@ -170,10 +170,10 @@ class TrainerRestarts:
 
     config: Any
     place: Callable[[], list[Any]]
-    """Kill the ranks, place new ones and set them up (blocking; ``_train``)."""
+    """Kill the ranks, place new ones and set them up (blocking; ``run.startup``)."""
     connect: Callable[[list[Any], dict[str, list[str]] | None], None]
     """Form the weight-sync groups between new ranks and the servers given (None: every server;
-    blocking; ``_train``)."""
+    blocking; ``run.startup``)."""
     log_dir: Path
     event: Callable[..., None]
     say: Callable[[str], None]

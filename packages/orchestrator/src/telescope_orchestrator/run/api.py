@@ -59,7 +59,7 @@ class TrainResult:
     """That step's metrics, as in ``metrics.jsonl`` (empty when no step ran, e.g. a finished
     run resumed)."""
     stopped_early: bool = False
-    """True when an ``on_step`` callback raised ``StopTraining``."""
+    """True when an ``on_step`` callback's ``StopTraining`` stopped the run before its last step."""
 
 
 def resolve_config(
@@ -145,7 +145,9 @@ def train(
 
     ``run_dir``: the run directory (default: a new one under ``./runs``, or the checkpoint's run
     when resuming, as the command chooses); ``on_step(metrics)``: called after each step with its
-    metrics (raise ``StopTraining`` to stop there); ``reporter``: what shows the run's progress
+    metrics (raise ``StopTraining`` to stop there; any other exception stops the run as an error,
+    like a crash after that step: its record is written, a checkpoint due at it may not be; the
+    callback runs on the run's event loop, so keep it short); ``reporter``: what shows the run's progress
     (default: nothing; ``telescope_cli.console.Console`` is the command's); ``debug``: debug logs.
     """
     from telescope_orchestrator.run.checks import cpu_torch_conflict
@@ -157,13 +159,11 @@ def train(
     if problem is not None:
         raise TrainError(problem)
     watched = _Watched(reporter if reporter is not None else SilentReporter(), on_step)
-    path = run_train(
+    done = run_train(
         resolved,
         reporter=watched,
         run_dir=None if run_dir is None else str(run_dir),
         debug=debug or bool(resolved.config.debug),
         stop_requested=lambda: watched.stop is not None,
     )
-    last = int(watched.metrics.get("step", 0)) if watched.metrics else 0
-    stopped = watched.stop is not None and last < resolved.config.number_of_steps
-    return TrainResult(path, last, watched.metrics, stopped_early=stopped)
+    return TrainResult(done.run_dir, done.last_step, watched.metrics, stopped_early=done.stopped)

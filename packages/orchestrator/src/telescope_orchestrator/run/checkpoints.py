@@ -1,11 +1,11 @@
 """The checkpoints of a run: layout, atomic commit, ``meta.json``, retention and which to resume.
 
-The CLI owns all of it; a trainer backend only writes its state into the folder it is given
+The orchestrator owns all of it; a trainer backend only writes its state into the folder it is given
 (``TrainerBackend.save_checkpoint(directory)``). Layout under the checkpoint root
 (``<run dir>/checkpoints`` unless ``checkpoint_dir`` is set)::
 
     step_<N>/          N finished training steps (the weights of weight version N)
-      meta.json        written last, by the CLI: backend and its facts, step, time, base model,
+      meta.json        written last, by the driver: backend and its facts, step, time, base model,
                        config hash, training_state, extra_state (the rollout engine's state)
       ...              whatever the backend wrote (weights, optimizer, RNG, an HF folder, ...)
     step_<N>.tmp/      a checkpoint being written: every rank writes here, and it is renamed to

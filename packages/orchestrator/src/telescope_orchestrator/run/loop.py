@@ -7,17 +7,17 @@
     publish weights (version = step)                 # telescope-weightsync, servers keep generating
     engine.weights_updated(version)                  # resumes paused dispatch, counts off-policy steps
     write the step's metrics line and records (docs/records.md), then its checkpoint (when due)
-    evals due after this step                        # telescope-rollout EvalRunner, see _eval_schedule
+    evals due after this step                        # telescope-rollout EvalRunner, see run.evals
 
 Periodic evals run in the background on drained eval servers while training goes on; meanwhile
-weights go to the ``training_only`` group (see ``_eval_schedule``). A step's records and checkpoint are
+weights go to the ``training_only`` group (see ``run.evals``). A step's records and checkpoint are
 written before any eval of it runs, and once its trainers have stepped its records are written
 whatever happens next (a failed publish, Ctrl-C while waiting for a running eval): an eval never
-costs a trained step. Eval failures are recorded and training goes on (see ``_eval_schedule``).
+costs a trained step. Eval failures are recorded and training goes on (see ``run.evals``).
 
 A trainer rank that dies is replaced: the step's training, weight update or checkpoint goes again
 on new ranks that loaded the last checkpoint and trained again on the steps since
-(``_trainer_restart``); no step is recorded twice.
+(``recovery.trainers``); no step is recorded twice.
 
 Steps are counted from 1 in metrics, rollouts and checkpoints (``step_N`` holds N finished steps);
 the weight version after step N is N, the base model is version 0.
@@ -58,7 +58,7 @@ log = structlog.get_logger()
 
 @dataclass
 class LoopContext:
-    """Everything the loop needs; built by ``_train`` after the start-up phases."""
+    """Everything the loop needs; built by ``run.startup`` after the start-up phases."""
 
     config: TelescopeConfig
     engine: RolloutEngine
@@ -85,17 +85,20 @@ class LoopContext:
     eval_schedule: InTrainingEvals | None = None
     """The run's evals around its steps (set by ``training_loop``)."""
     sandboxes: list[SandboxPool] = field(default_factory=list)
-    """The environments' sandbox pools (``_sandboxes``), closed when the loop ends."""
+    """The environments' sandbox pools (``run.sandboxes``), closed when the loop ends."""
     records_task: asyncio.Task[None] | None = None
     """The last step's record being written in the background (``_record_step``)."""
     supervisor: ServerSupervisor | None = None
-    """Restarts dead inference servers (``_supervise``); None: a dead server stays dead."""
+    """Restarts dead inference servers (``recovery.servers``); None: a dead server stays dead."""
     last_step: int = 0
     """The last step trained, published and recorded."""
     trainer_restarts: TrainerRestarts | None = None
-    """Replaces dead trainer ranks (``_trainer_restart``); None: a dead rank's error stops the run."""
+    """Replaces dead trainer ranks (``recovery.trainers``); None: a dead rank's error stops the run."""
     stop_requested: Callable[[], bool] = lambda: False
-    """Asked after each step: true stops the run there, with a checkpoint of that step."""
+    """Asked after each step: true stops the run there (with a checkpoint of that step when
+    checkpoints are on; the evals under way are cancelled and no final eval runs)."""
+    stopped: bool = False
+    """Set when ``stop_requested`` stopped the run before its last step."""
 
 
 def _filtered(s: Any, config: TelescopeConfig) -> dict[str, bool]:
@@ -199,7 +202,7 @@ async def training_loop(ctx: LoopContext) -> None:
     """Baseline evals, then steps ``start_step + 1 .. number_of_steps`` (engine started and stopped here)."""
     evals = ctx.eval_schedule = InTrainingEvals(ctx)
     records = ctx.run.records
-    ctx.wandb_step = ctx.start_step
+    ctx.wandb_step = ctx.last_step = ctx.start_step
     ctx.console.start_training(ctx.start_step)
     if ctx.start_step:
         ctx.engine.weights_updated(ctx.start_step)  # resumed: the servers hold that step's weights
@@ -215,7 +218,9 @@ async def training_loop(ctx: LoopContext) -> None:
                     for step in range(ctx.start_step + 1, ctx.config.number_of_steps + 1):
                         await _step(ctx, evals, step)
                         if step < ctx.config.number_of_steps and ctx.stop_requested():
-                            await _checkpoint_before_stopping(ctx)
+                            ctx.stopped = True
+                            if ctx.config.checkpoint_every:  # checkpoints on: one of this step
+                                await _checkpoint_before_stopping(ctx)
                             break
                 except RolloutError:  # servers gone, hopeless input: keep what was trained, then stop
                     await _checkpoint_before_stopping(ctx)
@@ -270,7 +275,7 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
     batch = await next_batch(ctx, step)  # ctx.engine.next_batch(), saying how it goes while it waits
     t_rollout = time.monotonic() - t0
     # the trainer holds the weights of the pool's version outside this block (a restarted server's
-    # resync sends them: _supervise)
+    # resync sends them: recovery.servers)
     async with ctx.supervisor.lock if ctx.supervisor is not None else contextlib.nullcontext():
         metrics = await _train_and_publish(ctx, evals, step, batch, {"timing/rollout_wait_s": t_rollout})
     metrics["timing/step_s"] = time.monotonic() - t0
@@ -361,7 +366,7 @@ async def _on_trainers(
     ctx: LoopContext, what: str, call: Callable[[], Awaitable[Any]], *, locked: bool = True
 ) -> Any:
     """``call()``; when a trainer rank died in it, the ranks are restarted and it goes again
-    (``_trainer_restart``). ``locked``: the caller holds the supervisor's lock."""
+    (``recovery.trainers``). ``locked``: the caller holds the supervisor's lock."""
     dead: dict[int, str] = {}
     while True:
         try:
@@ -391,7 +396,7 @@ async def _on_trainers(
 
 async def _recover_trainers(ctx: LoopContext, dead: dict[int, str], what: str) -> None:
     """New trainer ranks where the dead ones were: placed, the restore point loaded, the steps since
-    trained again, the weight-sync groups formed (see ``_trainer_restart``)."""
+    trained again, the weight-sync groups formed (see ``recovery.trainers``)."""
     rt = ctx.trainer_restarts
     assert rt is not None
     rt.lost(dead, what)  # raises when they are not restarted
@@ -486,7 +491,7 @@ def _write_step(
 async def save_checkpoint(ctx: LoopContext, step: int) -> Any:
     """``step_<step>`` under the checkpoint root: every rank writes into one temporary folder, then
     the folder gets its ``meta.json`` (with the engine's state) and its name, then retention runs
-    (layout and rules: ``_checkpoints``)."""
+    (layout and rules: ``run.checkpoints``)."""
     import hashlib
 
     from telescope_orchestrator.run import checkpoints as ck

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from telescope_config import ResolvedConfig, TelescopeConfig
     from telescope_orchestrator.run.report import Reporter
 
-__all__ = ["TrainError", "train"]
+__all__ = ["Finished", "TrainError", "sigterm_to_interrupt", "train"]
 
 log = structlog.get_logger()
 WEIGHTSYNC_EXTENSION = "telescope_weightsync.vllm_worker.WeightReceiver"
@@ -43,7 +43,20 @@ class TrainError(RuntimeError):
     """A run could not start or continue; the message says what to do."""
 
 
-def _sigterm_to_interrupt() -> None:
+@dataclass(frozen=True)
+class Finished:
+    """How a run that ended without an error went."""
+
+    run_dir: Path
+    last_step: int
+    """The last step trained (a resumed run that had finished: its checkpoint's step)."""
+    stopped: bool
+    """True when ``stop_requested`` stopped it before its last step."""
+
+
+def sigterm_to_interrupt() -> None:
+    """SIGTERM raises ``KeyboardInterrupt`` in the main thread: a stop goes the way of Ctrl-C."""
+
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
@@ -68,49 +81,83 @@ _RUN_VARIABLES = ("TELESCOPE_RUN_DIR", "TELESCOPE_RUN_ID")
 def _driver_scope(run: RunDir, debug: bool) -> Iterator[None]:
     """What a run changes in the driver's process, put back when it ends (a Python program may
     train again): the run's environment markers, the guard, file logging, SIGTERM as Ctrl-C and
-    SIGUSR1 stack dumps (signal handlers only from the main thread, where Python allows them)."""
-    import logging
+    SIGUSR1 stack dumps (signal handlers only from the main thread, where Python allows them).
+    Each change is undone in reverse order, also when a later one fails."""
     import threading
 
     from telescope_orchestrator.cluster.stacks import dump_stacks_on_sigusr1
-    from telescope_orchestrator.record.logging import configure_logging
 
-    saved_env = {name: os.environ.get(name) for name in _RUN_VARIABLES}
-    main = threading.current_thread() is threading.main_thread()
-    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)} if main else {}
-    saved_structlog, root = structlog.get_config(), logging.getLogger()
-    saved_handlers, saved_level = list(root.handlers), root.level
-    # every process of the run (Ray daemons, actors, vLLM) inherits this: tests and users find them by it
-    os.environ["TELESCOPE_RUN_DIR"] = str(run.path)
-    # ... and this marker, unique to this launch: the guard stops them all should the driver be killed
-    os.environ["TELESCOPE_RUN_ID"] = run_id = uuid.uuid4().hex
-    guard = start_guard(
-        f"TELESCOPE_RUN_ID={run_id}",
-        log_file=run.path / "logs" / "guard.log",
-        stop_file=Path(tempfile.gettempdir()) / f"telescope-guard-{run_id}.stop",
-    )
-    log_file = run.log_file.open("a", encoding="utf-8", buffering=1)
-    # structured JSON logs of the driver into the run directory; the console keeps phases only
-    configure_logging(debug=debug, file=log_file)
-    if main:
-        _sigterm_to_interrupt()
-        dump_stacks_on_sigusr1(run.path / "logs" / "stacks.txt")
+    with contextlib.ExitStack() as undo:
+        undo.enter_context(_environment(_RUN_VARIABLES))
+        # every process of the run (Ray daemons, actors, vLLM) inherits this: tests and users find them by it
+        os.environ["TELESCOPE_RUN_DIR"] = str(run.path)
+        # ... and this marker, unique to this launch: the guard stops them all should the driver be killed
+        os.environ["TELESCOPE_RUN_ID"] = run_id = uuid.uuid4().hex
+        guard = start_guard(
+            f"TELESCOPE_RUN_ID={run_id}",
+            log_file=run.path / "logs" / "guard.log",
+            stop_file=Path(tempfile.gettempdir()) / f"telescope-guard-{run_id}.stop",
+        )
+        if guard is not None:
+            undo.callback(guard.stop)
+        # structured JSON logs of the driver into the run directory; the console keeps phases only
+        undo.enter_context(_file_logging(run, debug))
+        if threading.current_thread() is threading.main_thread():
+            undo.enter_context(_signal_handlers((signal.SIGTERM, signal.SIGUSR1)))
+            sigterm_to_interrupt()
+            undo.callback(dump_stacks_on_sigusr1(run.path / "logs" / "stacks.txt"))
+        yield
+
+
+@contextlib.contextmanager
+def _environment(names: tuple[str, ...]) -> Iterator[None]:
+    """Put the variables ``names`` back as they were (set or not) on the way out."""
+    saved = {name: os.environ.get(name) for name in names}
     try:
         yield
     finally:
-        if guard is not None:
-            guard.stop()
-        for sig, handler in saved_signals.items():
-            signal.signal(sig, handler)
-        structlog.configure(**saved_structlog)
-        root.handlers[:] = saved_handlers
-        root.setLevel(saved_level)
-        log_file.close()
-        for name, value in saved_env.items():
+        for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _signal_handlers(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """Put the Python handlers of ``signals`` back on the way out (one set from C is left alone)."""
+    saved = {s: signal.getsignal(s) for s in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _file_logging(run: RunDir, debug: bool) -> Iterator[None]:
+    """The driver's logs into ``logs/telescope.jsonl`` while the run lasts; the program's own
+    logging (structlog, the root logger's handlers and level, the noisy libraries' levels) is
+    set aside, not closed, and put back on the way out."""
+    import logging
+
+    from telescope_orchestrator.record.logging import NOISY, configure_logging
+
+    saved_structlog, root = structlog.get_config(), logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
+    saved_noisy = {name: logging.getLogger(name).level for name in NOISY}
+    root.handlers[:] = []  # configure_logging replaces the root's handlers: these are not its to close
+    with run.log_file.open("a", encoding="utf-8", buffering=1) as log_file:
+        try:
+            configure_logging(debug=debug, file=log_file)
+            yield
+        finally:
+            structlog.configure(**saved_structlog)
+            root.handlers[:] = saved_handlers
+            root.setLevel(saved_level)
+            for name, level in saved_noisy.items():
+                logging.getLogger(name).setLevel(level)
 
 
 @dataclass
@@ -126,7 +173,7 @@ class _Run:
     wandb: Any = None
     loop_started: bool = False
     infra: Any = None
-    """The infrastructure sampler (``_observe.start_infra``), stopped on the way out."""
+    """The infrastructure sampler (``record.observe.start_infra``), stopped on the way out."""
 
 
 def train(
@@ -136,10 +183,11 @@ def train(
     run_dir: str | None = None,
     debug: bool = False,
     stop_requested: Callable[[], bool] | None = None,
-) -> Path:
-    """Run a whole training job from a resolved config; returns the run directory. ``reporter``
-    hears of the phases and steps (the command line's console, or ``run.report.SilentReporter``);
-    ``stop_requested`` is asked after each step, and true stops the run there (checkpointed)."""
+) -> Finished:
+    """Run a whole training job from a resolved config; returns where and how far it went.
+    ``reporter`` hears of the phases and steps (the command line's console, or
+    ``run.report.SilentReporter``); ``stop_requested`` is asked after each step, and true stops
+    the run there (``LoopContext.stop_requested``)."""
     cfg = resolved.config
     if cfg.use_wandb:
         _wandb_mode()  # a bad WANDB_MODE fails now, not after every process started
@@ -150,7 +198,7 @@ def train(
 
 def _train(
     resolved: ResolvedConfig, run: RunDir, console: Reporter, stop_requested: Callable[[], bool]
-) -> Path:
+) -> Finished:
     """Start-up, the loop and the stop, in the driver's scope (``train``)."""
     from telescope_orchestrator.cluster.ray_cluster import Cluster
 
@@ -174,12 +222,12 @@ def _train(
         except (RolloutError, TrainersGone) as err:
             raise TrainError(str(err)) from None
         console.close()
-        if ctx.last_step < cfg.number_of_steps:  # asked to stop (``stop_requested``)
+        if ctx.stopped:
             console.info(f"stopped after step {ctx.last_step} as asked; records in {run.path}")
         else:
             console.info(f"[green]finished[/green] {cfg.number_of_steps} steps; records in {run.path}")
         console.info(f"look at the run: telescope ui {run.path.parent}")
-        return run.path
+        return Finished(run.path, ctx.last_step, ctx.stopped)
     finally:
         _stop(state)
 
@@ -277,7 +325,7 @@ def _build_engine(state: _Run, inputs: _Inputs, urls: list[str]) -> tuple[Any, A
 def _trainer_restarts(
     state: _Run, inputs: _Inputs, groups: dict[str, list[str]], pids: dict[str, int]
 ) -> Any:
-    """What restarting dead trainer ranks takes (``_trainer_restart``): placing them again (their
+    """What restarting dead trainer ranks takes (``recovery.trainers``): placing them again (their
     new pids go to the infrastructure sampler's ``pids``), forming their weight-sync groups
     (``groups`` less the servers that are out), the restore point."""
     import ray
@@ -321,7 +369,7 @@ def _supervisor(
     pids: dict[str, int],
     groups: dict[str, list[str]],
 ) -> Any:
-    """The watcher that restarts dead inference servers (``_supervise``): it tells the evals under
+    """The watcher that restarts dead inference servers (``recovery.servers``): it tells the evals under
     way of a lost server and the infrastructure sampler of a restarted one's pid, and leaves a
     failure of the trainer ranks to the loop."""
     from telescope_orchestrator.record.observe import local_pids
@@ -606,7 +654,7 @@ def _start_wandb(cfg: TelescopeConfig, resolved: ResolvedConfig, run: RunDir) ->
         import wandb
     except ImportError as exc:
         raise TrainError(
-            "use_wandb is true but wandb is not installed: pip install 'telescope-cli[wandb]'"
+            "use_wandb is true but wandb is not installed: pip install 'telescope-orchestrator[wandb]'"
         ) from exc
     from telescope_orchestrator.record.setup import process_setup
 
@@ -638,11 +686,12 @@ def _start_wandb(cfg: TelescopeConfig, resolved: ResolvedConfig, run: RunDir) ->
 
 
 def _version_tags(setup: dict[str, Any]) -> list[str]:
-    """``version:<telescope-cli version>``, ``commit:<sha>`` (when known) and the record format."""
+    """``version:<telescope-orchestrator version>``, ``commit:<sha>`` (when known) and the record
+    format."""
     from telescope_records import FORMAT_VERSION
 
     versions = setup.get("versions") or {}
-    tags = [f"version:{versions.get('telescope-cli', '')}", f"records_format:{FORMAT_VERSION}"]
+    tags = [f"version:{versions.get('telescope-orchestrator', '')}", f"records_format:{FORMAT_VERSION}"]
     if setup.get("git_commit"):
         tags.append(f"commit:{str(setup['git_commit'])[:12]}")
     return [t[:64] for t in tags]  # W&B's tag length limit

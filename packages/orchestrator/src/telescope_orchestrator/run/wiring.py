@@ -80,7 +80,7 @@ def build_training_environments(cfg: TelescopeConfig) -> tuple[list[Any], list[A
     """The config's environments (datasets not loaded yet) and the sandbox pools given to them.
 
     Runs before any server starts, so an unknown environment or a sandbox provider that cannot
-    work fails in seconds (``_sandboxes.SandboxSetupError``).
+    work fails in seconds (``run.sandboxes.SandboxSetupError``).
     """
     from telescope_orchestrator.run.sandboxes import attach_sandboxes
     from telescope_rollout import build_environments
