@@ -55,7 +55,7 @@ def test_process_setup_fields() -> None:
 def test_versions_come_from_metadata_without_importing() -> None:
     versions = package_versions()
     assert {"torch", "vllm", "transformers", "ray"} <= set(versions)
-    assert versions["telescope-cli"]
+    assert versions["telescope-orchestrator"]
     assert versions["telescope-rollout"]
     import importlib.util
 
