@@ -11,14 +11,25 @@ layers contract):
 - ``record``: what a run writes and measures: the run directory, records, derived metrics, infra.
 
 ``docs/architecture.md`` draws them.
+
+The names below are imported on first use: the guard and the reaper run as
+``python -m telescope_orchestrator.cluster.<module>``, and a root that imported the run would
+import them before ``runpy`` runs them (a warning on every run's console, and a slower start).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from telescope_orchestrator.__about__ import __version__
-from telescope_orchestrator.record.logging import configure_logging
-from telescope_orchestrator.record.rundir import RunDirError
-from telescope_orchestrator.run.api import StopTraining, TrainResult, resolve_config, train
-from telescope_orchestrator.run.report import Reporter, SilentReporter
-from telescope_orchestrator.run.startup import TrainError
+
+if TYPE_CHECKING:
+    from telescope_orchestrator.record.logging import configure_logging
+    from telescope_orchestrator.record.rundir import RunDirError
+    from telescope_orchestrator.run.api import StopTraining, TrainResult, resolve_config, train
+    from telescope_orchestrator.run.report import Reporter, SilentReporter
+    from telescope_orchestrator.run.startup import TrainError
 
 __all__ = [
     "__version__",
@@ -36,3 +47,30 @@ __all__ = [
     # the one place that configures logging
     "configure_logging",
 ]
+
+_HOMES = {
+    "train": "run.api",
+    "resolve_config": "run.api",
+    "TrainResult": "run.api",
+    "StopTraining": "run.api",
+    "Reporter": "run.report",
+    "SilentReporter": "run.report",
+    "TrainError": "run.startup",
+    "RunDirError": "record.rundir",
+    "configure_logging": "record.logging",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use (module docstring)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'telescope_orchestrator' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"telescope_orchestrator.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The public names, for ``dir()`` and completion."""
+    return sorted(set(globals()) | set(__all__))
