@@ -140,3 +140,20 @@ def test_resuming_from_an_earlier_step_sets_the_later_checkpoints_aside(tmp_path
     assert sorted(p.name for p in moved) == ["step_4.abandoned", "step_6.abandoned2"]
     assert [s for s, _ in list_checkpoints(tmp_path)] == [2]
     assert find_checkpoint(tmp_path) == tmp_path / "step_2"
+
+
+def test_convert_says_what_is_wrong_with_a_folder_it_cannot_convert(tmp_path):
+    from telescope_orchestrator import CheckpointError, convert_checkpoint
+
+    with pytest.raises(CheckpointError, match=r"is not a checkpoint \(no meta\.json\)"):
+        convert_checkpoint(tmp_path, tmp_path / "out")
+    (tmp_path / "meta.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"meta\.json is not JSON .*: the checkpoint is damaged"):
+        convert_checkpoint(tmp_path, tmp_path / "out")
+    (tmp_path / "meta.json").write_text(json.dumps({"step": 1, "backend": "jax"}))
+    with pytest.raises(CheckpointError, match="the 'jax' backend, which is not installed; installed: fsdp"):
+        convert_checkpoint(tmp_path, tmp_path / "out")
+    (tmp_path / "meta.json").write_text(json.dumps({"step": 1, "backend": "fsdp"}))
+    with pytest.raises(CheckpointError, match="could not be converted"):  # no weights in it
+        convert_checkpoint(tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -13,9 +13,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from telescope_orchestrator.record.lines import MetricsLines
 from telescope_orchestrator.record.rundir import RunDir
-from telescope_orchestrator.run.evals import EvalPlan, console_line, eval_servers, weight_groups
+from telescope_orchestrator.run.evals import EvalPlan, console_line, eval_servers
 from telescope_orchestrator.run.loop import LoopContext, training_loop
+from telescope_orchestrator.run.weights import WeightUpdates, weight_groups
 from telescope_rollout import EvalResult, RolloutBatch, ScoredGroup, ScoredSample
 
 SERVERS = ["http://s0", "http://s1", "http://s2"]
@@ -243,6 +245,16 @@ def loop_config(**kw: Any) -> SimpleNamespace:
     return SimpleNamespace(**{**base, **kw})
 
 
+def send_to(trainers: list[FakeTrainer], groups: dict[str, list[str]]):
+    """A publish with no server supervisor: every trainer sends, every member of the group gets it."""
+
+    async def send(step: int, group: str) -> tuple[dict[str, float], list[str]]:
+        sync = await asyncio.gather(*[t.publish.remote(step, group) for t in trainers])
+        return sync[0], groups[group]
+
+    return send
+
+
 def run_loop(tmp_path, start_step: int = 0, hold: int = 0, **kw: Any):
     engine = FakeEngine()
     engine.step = start_step  # batches taken so far: a resumed engine carries on from its state
@@ -250,10 +262,14 @@ def run_loop(tmp_path, start_step: int = 0, hold: int = 0, **kw: Any):
     runner = FakeRunner(engine, config.number_of_steps, hold)
     console = FakeConsole()
     wandb = FakeWandb()
+    trainers = [FakeTrainer()]
+    groups = weight_groups(SERVERS, has_evals=bool(config.evals), eval_num_servers=config.eval_num_servers)
+    run = RunDir(tmp_path / "run")
     ctx = LoopContext(
-        config=config, engine=engine, client=FakeClient(), trainers=[FakeTrainer()], dp_ranks=[0],
-        dp_world_size=1, run=RunDir(tmp_path / "run"), console=console, checkpoint_root=tmp_path / "ckpt",
-        start_step=start_step, wandb=wandb, evals=runner,
+        config=config, engine=engine, client=FakeClient(), trainers=trainers, dp_ranks=[0],
+        dp_world_size=1, run=run, console=console, checkpoint_root=tmp_path / "ckpt",
+        weights=WeightUpdates(groups, engine, send_to(trainers, groups)),
+        lines=MetricsLines(run, wandb, start_step=start_step), start_step=start_step, evals=runner,
     )  # fmt: skip
     return ctx, engine, runner, console, wandb
 

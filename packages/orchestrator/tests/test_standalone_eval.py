@@ -1,4 +1,6 @@
-"""``telescope eval``: which checkpoints it finds, where their results go, what it refuses."""
+"""``telescope eval`` (``telescope_orchestrator.evaluate``): which checkpoints it finds, where their
+results go, which config it takes, what it refuses (the evaluation itself, through the command:
+tests/test_e2e_train.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +8,9 @@ import json
 
 import pytest
 
-from telescope_orchestrator.run.standalone_eval import (
-    EvalError,
-    find_checkpoints,
-    run_dir_of,
-    standalone_eval,
-)
+from telescope_config import ConfigError
+from telescope_orchestrator import EvalError, evaluate
+from telescope_orchestrator.run.standalone_eval import find_checkpoints, run_dir_of
 
 
 def _run_with_checkpoints(tmp_path, steps=(2, 4)):
@@ -51,10 +50,26 @@ def test_folders_without_checkpoints_are_refused_with_the_fix(tmp_path):
         find_checkpoints([str(tmp_path / "missing")])
 
 
-def test_a_config_without_evals_is_refused_before_anything_starts(tmp_path):
-    from types import SimpleNamespace
+def test_the_runs_own_config_is_taken_and_one_without_evals_is_refused_before_anything_starts(tmp_path):
+    run = _run_with_checkpoints(tmp_path)
+    (run / "config.yaml").write_text("environments: [{name: countdown}]\n")
+    with pytest.raises(EvalError, match="lists no evals: add `evals` to it"):
+        evaluate([run / "checkpoints"])
+    (run / "config.yaml").write_text("environments: [{name: countdown}]\nnumber_of_stepz: 3\n")
+    with pytest.raises(ConfigError, match="number_of_stepz"):  # it was read
+        evaluate([run / "checkpoints"])
 
-    from telescope_orchestrator.record.rundir import RunDir
 
-    with pytest.raises(EvalError, match="lists no evals"):
-        standalone_eval(SimpleNamespace(evals=[]), [], RunDir(tmp_path / "r"), console=None)
+def test_a_config_given_or_by_default_is_taken_when_the_run_has_none(tmp_path):
+    hf = tmp_path / "step_3"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    out = tmp_path / "out"
+    with pytest.raises(EvalError, match=r"has no config\.yaml: pass the run's config"):
+        evaluate([hf], run_dir=out)
+    default = tmp_path / "default.yaml"
+    default.write_text("environments: [{name: countdown}]\nevalz: []\n")
+    with pytest.raises(ConfigError, match="evalz"):
+        evaluate([hf], run_dir=out, default_config=default)
+    with pytest.raises(EvalError, match="lists no evals"):  # the given config wins over the default
+        evaluate([hf], {"environments": [{"name": "countdown"}]}, run_dir=out, default_config=default)

@@ -5,7 +5,6 @@ failed update's probe, a blip, giving up, the watcher's triggers."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -13,7 +12,12 @@ import pytest
 
 import telescope_weightsync
 from telescope_orchestrator.recovery import servers as _supervise
-from telescope_orchestrator.recovery.servers import RESTART_GROUP, ServersGone, ServerSupervisor
+from telescope_orchestrator.recovery.servers import (
+    RESTART_GROUP,
+    ServersGone,
+    ServerSupervisor,
+    SupervisorLimits,
+)
 
 A, B = "http://a:1", "http://b:2"
 
@@ -114,13 +118,12 @@ def _supervisor(max_restarts: int = 3, servers=(A, B), health_timeout_s: float =
     actors = {u: _Server(u, calls) for u in servers}
     trainer = _Trainer(calls)
     events: list = []
-    config = SimpleNamespace(
-        inference_max_restarts=max_restarts, inference_health_timeout_seconds=health_timeout_s,
-        ray_placement_timeout_s=60, weight_broadcast_timeout_s=20,
-    )  # fmt: skip
+    limits = SupervisorLimits(
+        max_restarts=max_restarts, health_timeout_s=health_timeout_s, start_timeout_s=60, update_timeout_s=20
+    )
     sup = ServerSupervisor(
         engine=engine, servers=list(actors.items()), trainers=[trainer], groups={"full": list(servers)},
-        config=config, event=lambda kind, **d: events.append((kind, d)), say=lambda text: None,
+        limits=limits, event=lambda kind, **d: events.append((kind, d)), say=lambda text: None,
     )  # fmt: skip
     return sup, engine, actors, trainer, calls, events
 
@@ -399,3 +402,13 @@ async def test_after_close_a_reported_server_starts_nothing(probe):
     assert sup._tasks == set()
     assert events == []
     assert calls == []
+
+
+def test_the_limits_are_the_run_configs_fields():
+    from telescope_config.testing import make_config
+
+    cfg = make_config(
+        inference_max_restarts=5, inference_health_timeout_seconds=7, ray_placement_timeout_s=90,
+        weight_broadcast_timeout_s=11,
+    )  # fmt: skip
+    assert SupervisorLimits.from_config(cfg) == SupervisorLimits(5, 7.0, 90.0, 11.0)

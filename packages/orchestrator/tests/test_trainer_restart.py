@@ -14,6 +14,7 @@ import torch
 from ray.exceptions import ActorDiedError
 
 from telescope_algos import TrainingSample, pack_samples
+from telescope_config.testing import make_config
 from telescope_orchestrator.recovery import trainers as _trainer_restart
 from telescope_orchestrator.recovery.trainers import (
     Replay,
@@ -110,7 +111,7 @@ async def test_dead_ranks_are_those_gone_and_beside_them_those_stuck(monkeypatch
 def _restarts(tmp_path, events: list, said: list, **config: Any) -> TrainerRestarts:
     cfg = {"trainer_max_restarts": 2, "checkpoint_every": 2, "checkpoint_save_training_state": True, **config}
     return TrainerRestarts(
-        config=SimpleNamespace(**cfg), place=lambda: [], connect=lambda trainers, groups: None,
+        config=make_config(**cfg), place=lambda: [], connect=lambda trainers, groups: None,
         log_dir=tmp_path, event=lambda kind, **d: events.append((kind, d)), say=said.append,
     )  # fmt: skip
 
@@ -166,7 +167,7 @@ def _ctx(tmp_path, log: list, ranks: list[_Rank], new: list[_Rank]) -> Any:
     rt = _restarts(tmp_path, events, [])
     rt.place = place
     rt.connect = lambda trainers, groups: log.append(("driver", f"connect {[t.name for t in trainers]}"))
-    cfg = SimpleNamespace(seq_len=16, pad_to_multiple_of=1)
+    cfg = make_config(seq_len=16, max_model_len=16, max_tokens=8, pad_to_multiple_of=1)
     return SimpleNamespace(
         config=cfg, trainers=list(ranks), dp_ranks=[0, 1], dp_world_size=2, pad_token_id=0, row_multiple=1,
         share_prompts=False, supervisor=None, trainer_restarts=rt, events=events,

@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.overrides = extras
     if getattr(args, "train_debug", None) is not None:  # `train --debug [BOOL]` wins over `--debug train`
         args.debug = args.train_debug
-    from telescope_orchestrator.record.logging import configure_logging
+    from telescope_orchestrator import configure_logging
 
     configure_logging(debug=args.debug)
     try:

@@ -1,7 +1,9 @@
 """telescope-orchestrator: one Telescope run, from a config to a finished record.
 
 ``train(config)`` runs what ``telescope train`` runs, from a script or a notebook, and returns
-a ``TrainResult``; ``Reporter`` is what shows a run's progress (the command's console is one).
+a ``TrainResult``; ``evaluate(checkpoints)`` and ``convert_checkpoint`` are ``telescope eval``
+and ``telescope convert``; ``Reporter`` is what shows a run's progress (the command's console is
+one).
 The run lives in four rooms, each with one purpose, imported downwards only (an import-linter
 layers contract):
 
@@ -25,10 +27,14 @@ from typing import TYPE_CHECKING, Any
 from telescope_orchestrator.__about__ import __version__
 
 if TYPE_CHECKING:
+    from telescope_orchestrator.cluster.vllm_server import ServerStartError
     from telescope_orchestrator.record.logging import configure_logging
     from telescope_orchestrator.record.rundir import RunDirError
     from telescope_orchestrator.run.api import StopTraining, TrainResult, resolve_config, train
+    from telescope_orchestrator.run.checkpoints import CheckpointError, Converted, convert_checkpoint
+    from telescope_orchestrator.run.models import SMOLLM2_ID, has_offline_copy, offline_model_config
     from telescope_orchestrator.run.report import Reporter, SilentReporter
+    from telescope_orchestrator.run.standalone_eval import EvalError, EvalResult, evaluate
     from telescope_orchestrator.run.startup import TrainError
 
 __all__ = [
@@ -38,12 +44,24 @@ __all__ = [
     "resolve_config",
     "TrainResult",
     "StopTraining",
+    # evaluating and converting checkpoints
+    "evaluate",
+    "EvalResult",
+    "convert_checkpoint",
+    "Converted",
+    # models: what can be read or run with no network
+    "SMOLLM2_ID",
+    "has_offline_copy",
+    "offline_model_config",
     # what shows a run's progress
     "Reporter",
     "SilentReporter",
-    # errors a run stops with (besides telescope_config.ConfigError and telescope_records.RecordError)
+    # errors, each with a message that says what to do (besides ConfigError and RecordError)
     "TrainError",
     "RunDirError",
+    "EvalError",
+    "CheckpointError",
+    "ServerStartError",
     # the one place that configures logging
     "configure_logging",
 ]
@@ -56,6 +74,16 @@ _HOMES = {
     "Reporter": "run.report",
     "SilentReporter": "run.report",
     "TrainError": "run.startup",
+    "evaluate": "run.standalone_eval",
+    "EvalResult": "run.standalone_eval",
+    "EvalError": "run.standalone_eval",
+    "convert_checkpoint": "run.checkpoints",
+    "Converted": "run.checkpoints",
+    "CheckpointError": "run.checkpoints",
+    "SMOLLM2_ID": "run.models",
+    "has_offline_copy": "run.models",
+    "offline_model_config": "run.models",
+    "ServerStartError": "cluster.vllm_server",
     "RunDirError": "record.rundir",
     "configure_logging": "record.logging",
 }

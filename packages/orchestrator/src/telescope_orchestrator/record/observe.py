@@ -48,42 +48,31 @@ def environment_rows(built: Iterable[Any], evals: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def _gather_infos(actors: Sequence[Any]) -> list[dict[str, Any]]:
-    import ray
-
-    try:
-        return list(ray.get([a.setup_info.remote() for a in actors], timeout=60))
-    except Exception as exc:
-        log.warning("setup of the workers not recorded", error=repr(exc))
-        return []
-
-
 def record_setup(
     run: RunDir,
-    cfg: Any,
+    model: str,
     *,
-    servers: Sequence[Any],
-    trainers: Sequence[Any],
+    infos: Sequence[dict[str, Any]],
     built: Iterable[Any],
     evals: Any,
 ) -> dict[str, int]:
-    """Write ``setup``, ``model`` and ``environments`` for this attempt; returns role -> pid of
-    every process of the run (for :func:`start_infra`)."""
+    """Write ``setup``, ``model`` and ``environments`` for this attempt from the workers'
+    ``infos`` (``cluster.calls.setup_infos``); returns role -> pid of every process of the run
+    (for :func:`start_infra`)."""
     from telescope_orchestrator.record.setup import process_setup
 
     records = run.records
-    infos = _gather_infos(list(trainers)) + _gather_infos(list(servers))
     setup = [process_setup("driver")] + [i["setup"] for i in infos if "setup" in i]
     records.write_once("setup", setup)
-    models = [{**i["model"], "model": cfg.model} for i in infos if "model" in i]
+    models = [{**i["model"], "model": model} for i in infos if "model" in i]
     records.write_once("model", models)
     records.write_once("environments", environment_rows(built, evals))
     return {"driver": os.getpid(), **_on_this_node(infos)}
 
 
-def local_pids(actors: Sequence[Any]) -> dict[str, int]:
-    """Role -> pid of the workers ``actors`` (trainer ranks placed again) on this node."""
-    return _on_this_node(_gather_infos(list(actors)))
+def local_pids(infos: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Role -> pid of the workers of ``infos`` (workers placed again) on this node."""
+    return _on_this_node(infos)
 
 
 def _on_this_node(infos: Iterable[dict[str, Any]]) -> dict[str, int]:

@@ -29,13 +29,17 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import structlog
 
+from telescope_orchestrator.cluster.calls import actor_cause
 from telescope_orchestrator.cluster.reaper import describe_exit
 from telescope_rollout import RolloutError
+
+if TYPE_CHECKING:
+    from telescope_config import TelescopeConfig
 
 __all__ = ["RESTART_GROUP", "ServerSupervisor", "ServersGone"]
 
@@ -68,14 +72,41 @@ class _Server:
     """When ``/health`` started failing (None: it answers)."""
 
 
-def _cause(exc: BaseException) -> BaseException:
-    """The error a Ray actor call raised on the actor's side."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc
+@dataclass(frozen=True)
+class SupervisorLimits:
+    """How long the supervisor waits and how often it restarts (fields of the run config)."""
+
+    max_restarts: int
+    """``inference_max_restarts``: restarts of one server before it stays out."""
+    health_timeout_s: float
+    """``inference_health_timeout_seconds``: failing health checks in a row before a server is dead."""
+    start_timeout_s: float
+    """``ray_placement_timeout_s``: a restarted server's time to answer ``/health``."""
+    update_timeout_s: float
+    """``weight_broadcast_timeout_s``: a server's engine's time to answer before a weight update."""
+
+    @classmethod
+    def from_config(cls, cfg: TelescopeConfig) -> SupervisorLimits:
+        """The limits of the run config ``cfg``."""
+        return cls(
+            max_restarts=int(cfg.inference_max_restarts),
+            health_timeout_s=float(cfg.inference_health_timeout_seconds),
+            start_timeout_s=float(cfg.ray_placement_timeout_s),
+            update_timeout_s=float(cfg.weight_broadcast_timeout_s),
+        )
 
 
 class ServerSupervisor:
-    """Watches the run's vLLM servers and restarts those that die (see the module docstring)."""
+    """Watches the run's vLLM servers and restarts those that die (see the module docstring).
+
+    ``event(kind, **detail)`` records a transition, ``say(text)`` shows it; ``trainers_dead()``
+    says which trainer ranks died (``recovery.trainers.dead_ranks``): a failed update or forming
+    with a dead rank is the trainer's failure, not the servers' (the loop restarts the ranks);
+    ``on_lost(url)`` is told of each server lost (``EvalRunner.server_lost``: an eval under way
+    sends it nothing more, since back it holds newer weights than the step the eval measures);
+    ``on_restarted(actor)`` of each server actor whose vLLM was restarted (blocking, run in a
+    thread: the infrastructure sampler takes its new pid).
+    """
 
     def __init__(
         self,
@@ -84,9 +115,12 @@ class ServerSupervisor:
         servers: Sequence[tuple[str, Any]],
         trainers: Sequence[Any],
         groups: dict[str, list[str]],
-        config: Any,
+        limits: SupervisorLimits,
         event: Callable[..., None],
         say: Callable[[str], None],
+        trainers_dead: Callable[[], Awaitable[dict[int, str]]] | None = None,
+        on_lost: Callable[[str], None] | None = None,
+        on_restarted: Callable[[Any], None] | None = None,
     ) -> None:
         self.engine = engine
         self.servers = {url: _Server(url, actor) for url, actor in servers}
@@ -94,10 +128,10 @@ class ServerSupervisor:
         self.groups = {name: list(members) for name, members in groups.items()}
         self.connected = {name: list(members) for name, members in groups.items()}
         """The weight-sync groups as last formed ({}: unknown, form them before the next update)."""
-        self.max_restarts = int(config.inference_max_restarts)
-        self.health_timeout_s = float(config.inference_health_timeout_seconds)
-        self.start_timeout_s = float(config.ray_placement_timeout_s)
-        self.update_timeout_s = float(config.weight_broadcast_timeout_s)
+        self.max_restarts = limits.max_restarts
+        self.health_timeout_s = limits.health_timeout_s
+        self.start_timeout_s = limits.start_timeout_s
+        self.update_timeout_s = limits.update_timeout_s
         self.event, self.say = event, say
         self.lock = asyncio.Lock()
         """Held by the loop from a training step through its weight update, and by a resync."""
@@ -105,15 +139,7 @@ class ServerSupervisor:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._http: httpx.AsyncClient | None = None
         self._closed = False
-        self.trainers_dead: Callable[[], Awaitable[dict[int, str]]] | None = None
-        """Which trainer ranks died (``recovery.trainers.dead_ranks``): a failed update or forming with a
-        dead rank is the trainer's failure, not the servers' (the loop restarts the ranks)."""
-        self.on_restarted: Callable[[Any], None] | None = None
-        """Told of each server actor whose vLLM was restarted (blocking, run in a thread: the
-        infrastructure sampler takes its new pid)."""
-        self.on_lost: Callable[[str], None] | None = None
-        """Told of each server lost (``EvalRunner.server_lost``: an eval under way sends it nothing
-        more, since back it holds newer weights than the step the eval measures)."""
+        self.trainers_dead, self.on_lost, self.on_restarted = trainers_dead, on_lost, on_restarted
         engine.on_server_down = lambda url, error: self._spawn(self._reported(url, error))
 
     # ------------------------------------------------------------------ lifecycle
@@ -184,7 +210,7 @@ class ServerSupervisor:
                 sync = await asyncio.gather(*[a.publish.remote(step, group) for a in self.trainers])
                 return sync[0] or {}, members
             except Exception as exc:
-                error = f"{type(_cause(exc)).__name__}: {_cause(exc)}"
+                error = f"{type(actor_cause(exc)).__name__}: {actor_cause(exc)}"
                 self.connected = {}  # a failed update drops its group
                 if await self._trainer_died():
                     raise
@@ -206,7 +232,7 @@ class ServerSupervisor:
             await self._form(groups)
             return {}
         except Exception as exc:
-            error = f"{type(_cause(exc)).__name__}: {_cause(exc)}"
+            error = f"{type(actor_cause(exc)).__name__}: {actor_cause(exc)}"
             if await self._trainer_died():
                 raise
             dead = await self._probe(sorted({u for ms in groups.values() for u in ms}), any_state=True)
@@ -256,7 +282,7 @@ class ServerSupervisor:
         try:
             code = await server.actor.exit_code.remote()
         except Exception as exc:  # its Ray actor is gone (a dead node): restarting it will say so
-            return f"its actor does not answer ({type(_cause(exc)).__name__}: {_cause(exc)})"
+            return f"its actor does not answer ({type(actor_cause(exc)).__name__}: {actor_cause(exc)})"
         return None if code is None else f"its vLLM process {describe_exit(code)}"
 
     # ------------------------------------------------------------------ death and restart
@@ -304,7 +330,7 @@ class ServerSupervisor:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                error = f"{type(_cause(exc)).__name__}: {str(_cause(exc))[:2000]}"
+                error = f"{type(actor_cause(exc)).__name__}: {str(actor_cause(exc))[:2000]}"
                 log.error("inference server restart failed", server=server.url, error=error)
                 self.event("server_restart_failed", server=server.url, attempt=server.restarts, error=error)
                 self.connected = {}

@@ -35,8 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from telescope_orchestrator.record.logging import log_tail
+
 if TYPE_CHECKING:
     import numpy as np
+
+    from telescope_config import TelescopeConfig
 
 __all__ = ["Replay", "TrainerRestarts", "TrainersGone", "dead_ranks"]
 
@@ -142,19 +146,9 @@ async def dead_ranks(trainers: Sequence[Any]) -> dict[int, str]:
     """After a call to the ranks failed: the ranks that died, with why, and beside them those that
     do not answer within :data:`PING_S` (stuck in a collective with a dead peer). ``{}`` when no
     rank died: the failure is the call's own."""
-    from ray.exceptions import RayActorError
+    from telescope_orchestrator.cluster.calls import ping
 
-    async def why(actor: Any) -> str | None:
-        try:
-            async with asyncio.timeout(PING_S):
-                await actor.ping.remote()
-        except RayActorError as exc:
-            return f"its process is gone ({type(exc).__name__})"
-        except TimeoutError:
-            return "hung"
-        return None
-
-    found = await asyncio.gather(*[why(a) for a in trainers])
+    found = await asyncio.gather(*[ping(a, PING_S) for a in trainers])
     if not any(w is not None and w != "hung" for w in found):
         return {}
     return {
@@ -168,7 +162,7 @@ async def dead_ranks(trainers: Sequence[Any]) -> dict[int, str]:
 class TrainerRestarts:
     """What a restart of the trainer ranks needs, and its count (see the module docstring)."""
 
-    config: Any
+    config: TelescopeConfig
     place: Callable[[], list[Any]]
     """Kill the ranks, place new ones and set them up (blocking; ``run.startup``)."""
     connect: Callable[[list[Any], dict[str, list[str]] | None], None]
@@ -274,7 +268,7 @@ class TrainerRestarts:
         lines = [f"trainer rank {r} died during {what}: {w}" for r, w in sorted(dead.items())]
         for rank in sorted(dead):
             path = self.log_dir / f"rank_{rank}.log"
-            tail = _tail(path, LOG_LINES)
+            tail = log_tail(path, 200_000, lines=LOG_LINES)
             if tail:
                 lines.append(f"last lines of {path}:\n{tail}")
         then = (
@@ -285,10 +279,3 @@ class TrainerRestarts:
         )
         lines.append(f"The ranks are not restarted: {stop}.\n{then}")
         return "\n".join(lines)
-
-
-def _tail(path: Path, n: int) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""

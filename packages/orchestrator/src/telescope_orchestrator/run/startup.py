@@ -23,17 +23,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
+from telescope_orchestrator.cluster.calls import ActorCallError, call_all, setup_infos, start_all, wait_all
 from telescope_orchestrator.cluster.guard import start_guard
+from telescope_orchestrator.record.lines import MetricsLines
 from telescope_orchestrator.record.rundir import RunDir, choose_run_dir
 from telescope_orchestrator.recovery.trainers import dead_ranks
-from telescope_orchestrator.run.evals import weight_groups
 from telescope_orchestrator.run.waiting import on_engine_event
+from telescope_orchestrator.run.weights import WeightUpdates, weight_groups
 
 if TYPE_CHECKING:
     from telescope_config import ResolvedConfig, TelescopeConfig
     from telescope_orchestrator.run.report import Reporter
 
-__all__ = ["Finished", "TrainError", "sigterm_to_interrupt", "train"]
+__all__ = ["Finished", "TrainError", "sigterm_as_interrupt", "train"]
 
 log = structlog.get_logger()
 WEIGHTSYNC_EXTENSION = "telescope_weightsync.vllm_worker.WeightReceiver"
@@ -54,13 +56,23 @@ class Finished:
     """True when ``stop_requested`` stopped it before its last step."""
 
 
-def sigterm_to_interrupt() -> None:
-    """SIGTERM raises ``KeyboardInterrupt`` in the main thread: a stop goes the way of Ctrl-C."""
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While inside, SIGTERM raises ``KeyboardInterrupt`` in the main thread: a stop goes the way
+    of Ctrl-C. The previous handler is put back on the way out. Outside the main thread it does
+    nothing (Python installs signal handlers only there)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, handler)
+    with _signal_handlers((signal.SIGTERM,)):
+        signal.signal(signal.SIGTERM, handler)
+        yield
 
 
 def _open_run(resolved: ResolvedConfig, run_dir: str | None) -> RunDir:
@@ -102,9 +114,9 @@ def _driver_scope(run: RunDir, debug: bool) -> Iterator[None]:
             undo.callback(guard.stop)
         # structured JSON logs of the driver into the run directory; the console keeps phases only
         undo.enter_context(_file_logging(run, debug))
+        undo.enter_context(sigterm_as_interrupt())
         if threading.current_thread() is threading.main_thread():
-            undo.enter_context(_signal_handlers((signal.SIGTERM, signal.SIGUSR1)))
-            sigterm_to_interrupt()
+            undo.enter_context(_signal_handlers((signal.SIGUSR1,)))
             undo.callback(dump_stacks_on_sigusr1(run.path / "logs" / "stacks.txt"))
         yield
 
@@ -251,9 +263,8 @@ def _start(state: _Run) -> Any:
     engine, client, pad_id, evals = _build_engine(state, inputs, urls)
     from telescope_orchestrator.record.observe import record_setup, start_infra
 
-    pids = record_setup(
-        run, cfg, servers=[s["actor"] for s in servers], trainers=trainers, built=inputs.built, evals=evals
-    )
+    workers = setup_infos(trainers) + setup_infos([s["actor"] for s in servers])
+    pids = record_setup(run, cfg.model, infos=workers, built=inputs.built, evals=evals)
     state.infra = start_infra(
         run, pids=pids, urls=urls, interval_s=float(cfg.system_metrics_collection_interval_seconds)
     )
@@ -279,11 +290,12 @@ def _start(state: _Run) -> Any:
         run=run,
         console=console,
         checkpoint_root=run.checkpoints(cfg.checkpoint_dir),
+        weights=WeightUpdates(groups, engine, supervisor.publish),
+        lines=MetricsLines(run, state.wandb, start_step=start_step),
         start_step=start_step,
         pad_token_id=pad_id,
         row_multiple=infos[0]["row_multiple"],
         share_prompts=all(i["shares_prompts"] for i in infos),
-        wandb=state.wandb,
         evals=evals,
         sandboxes=state.sandboxes,
         supervisor=supervisor,
@@ -328,8 +340,6 @@ def _trainer_restarts(
     """What restarting dead trainer ranks takes (``recovery.trainers``): placing them again (their
     new pids go to the infrastructure sampler's ``pids``), forming their weight-sync groups
     (``groups`` less the servers that are out), the restore point."""
-    import ray
-
     from telescope_orchestrator.recovery.trainers import TrainerRestarts
 
     cfg, cluster, run = state.resolved.config, state.cluster, state.run
@@ -338,10 +348,10 @@ def _trainer_restarts(
     def place() -> list[Any]:
         cluster.stop_trainers()
         trainers = cluster.place_trainers(inputs.model_path, str(log_dir))
-        ray.get([a.setup.remote() for a in trainers], timeout=float(cfg.ray_placement_timeout_s))
+        call_all(trainers, "setup", timeout=float(cfg.ray_placement_timeout_s))
         from telescope_orchestrator.record.observe import local_pids
 
-        pids.update(local_pids(trainers))
+        pids.update(local_pids(setup_infos(trainers)))
         return list(trainers)
 
     def connect(trainers: list[Any], now: dict[str, list[str]] | None) -> None:
@@ -373,7 +383,7 @@ def _supervisor(
     way of a lost server and the infrastructure sampler of a restarted one's pid, and leaves a
     failure of the trainer ranks to the loop."""
     from telescope_orchestrator.record.observe import local_pids
-    from telescope_orchestrator.recovery.servers import ServerSupervisor
+    from telescope_orchestrator.recovery.servers import ServerSupervisor, SupervisorLimits
 
     cfg, run = state.resolved.config, state.run
     supervisor = ServerSupervisor(
@@ -381,32 +391,25 @@ def _supervisor(
         servers=[(s["url"], s["actor"]) for s in servers],
         trainers=trainers,
         groups=groups,
-        config=cfg,
+        limits=SupervisorLimits.from_config(cfg),
         event=lambda kind, **detail: run.records.event(kind, None, **detail),
         say=state.console.info,
+        # the ranks of now: a trainer restart hands the supervisor the new ones (run.loop)
+        trainers_dead=lambda: dead_ranks(supervisor.trainers),
+        on_lost=evals.server_lost if evals is not None else None,
+        on_restarted=lambda actor: pids.update(local_pids(setup_infos([actor]))),
     )
-    supervisor.trainers_dead = lambda: dead_ranks(trainers)
-    supervisor.on_lost = evals.server_lost if evals is not None else None
-    supervisor.on_restarted = lambda actor: pids.update(local_pids([actor]))
     return supervisor
 
 
 def _connect_weights(resolved: ResolvedConfig, trainers: list[Any], groups: dict[str, list[str]]) -> None:
     """The weight-sync group(s) between the broadcast rank and the servers."""
-    import ray
-
     from telescope_weightsync import PublisherSettings
 
     cfg = resolved.config
     settings = PublisherSettings.from_config(cfg, user_keys=resolved.user_keys)
     loopback = cfg.ray_broadcast_prefer_loopback_if_single_node
-    ray.get([a.connect_weights.remote(groups, settings, loopback) for a in trainers])
-
-
-def _cause(err: BaseException) -> BaseException:
-    """The exception a Ray task raised (``RayTaskError.cause``), else ``err`` itself."""
-    cause = getattr(err, "cause", None)
-    return cause if isinstance(cause, BaseException) else err
+    call_all(trainers, "connect_weights", groups, settings, loopback)
 
 
 def _register_adapter(cfg: TelescopeConfig, trainers: list[Any], *, resuming: bool) -> None:
@@ -415,13 +418,10 @@ def _register_adapter(cfg: TelescopeConfig, trainers: list[Any], *, resuming: bo
     "LoRA adapters"). A resumed run sends its checkpoint's adapter instead (``_resume``)."""
     if cfg.lora_rank <= 0 or resuming:
         return
-    import ray
-    from ray.exceptions import RayTaskError
-
     try:
-        ray.get([a.publish.remote(0) for a in trainers])
-    except RayTaskError as err:
-        raise TrainError(f"the inference servers did not take the LoRA adapter: {_cause(err)}") from None
+        call_all(trainers, "publish", 0)
+    except ActorCallError as err:
+        raise TrainError(f"the inference servers did not take the LoRA adapter: {err.cause}") from None
 
 
 def _stop(state: _Run) -> None:
@@ -546,9 +546,6 @@ def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, co
     """Place the vLLM servers and the trainer ranks, start them concurrently, wait for both."""
     import dataclasses
 
-    import ray
-    from ray.exceptions import RayTaskError
-
     from telescope_orchestrator.cluster.vllm_server import ServerSettings, ServerStartError
 
     cfg = resolved.config
@@ -572,13 +569,13 @@ def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, co
     with console.phase(f"{count} vLLM server(s) and {cfg.trainer_num_workers} trainer rank(s)"):
         try:
             actors = cluster.place_servers(launches)
-            urls = ray.get([a.start.remote() for a in actors])
+            urls = call_all(actors, "start")
             trainers = cluster.place_trainers(model_path, str(run.path / "logs" / "trainer"))
-            setup_refs = [a.setup.remote() for a in trainers]  # loads the model while vLLM boots
-            ray.get([a.wait_healthy.remote(float(cfg.ray_placement_timeout_s)) for a in actors])
-            infos = ray.get(setup_refs)
-        except RayTaskError as err:
-            cause = _cause(err)
+            setting_up = start_all(trainers, "setup")  # loads the model while vLLM boots
+            call_all(actors, "wait_healthy", float(cfg.ray_placement_timeout_s))
+            infos = wait_all(setting_up)
+        except ActorCallError as err:
+            cause = err.cause
             if isinstance(cause, ServerStartError):
                 raise TrainError(str(cause)) from None
             raise TrainError(f"a worker failed to start: {cause}") from cause
@@ -599,21 +596,18 @@ def _resume(chosen: tuple[Path, dict[str, Any]], trainers: list[Any], engine: An
     trained are generated again, so ``max_async_rollout`` means the same after a resume. Checkpoints
     of later steps (a run resumed from an earlier one) are set aside, never resumed or kept by retention.
     """
-    import ray
-    from ray.exceptions import RayTaskError
-
     from telescope_orchestrator.run import checkpoints as ck
 
     path, meta = chosen
     step = int(meta["step"])
     try:
-        ray.get([a.load_checkpoint.remote(str(path)) for a in trainers])
-    except RayTaskError as err:
-        raise TrainError(f"could not load {path}: {_cause(err)}") from None
+        call_all(trainers, "load_checkpoint", str(path))
+    except ActorCallError as err:
+        raise TrainError(f"could not load {path}: {err.cause}") from None
     for moved in ck.set_aside_later(path.parent, step):
         log.warning("later checkpoint set aside", path=str(moved), resumed_step=step)
     engine.load_state_dict(resumed_engine_state(meta["extra_state"]["engine"], step))
-    ray.get([a.publish.remote(step) for a in trainers])  # the servers still hold the base model
+    call_all(trainers, "publish", step)  # the servers still hold the base model
     run.truncate_metrics(step)
     log.info("resumed", checkpoint=str(path), step=step, at=time.time())
     return step
