@@ -33,16 +33,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOL_STEP_S = 35.0
 """The fastest quickstart step measured on the 2-core machine (README, "Quickstart")."""
 
 
-def _sample(sample_id: int, text: int) -> SimpleNamespace:
+def _sample(sample_id: int, text: int) -> Any:
+    from telescope_rollout import ScoredSample
+    from telescope_rollout.engine import Turn
+
     turns = [
-        SimpleNamespace(index=i, role="model" if i % 2 == 0 else "env", turn_type="generation",
+        Turn(index=i, role="model" if i % 2 == 0 else "env", turn_type="generation",
                         text="x" * text, tokens=400, prompt_tokens=300, stop_reason="stop", server="http://a",
                         version_start=1,
                         version_end=1, start=1.0 + i, end=1.5 + i, request_id=f"r{i}", timings={"e2e_s": 0.5})
@@ -54,7 +57,7 @@ def _sample(sample_id: int, text: int) -> SimpleNamespace:
          "exit_code": 0, "start": 1.0, "duration_s": 0.1, "sandbox": "local", "truncated": False}
         for i in range(3)
     ]  # fmt: skip
-    return SimpleNamespace(
+    return ScoredSample(
         env_name="math", group_id=sample_id // 8, sample_id=sample_id, sample_index=sample_id, reward=1.0,
         advantage=0.5, prompt_text="p" * 800, system_prompt="s" * 200, completion_text="c" * 3 * text,
         prompt_ids=list(range(300)), completion_ids=list(range(1200)), completion_mask=[1] * 1200,
@@ -67,10 +70,12 @@ def _sample(sample_id: int, text: int) -> SimpleNamespace:
     )  # fmt: skip
 
 
-def _batch(groups: int, size: int, text: int) -> SimpleNamespace:
-    gs = [SimpleNamespace(samples=[_sample(g * size + i, text) for i in range(size)], sample_index=g)
+def _batch(groups: int, size: int, text: int) -> Any:
+    from telescope_rollout import RolloutBatch, ScoredGroup
+
+    gs = [ScoredGroup(g, "math", [_sample(g * size + i, text) for i in range(size)], sample_index=g)
           for g in range(groups)]  # fmt: skip
-    return SimpleNamespace(groups=gs, discarded=[], cancelled=[])
+    return RolloutBatch(1, gs)
 
 
 def _spans(n: int) -> list[dict]:

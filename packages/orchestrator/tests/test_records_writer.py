@@ -3,8 +3,6 @@ orchestrator events, eval samples, resume (docs/records.md)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pyarrow.parquet as pq
 
 from telescope_orchestrator.record.rundir import RunDir
@@ -15,6 +13,8 @@ from telescope_orchestrator.record.writer import (
     tool_call_rows,
     turn_rows,
 )
+from telescope_rollout import DroppedGroup, EvalResult, RolloutBatch, ScoredGroup, ScoredSample
+from telescope_rollout.engine import Turn
 
 
 def _turn(index, role, start, end, **kw):
@@ -23,7 +23,7 @@ def _turn(index, role, start, end, **kw):
                 server="http://a" if role == "model" else "", version_start=1, version_end=2, start=start,
                 end=end, request_id=f"sample-7-turn-{index}", timings={"e2e_s": end - start})  # fmt: skip
     base.update(kw)
-    return SimpleNamespace(**base)
+    return Turn(**base)
 
 
 def _sample(**kw):
@@ -44,7 +44,7 @@ def _sample(**kw):
                      "start": 101.1, "duration_s": 0.25, "sandbox": "local", "truncated": False}],
     )  # fmt: skip
     base.update(kw)
-    return SimpleNamespace(**base)
+    return ScoredSample(**base)
 
 
 def test_a_sample_row_holds_the_sample_whole():
@@ -91,8 +91,6 @@ def test_rollout_events_lie_within_the_samples_lifetime():
 
 
 def test_a_phase_that_never_happened_has_no_row_and_no_time_zero():
-    from telescope_rollout.engine import ScoredSample, Turn
-
     # a sample cancelled after its first turn: it was never scored (the engine's own dataclass)
     turn = Turn(index=0, role="model", turn_type="generation", server="http://a", start=200.5, end=201.0)
     ids = {"group_id": 1, "sample_id": 2, "env_name": "e"}
@@ -114,11 +112,10 @@ def test_a_phase_that_never_happened_has_no_row_and_no_time_zero():
 
 
 def _batch(step):
-    kept = SimpleNamespace(samples=[_sample(sample_id=step * 10)], sample_index=11)
-    group = SimpleNamespace(samples=[_sample(sample_id=step * 10 + 1)], sample_index=12)
-    dropped = SimpleNamespace(group=group,
-                              reason="zero_advantage")  # fmt: skip
-    return SimpleNamespace(groups=[kept], discarded=[dropped], cancelled=[])
+    kept = ScoredGroup(step * 10, "tools", [_sample(sample_id=step * 10)], sample_index=11)
+    group = ScoredGroup(step * 10 + 1, "tools", [_sample(sample_id=step * 10 + 1)], sample_index=12)
+    dropped = DroppedGroup(group, "zero_advantage", step=step, version=step - 1)
+    return RolloutBatch(step, [kept], discarded=[dropped])
 
 
 def _read(run, table, name):
@@ -165,9 +162,7 @@ def test_an_eval_result_with_samples_writes_eval_rows_and_their_turns(tmp_path):
     rows = [
         {"sample_index": 5, "completion_index": c, "pass_json": '{"pass@2/correct": 1.0}'} for c in (0, 1)
     ]
-    result = SimpleNamespace(
-        name="quiz", step=2, rows=rows, samples=[_sample(sample_id=90), _sample(sample_id=91)]
-    )
+    result = EvalResult("quiz", 2, {}, rows, samples=[_sample(sample_id=90), _sample(sample_id=91)])
     run.records.write_eval(result)
     got = _read(run, "eval_samples", "step_000002-quiz.parquet")
     assert [(r["eval"], r["sample_index"], r["completion_idx"], r["sample_id"]) for r in got] == [
@@ -190,7 +185,7 @@ def test_what_an_environment_returns_that_cannot_be_stored_is_recorded_marked(tm
     sample = _sample(info_turns=[{"info_key": "obj", "info_value": Opaque()}], tool_calls=calls,
                      metrics={"correct": "not a number"})  # fmt: skip
     run = RunDir(tmp_path / "r")
-    batch = SimpleNamespace(groups=[SimpleNamespace(samples=[sample])], discarded=[], cancelled=[])
+    batch = RolloutBatch(1, [ScoredGroup(3, "tools", [sample])])
     run.records.write_step(1, batch, decode=None, spans=[])
     (row,) = _read(run, "samples", "step_000001.parquet")
     assert f'"{REPR_MARK}<Opaque>"' in row["info"]
@@ -222,3 +217,23 @@ def test_groups_dropped_while_a_step_waits_are_written_once_and_left_out_of_the_
     # a later step's drops are written with it again
     run.records.write_step(2, batch, decode=None, spans=[])
     assert [r["sample_id"] for r in _read(run, "samples", "step_000002.parquet")] == [10, 11]
+
+
+def test_a_sample_without_its_prompt_index_takes_its_groups(tmp_path):
+    run = RunDir(tmp_path / "r")
+    group = ScoredGroup(3, "tools", [_sample(sample_index=-1)], sample_index=12)
+    run.records.write_step(1, RolloutBatch(1, [group]), decode=None, spans=[])
+    assert [r["sample_index"] for r in _read(run, "samples", "step_000001.parquet")] == [12]
+
+
+def test_an_eval_row_with_no_sample_behind_it_is_written_from_its_own_columns(tmp_path):
+    run = RunDir(tmp_path / "r")
+    row = {"sample_index": 4, "completion_index": 1, "prompt": "2+2?", "completion": "4", "error": "",
+           "finish_reason": "stop", "metrics_json": '{"correct": 1.0}',
+           "pass_json": '{"pass@1/correct": 1}'}  # fmt: skip
+    run.records.write_eval(EvalResult("quiz", 3, {}, [row]))
+    (got,) = _read(run, "eval_samples", "step_000003-quiz.parquet")
+    assert (got["eval"], got["sample_index"], got["completion_idx"], got["prompt"]) == ("quiz", 4, 1, "2+2?")
+    assert (got["stop_reason"], got["error"], got["sample_id"]) == ("stop", None, None)
+    assert dict(got["metrics"]) == {"correct": 1.0, "pass@1/correct": 1.0}
+    assert not list((run.path / "records").glob("turns/*.parquet"))

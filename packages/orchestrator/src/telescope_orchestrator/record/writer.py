@@ -7,8 +7,8 @@ and the orchestrator events since the last step), :meth:`RunRecords.write_waitin
 waits for its batch (the groups dropped for it so far, as they happen), :meth:`RunRecords.write_eval`
 when an eval ends, and :meth:`RunRecords.close` at the end (events after the last step).
 
-The row builders below are pure: a scored sample (``telescope_rollout.engine.ScoredSample``) in,
-rows of one table out. Fields a sample lacks (an older engine, a fake) are left null.
+The row builders below are pure: a scored sample (``telescope_rollout.ScoredSample``) in, rows of
+one table out, each column read from a typed field.
 """
 
 from __future__ import annotations
@@ -18,9 +18,13 @@ import os
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
+
+if TYPE_CHECKING:
+    from telescope_rollout import DroppedGroup, EvalResult, RolloutBatch, ScoredGroup, ScoredSample
+    from telescope_rollout.engine import Turn
 
 __all__ = [
     "RunRecords",
@@ -34,190 +38,165 @@ __all__ = [
 log = structlog.get_logger()
 
 Decode = Callable[[list[int]], str]
+Row = dict[str, Any]
+
+_TURN_TIMINGS = ("queue_s", "ttft_s", "prefill_s", "decode_s", "e2e_s")
 
 
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    value = getattr(obj, name, default)
-    return default if value is None else value
+def _when(value: float | None) -> float | None:
+    """A wall-clock time, or None when it did not happen: None, or 0.0 (a turn's default start and
+    end: a row at the epoch would stretch every timeline back to 1970)."""
+    return float(value) if value is not None and value > 0 else None
 
 
-def _when(value: Any) -> float | None:
-    """A wall-clock time, or None when it did not happen: None, or 0.0 from an engine or a fake
-    that used 0 for "never" (a row at the epoch would stretch every timeline back to 1970)."""
-    return float(value) if isinstance(value, int | float) and value > 0 else None
-
-
-def _timing(s: Any, key: str) -> float | None:
-    timings = _get(s, "timings", {})
-    return timings.get(key) if isinstance(timings, dict) else None
-
-
-def _common(s: Any) -> dict[str, Any]:
+def _common(s: ScoredSample) -> Row:
     """The columns samples and eval samples share."""
     return {
-        "sample_id": _get(s, "sample_id"),
-        "prompt": _get(s, "prompt_text"),
-        "system_prompt": _get(s, "system_prompt"),
-        "prompt_tokens": len(_get(s, "prompt_ids", ())),
-        "completion": _get(s, "completion_text"),
-        "completion_tokens": len(_get(s, "completion_ids", ())),
-        "num_turns": _get(s, "num_turns"),
-        "stop_reason": _get(s, "finish_reason"),
-        "truncated": _get(s, "is_truncated"),
-        "metrics": _get(s, "metrics", {}),
-        "golden_answers": _get(s, "golden_answers", {}),
-        "tags": _get(s, "sample_tags", {}),
-        "info": _get(s, "info_turns", []),
-        "server": _get(s, "server"),
-        "error": getattr(s, "error", None),
-        "error_detail": _get(s, "error_detail") or None,
-        "queue_s": _timing(s, "queue_s"),
-        "generation_s": _timing(s, "generation_s"),
-        "reward_s": _timing(s, "reward_s"),
-        "dispatched_at": _when(_get(s, "dispatched_at")),
-        "finished_at": _when(_get(s, "finished_at")),
+        "sample_id": s.sample_id,
+        "prompt": s.prompt_text,
+        "system_prompt": s.system_prompt,
+        "prompt_tokens": len(s.prompt_ids),
+        "completion": s.completion_text,
+        "completion_tokens": len(s.completion_ids),
+        "num_turns": s.num_turns,
+        "stop_reason": s.finish_reason,
+        "truncated": s.is_truncated,
+        "metrics": dict(s.metrics),
+        "golden_answers": dict(s.golden_answers),
+        "tags": dict(s.sample_tags),
+        "info": list(s.info_turns),
+        "server": s.server,
+        "error": s.error,
+        "error_detail": s.error_detail or None,
+        "queue_s": s.timings.get("queue_s"),
+        "generation_s": s.timings.get("generation_s"),
+        "reward_s": s.timings.get("reward_s"),
+        "dispatched_at": _when(s.dispatched_at),
+        "finished_at": _when(s.finished_at),
     }
 
 
 def sample_row(
-    step: int, status: str, reason: str | None, s: Any, *, decode: Decode | None = None
-) -> dict[str, Any]:
+    step: int, status: str, reason: str | None, s: ScoredSample, *, decode: Decode | None = None
+) -> Row:
     """One row of ``samples``; ``decode`` (kept samples) fills ``trainer_input``."""
-    row = _common(s)
     trainer_input = None
     if decode is not None and status == "kept":
-        trainer_input = decode(list(_get(s, "prompt_ids", ())) + list(_get(s, "completion_ids", ())))
-    row.update(
-        step=step,
-        status=status,
-        reason=reason,
-        env=_get(s, "env_name"),
-        group_id=_get(s, "group_id"),
-        sample_index=_get(s, "sample_index"),
-        model_tokens=sum(_get(s, "completion_mask", ())),
-        reward=_get(s, "reward"),
-        advantage=_get(s, "advantage"),
-        version_start=_get(s, "version_start"),
-        version_end=_get(s, "version_end"),
-        off_policy_steps=_get(s, "off_policy_steps"),
-        lane=_get(s, "lane", -1),
-        trainer_input=trainer_input,
-    )
-    return row
+        trainer_input = decode(list(s.prompt_ids) + list(s.completion_ids))
+    return {
+        **_common(s),
+        "step": step,
+        "status": status,
+        "reason": reason,
+        "env": s.env_name,
+        "group_id": s.group_id,
+        "sample_index": s.sample_index,
+        "model_tokens": s.num_model_tokens,
+        "reward": s.reward,
+        "advantage": s.advantage,
+        "version_start": s.version_start,
+        "version_end": s.version_end,
+        "off_policy_steps": s.off_policy_steps,
+        "lane": s.lane,
+        "trainer_input": trainer_input,
+    }
 
 
 def eval_sample_row(
-    step: int, eval_name: str, sample_index: int, completion_idx: int, s: Any
-) -> dict[str, Any]:
-    """One row of ``eval_samples`` (metrics with the pass@k / pass^k of its prompt)."""
-    row = _common(s)
-    row.update(
-        step=step,
-        eval=eval_name,
-        env=_get(s, "env_name"),
-        sample_index=sample_index,
-        completion_idx=completion_idx,
-    )
-    return row
+    step: int, eval_name: str, sample_index: int, completion_idx: int, s: ScoredSample
+) -> Row:
+    """One row of ``eval_samples`` (its ``metrics`` get the pass@k / pass^k of its prompt after)."""
+    return {
+        **_common(s),
+        "step": step,
+        "eval": eval_name,
+        "env": s.env_name,
+        "sample_index": sample_index,
+        "completion_idx": completion_idx,
+    }
 
 
-def _turn_row(step: int, source: str, sample_id: int, t: Any) -> dict[str, Any]:
-    timings = _get(t, "timings", {})
+def _turn_row(step: int, source: str, sample_id: int, t: Turn) -> Row:
     return {
         "step": step,
         "source": source,
         "sample_id": sample_id,
-        "turn_index": _get(t, "index"),
-        "role": _get(t, "role"),
-        "turn_type": _get(t, "turn_type"),
-        "text": _get(t, "text"),
-        "tokens": _get(t, "tokens"),
-        "prompt_tokens": _get(t, "prompt_tokens"),
-        "stop_reason": _get(t, "stop_reason"),
-        "server": _get(t, "server"),
-        "version_start": _get(t, "version_start"),
-        "version_end": _get(t, "version_end"),
-        "started_at": _get(t, "start"),
-        "ended_at": _get(t, "end"),
-        "request_id": _get(t, "request_id"),
-        **{k: timings.get(k) for k in ("queue_s", "ttft_s", "prefill_s", "decode_s", "e2e_s")},
+        "turn_index": t.index,
+        "role": t.role,
+        "turn_type": t.turn_type,
+        "text": t.text,
+        "tokens": t.tokens,
+        "prompt_tokens": t.prompt_tokens,
+        "stop_reason": t.stop_reason,
+        "server": t.server,
+        "version_start": t.version_start,
+        "version_end": t.version_end,
+        "started_at": t.start,
+        "ended_at": t.end,
+        "request_id": t.request_id,
+        **{k: t.timings.get(k) for k in _TURN_TIMINGS},
     }
 
 
-def turn_rows(step: int, source: str, s: Any) -> list[dict[str, Any]]:
+def turn_rows(step: int, source: str, s: ScoredSample) -> list[Row]:
     """Rows of ``turns``: every model turn and environment response of ``s``."""
-    return [_turn_row(step, source, _get(s, "sample_id"), t) for t in _get(s, "turns", [])]
+    return [_turn_row(step, source, s.sample_id, t) for t in s.turns]
 
 
-def tool_call_rows(step: int, source: str, s: Any) -> list[dict[str, Any]]:
-    """Rows of ``tool_calls``: every tool call of ``s``."""
-    rows = []
-    for i, c in enumerate(_get(s, "tool_calls", [])):
-        rows.append(
-            {
-                "step": step,
-                "source": source,
-                "sample_id": _get(s, "sample_id"),
-                "turn_index": c.get("generation_idx"),
-                "call_index": c.get("tool_call_idx", i),
-                "name": c.get("tool_name"),
-                "arguments": c.get("arguments"),
-                "raw_text": c.get("raw_text"),
-                "result": c.get("result"),
-                "success": c.get("success"),
-                "error": c.get("error"),
-                "exit_code": c.get("exit_code"),
-                "started_at": c.get("start"),
-                "duration_s": c.get("duration_s"),
-                "sandbox": c.get("sandbox"),
-                "truncated": c.get("truncated"),
-            }
-        )
-    return rows
-
-
-def _event(step: int, source: str, s: Any, event: str, start: Any, end: Any, **more: Any) -> dict[str, Any]:
-    return {
-        "step": step,
-        "source": source,
-        "sample_id": _get(s, "sample_id"),
-        "group_id": _get(s, "group_id", -1) if source == "train" else -1,
-        "event": event,
-        "started_at": start,
-        "ended_at": end,
-        "lane": _get(s, "lane", -1),
-        "turn_index": more.pop("turn_index", -1),
-        **more,
-    }
+def tool_call_rows(step: int, source: str, s: ScoredSample) -> list[Row]:
+    """Rows of ``tool_calls``: every tool call of ``s`` (the environment's records: their keys
+    are ``ToolEnvironment``'s, any may be missing)."""
+    return [
+        {
+            "step": step,
+            "source": source,
+            "sample_id": s.sample_id,
+            "turn_index": c.get("generation_idx"),
+            "call_index": c.get("tool_call_idx", i),
+            "name": c.get("tool_name"),
+            "arguments": c.get("arguments"),
+            "raw_text": c.get("raw_text"),
+            "result": c.get("result"),
+            "success": c.get("success"),
+            "error": c.get("error"),
+            "exit_code": c.get("exit_code"),
+            "started_at": c.get("start"),
+            "duration_s": c.get("duration_s"),
+            "sandbox": c.get("sandbox"),
+            "truncated": c.get("truncated"),
+        }
+        for i, c in enumerate(s.tool_calls)
+    ]
 
 
 def rollout_event_rows(
-    step: int, source: str, s: Any, *, final: str, detail: str | None = None, at: float | None = None
-) -> list[dict[str, Any]]:
+    step: int, source: str, s: ScoredSample, *, final: str, detail: str | None = None, at: float | None = None
+) -> list[Row]:
     """Rows of ``rollout_events`` for one sample: dispatched, each turn, each tool call, the reward,
     then ``final`` (kept, discarded, cancelled; ``detail`` = the reason) at its finish time (or ``at``).
 
     Only what happened has a row: a phase without a start time (a cancelled sample's reward, a
     prompt that never reached a server) has none, so every row's times are real wall clock."""
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
+    group_id = s.group_id if source == "train" else -1
 
-    def add(event: str, start: Any, end: Any, **more: Any) -> None:
+    def add(event: str, start: float | None, end: float | None, turn_index: int = -1, **more: Any) -> None:
         began = _when(start)
         if began is not None:
-            rows.append(_event(step, source, s, event, began, _when(end), **more))
+            where = {"step": step, "source": source, "sample_id": s.sample_id, "group_id": group_id}
+            when = {"started_at": began, "ended_at": _when(end), "lane": s.lane, "turn_index": turn_index}
+            rows.append({**where, "event": event, **when, **more})
 
-    dispatched = _get(s, "dispatched_at")
-    add("dispatched", dispatched, dispatched)
-    for t in _get(s, "turns", []):
-        model = _get(t, "role") == "model"
-        kind, server = ("generation", _get(t, "server")) if model else ("env_response", None)
-        add(kind, _get(t, "start"), _get(t, "end"), server=server, turn_index=_get(t, "index"))
-    for i, c in enumerate(_get(s, "tool_calls", [])):
+    add("dispatched", s.dispatched_at, s.dispatched_at)
+    for t in s.turns:
+        kind, server = ("generation", t.server) if t.role == "model" else ("env_response", None)
+        add(kind, t.start, t.end, turn_index=t.index, server=server)
+    for i, c in enumerate(s.tool_calls):
         start, duration = c.get("start"), c.get("duration_s")
         end = start + duration if start is not None and duration is not None else None
         add("tool_execution", start, end, turn_index=i, detail=c.get("tool_name"))
-    add("reward", _get(s, "reward_start"), _get(s, "reward_end"))
-    end = _when(_get(s, "finished_at")) or at
+    add("reward", s.reward_start, s.reward_end)
+    end = _when(s.finished_at) or at
     add(final, end, end, detail=detail)
     return rows
 
@@ -318,7 +297,7 @@ class RunRecords:
     def write_step(
         self,
         step: int,
-        batch: Any,
+        batch: RolloutBatch,
         *,
         decode: Decode | None,
         spans: Sequence[dict[str, Any]],
@@ -331,14 +310,19 @@ class RunRecords:
             return
         groups = list(_groups(batch))
         early = self._early.pop(step, set())  # written while the step waited: left out
-        groups = [g for g in groups if g[0] == "kept" or getattr(g[2], "group_id", None) not in early]
+        groups = [g for g in groups if g[0] == "kept" or g[2].group_id not in early]
         self._write_groups(step, groups, decode=decode, tag="")
         self.writer.write_step("trainer_spans", step, spans)
         self.last_step = max(self.last_step, step)
         self.flush_events(step, events=events)
 
     def write_waiting(
-        self, step: int, discarded: Sequence[Any], cancelled: Sequence[Any], *, events: bool = True
+        self,
+        step: int,
+        discarded: Sequence[DroppedGroup],
+        cancelled: Sequence[DroppedGroup],
+        *,
+        events: bool = True,
     ) -> int:
         """While ``step`` waits for its batch: the groups dropped for it so far (``DroppedGroup`` s)
         into step files tagged ``dropped-aNNN-K`` (those written before are skipped, and the step's
@@ -365,7 +349,12 @@ class RunRecords:
         return len(new)
 
     def _write_groups(
-        self, step: int, groups: Sequence[tuple[str, str | None, Any]], *, decode: Decode | None, tag: str
+        self,
+        step: int,
+        groups: Sequence[tuple[str, str | None, ScoredGroup]],
+        *,
+        decode: Decode | None,
+        tag: str,
     ) -> None:
         """The samples, turns, tool calls and rollout events of ``(status, reason, group)`` s."""
         samples, turns, calls, lifecycle = [], [], [], []
@@ -373,8 +362,8 @@ class RunRecords:
         for status, reason, group in groups:
             for s in group.samples:
                 row = sample_row(step, status, reason, s, decode=decode)
-                if row["sample_index"] is None:
-                    row["sample_index"] = getattr(group, "sample_index", None)
+                if row["sample_index"] < 0:  # not known to the sample: the group's prompt
+                    row["sample_index"] = group.sample_index
                 samples.append(row)
                 turns += turn_rows(step, "train", s)
                 calls += tool_call_rows(step, "train", s)
@@ -385,22 +374,20 @@ class RunRecords:
         w.write_step("tool_calls", step, calls, tag=tag)
         w.write_step("rollout_events", step, lifecycle, tag=tag)
 
-    def write_eval(self, result: Any) -> None:
+    def write_eval(self, result: EvalResult) -> None:
         """The rows of one eval at one step (``eval_samples``, turns, tool calls, rollout events)."""
         if self.steps_off:
             return
         step, name = int(result.step), str(result.name)
         source = f"eval:{name}"
         rows, turns, calls, events = [], [], [], []
-        samples = list(_get(result, "samples", []))
+        samples = result.samples
         for i, row in enumerate(result.rows):
             s = samples[i] if i < len(samples) else None
-            r = eval_sample_row(
-                step, name, int(row.get("sample_index", -1)), int(row.get("completion_index", 0)), s
-            )
-            if s is None:  # a runner that gives rows only
-                r.update(_from_eval_row(row))
-            r["metrics"] = {**(r["metrics"] or {}), **_pass_metrics(row)}
+            where = (step, name, int(row.get("sample_index", -1)), int(row.get("completion_index", 0)))
+            # a row with no sample behind it (a runner that gives rows only): its columns alone
+            r = eval_sample_row(*where, s) if s is not None else _from_eval_row(*where, row)
+            r["metrics"] = {**r["metrics"], **_pass_metrics(row)}
             rows.append(r)
             if s is None:
                 continue
@@ -459,9 +446,13 @@ def _pass_metrics(row: dict[str, Any]) -> dict[str, float]:
     return _json_numbers(row.get("pass_json"))
 
 
-def _from_eval_row(row: dict[str, Any]) -> dict[str, Any]:
-    """``eval_samples`` columns from an eval runner's row (``EvalResult.rows``) alone."""
+def _from_eval_row(step: int, eval_name: str, sample_index: int, completion_idx: int, row: Row) -> Row:
+    """A row of ``eval_samples`` from an eval runner's row (``EvalResult.rows``) alone."""
     return {
+        "step": step,
+        "eval": eval_name,
+        "sample_index": sample_index,
+        "completion_idx": completion_idx,
         "prompt": row.get("prompt"),
         "completion": row.get("completion"),
         "completion_tokens": row.get("completion_tokens"),
@@ -473,9 +464,9 @@ def _from_eval_row(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _groups(batch: Any) -> Iterable[tuple[str, str | None, Any]]:
+def _groups(batch: RolloutBatch) -> Iterable[tuple[str, str | None, ScoredGroup]]:
     for g in batch.groups:
         yield "kept", None, g
-    for status in ("discarded", "cancelled"):
-        for dropped in getattr(batch, status, []):
-            yield status, dropped.reason, dropped.group
+    for status, dropped in (("discarded", batch.discarded), ("cancelled", batch.cancelled)):
+        for d in dropped:
+            yield status, d.reason, d.group
