@@ -69,7 +69,7 @@ async def test_lanes_smallest_first_and_freed_after_generation(tokenizer):
 
     server = FakeInferenceServer(reply=by_sample_parity, hold=lambda r: True)
     engine = make_engine(tokenizer, server, env=SlowRewardEnv())
-    pool = engine.lanes["http://fake-0"]
+    pool = engine.pool.lanes["http://fake-0"]
     async with engine:
         await settle()
         # 2 prompts x group 2 = 4 slots, all busy; nothing else asked
@@ -113,7 +113,7 @@ async def test_lane_held_through_reward_without_free_after_generation(tokenizer)
 async def test_individual_lane_queues_samples_on_their_server(tokenizer):
     server = FakeInferenceServer(reply=by_sample_parity, hold=lambda r: True)
     engine = make_engine(tokenizer, server, group_size=3, max_concurrent_prompts_per_server=1)
-    pool = engine.lanes["http://fake-0"]
+    pool = engine.pool.lanes["http://fake-0"]
     async with engine:
         await settle()
         assert sample_ids(server.pending) == [0, 1, 2]
@@ -241,7 +241,7 @@ async def test_cancel_after_max_off_policy_steps(tokenizer):
     s0, s1 = cancelled[0].group.samples
     assert (s0.error, s0.off_policy_steps) == ("cancelled", 2)
     assert (s1.error, s1.off_policy_steps) == (None, 0)  # its sibling had finished generating
-    assert engine.lanes["http://fake-0"].busy <= engine.settings.lanes_per_server
+    assert engine.pool.lanes["http://fake-0"].busy <= engine.settings.lanes_per_server
 
 
 async def test_zero_advantage_groups_discarded(tokenizer):
@@ -322,7 +322,7 @@ async def test_dead_server_is_skipped_until_marked_up(tokenizer):
         batch = await engine.next_batch(timeout_s=10)
         assert {g.server for g in batch.groups} == {"http://b"}
         assert {d.reason for d in batch.discarded} == {"rollout_error"}
-        assert engine.down.keys() == {"http://a"}
+        assert engine.pool.down.keys() == {"http://a"}
         server.dead.clear()
         engine.mark_server_up("http://a")
         servers = set()
@@ -343,7 +343,7 @@ async def test_a_timed_out_request_fails_its_sample_but_keeps_the_server(tokeniz
         assert {s.error_detail for d in batch.discarded for s in d.group.samples} == {
             "ServerTimeoutError: http://a: no answer within 1200 s (fake)"
         }
-        assert engine.down == {}
+        assert engine.pool.down == {}
         server.hung.clear()
         servers = set()
         for _ in range(3):

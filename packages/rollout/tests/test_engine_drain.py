@@ -28,15 +28,15 @@ async def test_drain_cancels_in_flight_groups_and_restore_refills_the_server(tok
         await settle()
         # groups 0 and 2 on a (samples 0, 1, 4, 5), 1 and 3 on b (samples 2, 3, 6, 7): every lane busy
         assert sorted(sample_ids([r for r in server.pending if r.url == B])) == [2, 3, 6, 7]
-        assert engine.lanes[B].busy == 4
+        assert engine.pool.lanes[B].busy == 4
         cancelled = await engine.drain_servers([B])
         assert cancelled == 2
         await settle()
-        assert engine.drained == {B}
+        assert engine.pool.drained == {B}
         # b's requests were cancelled, its lanes are free, and nothing new went to it
         assert [r for r in server.pending if r.url == B] == []
         assert all(r.future.cancelled() for r in server.requests if r.url == B)
-        assert engine.lanes[B].busy == 0
+        assert engine.pool.lanes[B].busy == 0
         assert len(server.requests) == 8
         # a keeps training: its groups end, new groups take its freed lanes, still nothing on b
         server.release(on(A))
@@ -66,7 +66,7 @@ async def test_drain_cancels_in_flight_groups_and_restore_refills_the_server(tok
         engine.weights_updated(1)
         engine.restore_servers([B])
         await settle()
-        assert engine.drained == set()
+        assert engine.pool.drained == set()
         on_b = [r for r in server.pending if r.url == B]
         assert len(on_b) == 4  # two new groups fill b's 4 lanes
         server.hold = None

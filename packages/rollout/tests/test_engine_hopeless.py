@@ -264,7 +264,7 @@ async def test_groups_failing_on_an_unreachable_server_do_not_stop_the_run(token
         assert len([r for r in server.pending if r.url == A]) == 16
         server.release(lambda r: r.url == A)
         await settle()
-        assert engine.down.keys() == {A}
+        assert engine.pool.down.keys() == {A}
         server.hold = None
         server.release()
         batch = await asyncio.wait_for(engine.next_batch(timeout_s=None), 10)
@@ -279,14 +279,14 @@ async def test_dropped_groups_kept_for_records_are_capped_and_the_rest_counted(t
 
     server = FakeInferenceServer(reply=late_spread)
     engine = make_engine(tokenizer, server, max_zero_advantage_batches=0)  # 100 flat groups: no stop
-    assert engine.max_recorded_drops == 4 * 1 + 64
+    assert engine.bucket.max_recorded == 4 * 1 + 64
     async with engine:
         batch = await asyncio.wait_for(engine.next_batch(timeout_s=None), 10)
     assert [d.group.group_id for d in batch.discarded] == list(range(68))
     assert batch.metrics["rollout/groups_discarded"] == 68.0
     assert batch.metrics["rollout/discarded_zero_advantage"] == 100.0
     assert batch.metrics["rollout/discarded_unrecorded"] == 32.0
-    assert engine._discarded == []  # handed out with the batch
+    assert engine.pending_drops() == ([], [])  # handed out with the batch
 
 
 def constant(req) -> tuple[str, list[int]]:
@@ -375,8 +375,8 @@ async def test_dropping_prompts_at_dispatch_lets_other_tasks_run(tokenizer):
         async with engine:
             with pytest.raises(RolloutError, match="none of the last 2000 prompts"):
                 await asyncio.wait_for(engine.next_batch(timeout_s=None), 30)
-            assert len(engine._discarded) == 68  # memory stays bounded
-            assert engine._stats["discarded_unrecorded"] == 2000 - 68
+            assert len(engine.pending_drops()[0]) == 68  # memory stays bounded
+            assert engine.bucket.unrecorded("discarded") == 2000 - 68
     finally:
         tick_task.cancel()
     assert ticks >= 1000

@@ -7,7 +7,7 @@ import pytest
 from engine_fakes import by_sample_parity, make_engine
 
 from telescope_rollout import RolloutError, ScoredSample
-from telescope_rollout.engine._engine import _is_zero_advantage
+from telescope_rollout.engine._groups import is_zero_advantage
 from telescope_rollout.testing import FakeInferenceServer, group_advantages
 
 
@@ -27,9 +27,9 @@ def test_group_advantages_hand_worked():
 
 
 def test_zero_advantage_rule():
-    assert _is_zero_advantage([0.3, 0.3 + 1e-12])
-    assert not _is_zero_advantage([0.0])
-    assert not _is_zero_advantage([0.0, 1e-6])
+    assert is_zero_advantage([0.3, 0.3 + 1e-12])
+    assert not is_zero_advantage([0.0])
+    assert not is_zero_advantage([0.0, 1e-6])
 
 
 async def test_reward_shaping_comes_before_the_advantages(tokenizer):

@@ -25,7 +25,7 @@ async def test_a_lost_server_s_groups_are_cancelled_and_their_prompts_generated_
         assert len(prompts_on_b) == 2
         assert await engine.server_lost(B) == 2
         await settle()
-        assert engine.lost == {B}
+        assert engine.pool.lost == {B}
         assert all(r.future.cancelled() for r in server.requests if r.url == B)
         # b's prompts are handed out again, first, to a (the only server left), as new groups
         server.release(lambda r: r.url == A)
@@ -45,7 +45,7 @@ async def test_a_lost_server_s_groups_are_cancelled_and_their_prompts_generated_
         with pytest.raises(ValueError, match="holds weight version 0, the pool is at 1"):
             engine.server_back(B, 0)
         engine.server_back(B, 1)
-        assert engine.lost == set()
+        assert engine.pool.lost == set()
         assert engine.server_versions[B] == 1
         kept = []
         while not any(g.server == B for g in kept):
@@ -68,7 +68,7 @@ async def test_a_supervised_engine_reports_unreachable_servers_and_waits_when_al
         # both reported once each and out of the pool; no RolloutError: restarting them is the
         # supervisor's concern
         assert sorted(url for url, _ in heard) == [A, B]
-        assert engine.lost == {A, B}
+        assert engine.pool.lost == {A, B}
         assert engine._failed is None
         # the supervisor restarts a: it comes back, and the run goes on
         assert await engine.server_lost(A) == 0  # already out: nothing more to cancel

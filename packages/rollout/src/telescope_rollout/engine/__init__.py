@@ -5,11 +5,14 @@
 groups (dropped ones ride along with their reason; each sample with its :class:`Turn` s), and
 tells ``on_event`` about its :class:`EngineEvent` s. The caller gives the math: ``advantage_fn``
 and, optionally, ``reward_shaping``. :meth:`RolloutEngine.progress` is the batch being filled as
-it stands (a :class:`BatchProgress`, in words by :func:`progress_line`). How it schedules is in
-docs/rollout.md, "The engine".
+it stands (a :class:`BatchProgress`, in words by :func:`progress_line`); ``engine.pool`` (a
+:class:`ServerPool`) is its servers: which are in the pool, their weight versions, their lanes.
+How it schedules is in docs/rollout.md, "The engine".
 """
 
-from telescope_rollout.engine._engine import AdvantageFn, RewardShaping, RolloutEngine, RolloutError
+from telescope_rollout.engine._engine import RolloutEngine, RolloutError
+from telescope_rollout.engine._groups import AdvantageFn, RewardShaping
+from telescope_rollout.engine._pool import ServerPool
 from telescope_rollout.engine._progress import BatchProgress, RewardTally, progress_line
 from telescope_rollout.engine._results import (
     DroppedGroup,
@@ -24,7 +27,7 @@ from telescope_rollout.engine._settings import EngineSettings, config_mismatches
 from telescope_rollout.engine._watch import FailureWatch, unfit_environment
 
 # the engine
-__all__ = ["AdvantageFn", "EngineSettings", "RewardShaping", "RolloutEngine", "RolloutError"]
+__all__ = ["AdvantageFn", "EngineSettings", "RewardShaping", "RolloutEngine", "RolloutError", "ServerPool"]
 # what it hands out (and tells the timeline)
 __all__ += ["DroppedGroup", "EngineEvent", "RolloutBatch", "ScoredGroup", "ScoredSample", "Turn"]
 # how the batch being filled is going (``RolloutEngine.progress()``)

@@ -38,19 +38,11 @@ then ``zero_advantage``; otherwise it is kept. Dropped and cancelled groups ride
 batch for inspection, at most ``4 * prompts_batch_size_for_trainer + 64`` of each per batch (the
 first ones; the rest are counted in ``rollout/discarded_unrecorded`` / ``rollout/cancelled_unrecorded``).
 
-Input that can only fail again stops the run with a :class:`RolloutError` (``_watch``):
-- a prompt that cannot fit (prompt tokens >= ``max_model_len``) is dropped at dispatch as a group
-  with reason ``prompt_too_long``, before any request; it takes no lane. Once
-  ``max_consecutive_unfit_prompts`` prompts of one environment in a row do not fit, or every
-  training prompt of it was seen not fitting, the run stops naming the environment;
-- once every sample of the last ``max(2 * prompts_batch_size_for_trainer, 8)`` finished groups
-  failed with one error kind (a kept or non-error-dropped group starts the count over; cancelled
-  groups and groups on a server found unreachable do not count), the run stops naming the kind,
-  the environments and the first error;
-- once ``max_zero_advantage_batches * prompts_batch_size_for_trainer`` groups in a row were
-  dropped for zero advantage with none kept in between, the run stops naming their rewards per
-  environment; an environment alone in that state is named in a warning (event
-  ``environment_flat``) while the others keep the run going.
+Input that can only fail again stops the run with a :class:`RolloutError`: an environment whose
+prompts cannot fit the context, a run of groups that all failed with one error kind, a run of
+groups dropped for zero advantage (an environment alone in that state is named in a warning,
+event ``environment_flat``); the rules and their counts: ``engine._watch`` and docs/rollout.md,
+"Input that can only fail again".
 
 Progress: ``progress()`` is the batch being filled as it stands (kept of needed, drops by reason,
 the rewards of finished groups per environment) and ``pending_drops()`` the groups dropped for it
@@ -68,16 +60,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
 
+from telescope_rollout.engine._bucket import Bucket, batch_metrics
 from telescope_rollout.engine._episode import Play, completion_budget, play_sample, system_prompt_of, too_long
-from telescope_rollout.engine._lanes import LanePool
-from telescope_rollout.engine._progress import BatchProgress, RewardTally
+from telescope_rollout.engine._groups import (
+    AdvantageFn,
+    GroupRun,
+    RewardShaping,
+    SampleRun,
+    is_zero_advantage,
+    score_advantages,
+    scored_group,
+)
+from telescope_rollout.engine._pool import ServerPool
+from telescope_rollout.engine._progress import BatchProgress
 from telescope_rollout.engine._prompts import PreparedPrompt, PromptSource
 from telescope_rollout.engine._results import (
     DroppedGroup,
@@ -100,44 +100,9 @@ from telescope_rollout.inference._client import CompletionClient, ServerUnavaila
 
 log = structlog.get_logger()
 
-AdvantageFn = Callable[[list[float]], Sequence[float]]
-"""The rewards of one group in, one advantage per sample out (the caller's estimator, e.g.
-``telescope_algos.group_advantages`` with the run's algorithm bound)."""
-RewardShaping = Callable[[ScoredSample], float]
-"""A scored sample in, the reward to train on out (e.g. its reward plus an overlong penalty)."""
-ZERO_ADVANTAGE_TOL = 1e-9
-"""Advantages of a group that differ by no more than this carry no learning signal."""
-
-
-def _is_zero_advantage(advantages: Sequence[float]) -> bool:
-    """The drop rule of ``discard_group_zero_advantage``: a group of more than one sample whose
-    advantages are all equal (within :data:`ZERO_ADVANTAGE_TOL`)."""
-    return len(advantages) > 1 and max(advantages) - min(advantages) <= ZERO_ADVANTAGE_TOL
-
 
 class RolloutError(RuntimeError):
     """The engine cannot go on (every server unreachable, input that can only fail, an internal failure)."""
-
-
-@dataclass
-class _SampleRun:
-    out: ScoredSample
-    started: bool = False
-    generating: bool = False
-    done: bool = False
-
-
-@dataclass
-class _GroupRun:
-    group_id: int
-    prompt: PreparedPrompt
-    server: str
-    runs: list[_SampleRun] = field(default_factory=list)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    lanes: list[int] | None = None
-    """Group mode: the slots held by the whole group."""
-    finished: int = 0
-    cancelled: bool = False
 
 
 class RolloutEngine:
@@ -181,7 +146,10 @@ class RolloutEngine:
         self.reward_shaping = reward_shaping
         self.clock = clock or time.monotonic
         self.on_event = on_event
-        self._init_servers(list(client.server_urls))
+        self.pool = ServerPool(list(client.server_urls), settings.lanes_per_server)
+        """The servers: pool membership, the version each holds, lane slots (``engine._pool``)."""
+        self.on_server_down: Callable[[str, str], None] | None = None
+        """The caller's supervisor (module docstring): hears ``(url, error)`` of unreachable servers."""
         kwargs = {} if settings.enable_thinking is None else {"enable_thinking": settings.enable_thinking}
         buffer = settings.prompt_prefetch_buffer_size if settings.enable_prompt_prefetch else 0
         self.prompts = PromptSource(
@@ -193,15 +161,10 @@ class RolloutEngine:
         self.next_group_id = 0
         self.next_sample_id = 0
         self.paused = False
-        self._groups: dict[int, _GroupRun] = {}
-        self._bucket: list[ScoredGroup] = []
-        self._discarded: list[DroppedGroup] = []
-        self._cancelled: list[DroppedGroup] = []
+        self._groups: dict[int, GroupRun] = {}
         self._batches: asyncio.Queue[RolloutBatch | BaseException] = asyncio.Queue()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._rr = 0
-        self._stats: defaultdict[str, float] = defaultdict(float)
         self.cancelled_groups = 0
         """Groups cancelled since the engine was built."""
         self._paused_since: float | None = None
@@ -210,26 +173,21 @@ class RolloutEngine:
         flat = settings.max_zero_advantage_batches * P if settings.discard_group_zero_advantage else 0
         self.watch = FailureWatch(settings.max_consecutive_unfit_prompts, max(2 * P, 8), flat)
         """Counts unfit prompts, same-error and zero-advantage groups (see the module docstring)."""
-        self._rewards: dict[str, RewardTally] = {}
-        """Per environment, the mean rewards of the groups scored since the last batch."""
-        self.max_recorded_drops = 4 * P + 64
-        """Dropped (and, separately, cancelled) groups kept per batch for records; more are counted."""
+        self.bucket = Bucket(P, max_recorded=4 * P + 64)
+        """The batch being filled (``engine._bucket``): dropped and cancelled groups are kept per
+        batch for records up to ``4 * prompts_batch_size_for_trainer + 64`` each; more are counted."""
         self._failed: RolloutError | None = None
         self._warned_unfit: set[str] = set()
 
-    def _init_servers(self, urls: list[str]) -> None:
-        self.servers = urls
-        self.lanes = {url: LanePool(self.settings.lanes_per_server) for url in urls}
-        self.server_versions = dict.fromkeys(urls, 0)
-        """Weight version each server holds."""
-        self.down: dict[str, str] = {}
-        """Servers a request found unreachable, with the error."""
-        self.drained: set[str] = set()
-        """Servers out of the training pool for evals (:meth:`drain_servers`)."""
-        self.lost: set[str] = set()
-        """Dead servers the caller restarts (:meth:`server_lost` until :meth:`server_back`)."""
-        self.on_server_down: Callable[[str, str], None] | None = None
-        """The caller's supervisor (module docstring): hears ``(url, error)`` of unreachable servers."""
+    @property
+    def servers(self) -> list[str]:
+        """Every server of the engine, in order (``pool.servers``)."""
+        return self.pool.servers
+
+    @property
+    def server_versions(self) -> dict[str, int]:
+        """Weight version each server holds (``pool.versions``)."""
+        return self.pool.versions
 
     # ----------------------------------------------------------------- events
     def _emit(self, kind: str, **detail: Any) -> None:
@@ -305,9 +263,9 @@ class RolloutEngine:
         except TimeoutError:
             raise TimeoutError(
                 f"no rollout batch within {timeout_s} s: {len(self._groups)} groups in flight, "
-                f"{len(self._bucket)} kept of {self.settings.prompts_batch_size_for_trainer}, "
+                f"{len(self.bucket.kept)} kept of {self.settings.prompts_batch_size_for_trainer}, "
                 f"paused={self.paused}, "
-                f"unreachable servers={sorted(self.down)}"
+                f"unreachable servers={sorted(self.pool.down)}"
             ) from None
         if isinstance(item, BaseException):
             self._batches.put_nowait(item)
@@ -322,22 +280,12 @@ class RolloutEngine:
         """
         if version < self.version:
             raise ValueError(f"weight version went back from {self.version} to {version}")
-        targets = set(self.servers) if servers is None else self._known(servers)
-        out = self.drained | self.lost
-        missed = sorted(u for u in self.servers if u not in out and u not in targets)
-        if missed:
-            raise ValueError(
-                f"servers {missed} are in the training pool but did not get weight version {version}: "
-                "send the weights to every server in the pool, or drain_servers() them first"
-            )
-        previous = dict(self.server_versions)
-        for url in targets:
-            self.server_versions[url] = version
+        moved = self.pool.update(version, servers)
         self.version = version
-        self._emit("weights_updated", version=version, servers=sorted(targets))
+        self._emit("weights_updated", version=version, servers=sorted(moved))
         limit = self.settings.max_off_policy_steps
         for group in list(self._groups.values()):
-            delta = self.server_versions[group.server] - previous[group.server]
+            delta = moved.get(group.server, 0)
             if delta == 0:
                 continue
             for run in group.runs:
@@ -357,8 +305,8 @@ class RolloutEngine:
         ``cancelled``; groups that are only being scored finish normally. Returns once the
         cancelled requests have unwound (at most ``timeout_s``).
         """
-        urls = self._known(servers)
-        self.drained |= urls
+        urls = self.pool.known(servers)
+        self.pool.drained |= urls
         victims = self._needing(urls)
         self._emit("servers_drained", servers=sorted(urls), reason=reason, cancelled_groups=len(victims))
         self._cancel_all(victims, reason, requeue=False)
@@ -373,15 +321,15 @@ class RolloutEngine:
         batch's ``cancelled``) and its prompt queued again, handed out before new ones; groups only
         being scored finish normally. Returns once the cancelled requests have unwound.
         """
-        (key,) = self._known([url])
+        (key,) = self.pool.known([url])
         victims = self._take_out(key, reason)
         await self._unwind(victims, timeout_s)
         return len(victims)
 
-    def _take_out(self, url: str, reason: str) -> list[_GroupRun]:
+    def _take_out(self, url: str, reason: str) -> list[GroupRun]:
         """:meth:`server_lost` up to the wait: returns the groups cancelled (prompts queued again)."""
-        new = url not in self.lost
-        self.lost.add(url)
+        new = url not in self.pool.lost
+        self.pool.lost.add(url)
         victims = self._needing({url})
         if new:
             self._emit("server_lost", servers=[url], reason=reason, cancelled_groups=len(victims))
@@ -390,20 +338,18 @@ class RolloutEngine:
 
     def server_back(self, url: str, version: int) -> None:
         """A restarted server holds weight ``version`` (it must be the pool's): it serves again."""
-        (key,) = self._known([url])
+        (key,) = self.pool.known([url])
         if version != self.version:
             raise ValueError(
                 f"server {key} holds weight version {version}, the pool is at {self.version}: send it "
                 "the current weights first"
             )
-        self.server_versions[key] = version
-        self.lost.discard(key)
-        self.down.pop(key, None)
+        self.pool.back(key, version)
         self._emit("server_back", servers=[key], version=version)
         log.info("rollout_server_back", server=key, version=version)
         self._wake.set()
 
-    def _needing(self, urls: set[str]) -> list[_GroupRun]:
+    def _needing(self, urls: set[str]) -> list[GroupRun]:
         """The groups on ``urls`` that still need their server (a sample not started or generating)."""
         return [
             g
@@ -411,7 +357,7 @@ class RolloutEngine:
             if g.server in urls and any(not r.done and (not r.started or r.generating) for r in g.runs)
         ]
 
-    def _cancel_all(self, victims: list[_GroupRun], reason: str, *, requeue: bool) -> None:
+    def _cancel_all(self, victims: list[GroupRun], reason: str, *, requeue: bool) -> None:
         """Cancel ``victims`` with ``reason``, optionally queueing their prompts again."""
         for group in victims:
             self._cancel_group(group, reason)
@@ -427,7 +373,7 @@ class RolloutEngine:
             )
         self._wake.set()
 
-    async def _unwind(self, victims: list[_GroupRun], timeout_s: float) -> None:
+    async def _unwind(self, victims: list[GroupRun], timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the cancelled groups' requests to unwind."""
         tasks = [t for g in victims for t in g.tasks if t is not asyncio.current_task()]
         if tasks:
@@ -437,34 +383,21 @@ class RolloutEngine:
 
     def restore_servers(self, servers: Sequence[str]) -> None:
         """Put drained ``servers`` back into the training pool (they must hold the pool's version)."""
-        urls = self._known(servers)
-        behind = {
-            u: self.server_versions[u]
-            for u in sorted(urls - self.lost)  # a lost one comes back with server_back
-            if self.server_versions[u] != self.version
-        }
+        urls = self.pool.known(servers)
+        behind = self.pool.behind(urls, self.version)  # a lost one comes back with server_back
         if behind:
             raise ValueError(
                 f"cannot restore servers holding weight versions {behind} into a pool at version "
                 f"{self.version}: send them the current weights and call weights_updated() first"
             )
-        self.drained -= urls
+        self.pool.drained -= urls
         log.info("rollout_servers_restored", servers=sorted(urls), version=self.version)
         self._emit("servers_restored", servers=sorted(urls), version=self.version)
         self._wake.set()
 
-    def _known(self, servers: Sequence[str]) -> set[str]:
-        if isinstance(servers, str):
-            raise TypeError("pass a list of server URLs, not one string")
-        urls = {u.rstrip("/") for u in servers}
-        unknown = sorted(urls - set(self.servers))
-        if unknown:
-            raise ValueError(f"unknown servers {unknown}; the engine's servers are {self.servers}")
-        return urls
-
     def mark_server_up(self, url: str) -> None:
         """A server that failed was restarted: dispatch to it again."""
-        self.down.pop(url.rstrip("/"), None)
+        self.pool.down.pop(url.rstrip("/"), None)
         self._wake.set()
 
     @property
@@ -477,26 +410,12 @@ class RolloutEngine:
 
     def progress(self) -> BatchProgress:
         """The batch being filled as it stands (module docstring, "Progress")."""
-        counts: dict[str, dict[str, int]] = {"discarded": {}, "cancelled": {}}
-        for key, n in self._stats.items():
-            what, _, reason = key.partition("_")
-            if what in counts and reason != "unrecorded":
-                counts[what][reason] = int(n)
-        rewards = {env: replace(t, values=dict(t.values)) for env, t in self._rewards.items()}
-        return BatchProgress(
-            step=self.step,
-            kept=len(self._bucket),
-            needed=self.settings.prompts_batch_size_for_trainer,
-            dropped=counts["discarded"],
-            cancelled=counts["cancelled"],
-            in_flight=len(self._groups),
-            rewards=rewards,
-        )
+        return self.bucket.progress(self.step, len(self._groups))
 
     def pending_drops(self) -> tuple[list[DroppedGroup], list[DroppedGroup]]:
         """The groups discarded and cancelled for the batch being filled so far (recorded ones;
         they ride along in that batch all the same)."""
-        return list(self._discarded), list(self._cancelled)
+        return list(self.bucket.discarded), list(self.bucket.cancelled)
 
     def state_dict(self) -> dict[str, Any]:
         """Sampler position (prompts handed out) and counters, JSON-able."""
@@ -517,32 +436,13 @@ class RolloutEngine:
         self.prompts.reset()
         self.step = int(state["step"])
         self.version = int(state["version"])
-        self.server_versions = dict.fromkeys(self.servers, self.version)
+        self.pool.reset_versions(self.version)
         self.next_group_id = int(state["next_group_id"])
         self.next_sample_id = int(state["next_sample_id"])
 
     # ----------------------------------------------------------------- dispatch
     def _should_pause(self) -> bool:
         return self.step - self.version > self.settings.max_async_rollout
-
-    def _pick_server(self) -> tuple[str, list[int] | None] | None:
-        n = len(self.servers)
-        G = self.settings.group_size
-        for k in range(n):
-            url = self.servers[(self._rr + k) % n]
-            if url in self.down or url in self.drained or url in self.lost:
-                continue
-            pool = self.lanes[url]
-            if self.settings.enable_individual_sample_lanes:
-                if pool.unclaimed >= 1:
-                    self._rr = (self._rr + k + 1) % n
-                    return url, None
-            else:
-                lanes = pool.try_acquire(G)
-                if lanes is not None:
-                    self._rr = (self._rr + k + 1) % n
-                    return url, lanes
-        return None
 
     def _check_pause(self) -> bool:
         """True while the async limit pauses dispatch (counts pauses and paused time)."""
@@ -551,7 +451,7 @@ class RolloutEngine:
                 self.paused = True
                 self._paused_since = self.clock()
                 self._paused_wall = time.time()
-                self._stats["pauses"] += 1
+                self.bucket.stats["pauses"] += 1
                 log.debug("rollout_paused_max_async", step=self.step, version=self.version)
                 self._emit(
                     "dispatch_paused", version=self.version, max_async_rollout=self.settings.max_async_rollout
@@ -560,7 +460,7 @@ class RolloutEngine:
         if self.paused:
             self.paused = False
             if self._paused_since is not None:
-                self._stats["paused_s"] += self.clock() - self._paused_since
+                self.bucket.stats["paused_s"] += self.clock() - self._paused_since
             self._paused_since = None
             log.debug("rollout_resumed_max_async", step=self.step, version=self.version)
             paused_s = time.time() - self._paused_wall if self._paused_wall is not None else 0.0
@@ -573,10 +473,10 @@ class RolloutEngine:
             dispatched = 0
             while self._failed is None:
                 self._wake.clear()
-                if self.on_server_down is None and len(self.down) == len(self.servers):
+                if self.on_server_down is None and self.pool.all_down:
                     raise RolloutError(
                         "every inference server is unreachable: "
-                        + "; ".join(f"{u}: {e}" for u, e in self.down.items())
+                        + "; ".join(f"{u}: {e}" for u, e in self.pool.down.items())
                         + ". Check the server logs in the run directory (logs/) and restart them."
                     )
                 if self._check_pause():
@@ -586,7 +486,9 @@ class RolloutEngine:
                 if self._drop_if_unfit(prompt):
                     await asyncio.sleep(0)  # a stream of unfit prompts still lets the caller run
                     continue
-                picked = self._pick_server()
+                picked = self.pool.pick(
+                    self.settings.group_size, per_sample=self.settings.enable_individual_sample_lanes
+                )
                 if picked is None:
                     self.prompts.put_back(prompt)
                     await self._wake.wait()
@@ -629,7 +531,7 @@ class RolloutEngine:
             run.done = True
             run.out.error, run.out.error_detail = "prompt_too_long", too_long(n, s)
             run.out.finished_at = run.out.dispatched_at
-        self._drop(self._scored_group(group), "prompt_too_long")
+        self._drop(scored_group(group, self.step, self.version), "prompt_too_long")
         if prompt.env_name not in self._warned_unfit:
             self._warned_unfit.add(prompt.env_name)
             log.warning(
@@ -658,9 +560,9 @@ class RolloutEngine:
         """How many prompts the sampler can draw from ``env_name``."""
         return len(self.sampler.candidates(env_name))
 
-    def _new_group(self, prompt: PreparedPrompt, url: str, lanes: list[int] | None = None) -> _GroupRun:
+    def _new_group(self, prompt: PreparedPrompt, url: str, lanes: list[int] | None = None) -> GroupRun:
         """A group of ``group_size`` fresh samples with the next group and sample ids."""
-        group = _GroupRun(self.next_group_id, prompt, url, lanes=lanes)
+        group = GroupRun(self.next_group_id, prompt, url, lanes=lanes)
         self.next_group_id += 1
         system = system_prompt_of(self.environments[prompt.env_name], prompt)
         now = time.time()
@@ -677,7 +579,7 @@ class RolloutEngine:
                 dispatched_at=now,
             )
             self.next_sample_id += 1
-            group.runs.append(_SampleRun(out))
+            group.runs.append(SampleRun(out))
         return group
 
     def _start_group(self, url: str, prompt: PreparedPrompt, lanes: list[int] | None) -> None:
@@ -687,8 +589,8 @@ class RolloutEngine:
             lane = lanes[i] if lanes is not None else None
             group.tasks.append(asyncio.create_task(self._run_sample(group, run, lane)))
 
-    async def _run_sample(self, group: _GroupRun, run: _SampleRun, lane: int | None) -> None:
-        pool = self.lanes[group.server]
+    async def _run_sample(self, group: GroupRun, run: SampleRun, lane: int | None) -> None:
+        pool = self.pool.lanes[group.server]
         individual = self.settings.enable_individual_sample_lanes
         out = run.out
         held: int | None = None
@@ -700,14 +602,14 @@ class RolloutEngine:
             else:
                 out.lane = lane if lane is not None else -1
             run.started = run.generating = True
-            out.version_start = self.server_versions[group.server]
+            out.version_start = self.pool.versions[group.server]
             t0 = self.clock()
             out.timings["queue_s"] = t0 - t_queued
 
             def on_generated() -> None:
                 nonlocal held
                 run.generating = False
-                out.version_end = self.server_versions[group.server]
+                out.version_end = self.pool.versions[group.server]
                 out.timings["generation_s"] = self.clock() - t0
                 if held is not None and self.settings.free_lane_after_generation:
                     pool.release(held)
@@ -722,20 +624,20 @@ class RolloutEngine:
                 self.prompts,
                 eos,
                 on_generated,
-                version=lambda: self.server_versions[group.server],
+                version=lambda: self.pool.versions[group.server],
             )
             failure = await play_sample(env, group.prompt, out, play)
             # Only an unreachable server leaves the pool; a timeout fails its sample alone.
             unreachable = failure if isinstance(failure, ServerUnavailableError) else None
-            if unreachable is not None and group.server not in self.down:
+            if unreachable is not None and group.server not in self.pool.down:
                 log.error("inference_server_unreachable", server=group.server, error=str(unreachable))
-                self.down[group.server] = str(unreachable)
+                self.pool.down[group.server] = str(unreachable)
                 if self.on_server_down is not None:  # supervised: its groups are generated again
                     self._take_out(group.server, "server_restart")
                     self.on_server_down(group.server, str(unreachable))
             if run.generating:
                 run.generating = False
-                out.version_end = self.server_versions[group.server]
+                out.version_end = self.pool.versions[group.server]
             out.timings["reward_s"] = self.clock() - t0 - out.timings.get("generation_s", 0.0)
         finally:
             if held is not None:
@@ -746,39 +648,18 @@ class RolloutEngine:
         self._sample_done(group)
 
     # ----------------------------------------------------------------- acceptance
-    def _scored_group(self, group: _GroupRun) -> ScoredGroup:
-        samples = [r.out for r in group.runs]
-        started = [s.version_start for r, s in zip(group.runs, samples, strict=True) if r.started]
-        v0 = min(started) if started else self.version
-        return ScoredGroup(
-            group_id=group.group_id,
-            env_name=group.prompt.env_name,
-            samples=samples,
-            prompt_text=group.prompt.text,
-            sample_index=group.prompt.index,
-            server=group.server,
-            version_start=v0,
-            staleness=self.step - v0,
-        )
-
-    def _release_group_lanes(self, group: _GroupRun) -> None:
+    def _release_group_lanes(self, group: GroupRun) -> None:
         if group.lanes is not None:
             for lane in group.lanes:
-                self.lanes[group.server].release(lane)
+                self.pool.lanes[group.server].release(lane)
             group.lanes = None
             self._wake.set()
 
     def _drop(self, sg: ScoredGroup, reason: str, cancelled: bool = False) -> None:
-        kept = self._cancelled if cancelled else self._discarded
-        what = "cancelled" if cancelled else "discarded"
-        if len(kept) < self.max_recorded_drops:
-            kept.append(DroppedGroup(sg, reason, self.step, self.version))
-        else:
-            self._stats[f"{what}_unrecorded"] += 1
-        self._stats[f"{what}_{reason}"] += 1
+        self.bucket.drop(DroppedGroup(sg, reason, self.step, self.version), cancelled=cancelled)
         log.debug("rollout_dropped", group_id=sg.group_id, reason=reason, cancelled=cancelled)
 
-    def _cancel_group(self, group: _GroupRun, reason: str) -> None:
+    def _cancel_group(self, group: GroupRun, reason: str) -> None:
         group.cancelled = True
         self.cancelled_groups += 1
         self._groups.pop(group.group_id, None)
@@ -790,10 +671,10 @@ class RolloutEngine:
                 r.out.error = "cancelled"
                 r.out.finished_at = now
         self._release_group_lanes(group)
-        self._drop(self._scored_group(group), reason, cancelled=True)
+        self._drop(scored_group(group, self.step, self.version), reason, cancelled=True)
         self._emit("group_cancelled", reason=reason, group_id=group.group_id, server=group.server)
 
-    def _sample_done(self, group: _GroupRun) -> None:
+    def _sample_done(self, group: GroupRun) -> None:
         if group.cancelled:
             return
         group.finished += 1
@@ -801,12 +682,12 @@ class RolloutEngine:
             return
         self._groups.pop(group.group_id, None)
         self._release_group_lanes(group)
-        sg = self._scored_group(group)
+        sg = scored_group(group, self.step, self.version)
         errors = [s for s in sg.samples if s.error]
         if errors:
             self._drop(sg, str(errors[0].error))
             # an unreachable server is the pool's concern (every server down stops the run)
-            if group.server not in self.down:
+            if group.server not in self.pool.down:
                 kinds = [s.error for s in sg.samples]
                 run = self.watch.group_failed(kinds, sg.env_name, errors[0].error_detail)
                 if run is not None:
@@ -814,7 +695,7 @@ class RolloutEngine:
             self._wake.set()
             return
         try:
-            self._score_advantages(sg)
+            score_advantages(sg, self.advantage_fn, self.reward_shaping)
         except Exception as exc:  # the caller's functions: a bug there cannot be retried away
             err = RolloutError(f"the engine's reward_shaping or advantage_fn raised {exc!r}")
             err.__cause__ = exc
@@ -823,16 +704,15 @@ class RolloutEngine:
         self.watch.group_ok()
         s = self.settings
         reward = sum(sg.rewards) / len(sg.rewards)
-        self._rewards.setdefault(sg.env_name, RewardTally()).add(reward)
+        self.bucket.scored(sg.env_name, reward)
         if sg.staleness > s.max_async_rollout:
             self._drop(sg, "max_async")
-        elif s.discard_group_zero_advantage and _is_zero_advantage([x.advantage for x in sg.samples]):
+        elif s.discard_group_zero_advantage and is_zero_advantage([x.advantage for x in sg.samples]):
             self._drop(sg, "zero_advantage")
             self._watch_flat(sg.env_name, reward)
         else:
             self.watch.group_kept(sg.env_name)
-            self._bucket.append(sg)
-            if len(self._bucket) >= s.prompts_batch_size_for_trainer:
+            if self.bucket.keep(sg):
                 self._assemble()
         self._wake.set()
 
@@ -851,41 +731,35 @@ class RolloutEngine:
             log.warning("rollout_environment_flat", env=env, groups=stalled.count, message=message)
             self._emit("environment_flat", env=env, groups=stalled.count, message=message)
 
-    def _score_advantages(self, sg: ScoredGroup) -> None:
-        """Shape each sample's reward (when the caller gave ``reward_shaping``), then set advantages."""
-        if self.reward_shaping is not None:
-            for sample in sg.samples:
-                sample.reward = float(self.reward_shaping(sample))
-        advantages = list(self.advantage_fn(sg.rewards))
-        if len(advantages) != len(sg.samples):
-            raise ValueError(
-                f"advantage_fn returned {len(advantages)} advantages for {len(sg.samples)} rewards"
-            )
-        for sample, a in zip(sg.samples, advantages, strict=True):
-            sample.advantage = float(a)
-
     def _assemble(self) -> None:
         if self._failed is not None:
             return
-        n = self.settings.prompts_batch_size_for_trainer
-        groups, self._bucket = self._bucket[:n], self._bucket[n:]
         now = self.clock()
+        stats = self.bucket.stats
         if self._paused_since is not None:
-            self._stats["paused_s"] += now - self._paused_since
+            stats["paused_s"] += now - self._paused_since
             self._paused_since = now
-        batch = RolloutBatch(self.step, groups, self._discarded, self._cancelled)
-        batch.metrics = self._metrics(batch, now)
+        discarded, cancelled = self.bucket.unrecorded("discarded"), self.bucket.unrecorded("cancelled")
+        counts = dict(stats)
+        batch = self.bucket.take(self.step)
+        batch.metrics = batch_metrics(
+            batch,
+            counts,
+            version=self.version,
+            batch_time_s=now - self._last_batch_t,
+            in_flight=len(self._groups),
+            lanes_busy=sum(p.busy for p in self.pool.lanes.values()),
+            drained=len(self.pool.drained),
+        )
+        discarded += len(batch.discarded)
         self._emit(
             "batch_assembled",
-            kept=len(groups),
-            discarded=len(batch.discarded) + int(self._stats.get("discarded_unrecorded", 0)),
-            cancelled=len(batch.cancelled) + int(self._stats.get("cancelled_unrecorded", 0)),
+            kept=len(batch.groups),
+            discarded=discarded,
+            cancelled=cancelled + len(batch.cancelled),
         )
-        self._discarded, self._cancelled = [], []
         self.step += 1
         self._last_batch_t = now
-        self._stats.clear()
-        self._rewards = {}
         self._cancel_unkeepable()
         self._batches.put_nowait(batch)
 
@@ -903,33 +777,3 @@ class RolloutEngine:
             started = [r.out.version_start for r in group.runs if r.started]
             if started and self.step - min(started) > limit:
                 self._cancel_group(group, "max_async")
-
-    def _metrics(self, batch: RolloutBatch, now: float) -> dict[str, float]:
-        samples = batch.samples
-        n = max(len(samples), 1)
-        m: dict[str, float] = {
-            "rollout/async_level": float(batch.step - self.version),
-            "rollout/weight_version": float(self.version),
-            "rollout/groups_kept": float(len(batch.groups)),
-            "rollout/groups_discarded": float(len(batch.discarded)),
-            "rollout/groups_cancelled": float(len(batch.cancelled)),
-            "rollout/discarded_unrecorded": float(self._stats.get("discarded_unrecorded", 0)),
-            "rollout/samples": float(len(samples)),
-            "rollout/prompt_tokens": float(sum(len(s.prompt_ids) for s in samples)),
-            "rollout/completion_tokens": float(sum(s.num_model_tokens for s in samples)),
-            "rollout/reward_mean": sum(s.reward for s in samples) / n,
-            "rollout/off_policy_steps_mean": sum(s.off_policy_steps for s in samples) / n,
-            "rollout/staleness_mean": sum(g.staleness for g in batch.groups) / max(len(batch.groups), 1),
-            "rollout/staleness_max": float(max((g.staleness for g in batch.groups), default=0)),
-            "rollout/truncated_frac": sum(s.is_truncated for s in samples) / n,
-            "rollout/batch_time_s": now - self._last_batch_t,
-            "rollout/paused_s": float(self._stats.get("paused_s", 0.0)),
-            "rollout/pauses": float(self._stats.get("pauses", 0)),
-            "rollout/groups_in_flight": float(len(self._groups)),
-            "rollout/lanes_busy": float(sum(p.busy for p in self.lanes.values())),
-            "rollout/servers_drained": float(len(self.drained)),
-        }
-        for key, value in self._stats.items():
-            if key.startswith(("discarded_", "cancelled_")):
-                m[f"rollout/{key}"] = float(value)
-        return m
