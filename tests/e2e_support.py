@@ -157,6 +157,19 @@ def wait_gone(run_dir: Path, timeout_s: float = 90.0) -> list[int]:
     return left
 
 
+def kill_after_checkpoint(run_dir: Path, *args: str, step: int = 2, timeout_s: float = 400.0) -> None:
+    """Start ``telescope train`` and SIGKILL it (no cleanup code of ours runs) once the checkpoint
+    of ``step`` is committed; then every process of the run must be gone (the guard's work). The
+    caller resumes it with ``--resume_from_checkpoint true``."""
+    first = start(run_dir, *args)
+    try:
+        wait_for(run_dir / "checkpoints" / f"step_{step}" / "meta.json", first, timeout_s=timeout_s)
+    finally:
+        first.kill()
+        first.wait()
+    assert wait_gone(run_dir) == [], "processes of the killed run are still alive"
+
+
 def check_finished(run: Finished, steps: int, *, resumed_at: int = 0) -> list[dict[str, Any]]:
     """What a user checks after a run (resumed after step ``resumed_at``); returns the steps' lines."""
     assert run.returncode == 0, run.output[-4000:]

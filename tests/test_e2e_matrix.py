@@ -43,7 +43,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from e2e_support import ROOT, SCALE_DOWN, base_args, check_finished, start, train, wait_for, wait_gone
+from e2e_support import (
+    ROOT,
+    SCALE_DOWN,
+    base_args,
+    check_finished,
+    kill_after_checkpoint,
+    train,
+    wait_gone,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 EXAMPLES = ROOT / "configs" / "examples"
@@ -275,13 +283,7 @@ def test_megatron_checkpoint_kill_resume_and_convert(tmp_path, tiny_model_dir):
         "--number_of_steps", "3", "--checkpoint_every", "2",
     ]  # fmt: skip
     run_dir = tmp_path / "run"
-    first = start(run_dir, *args)
-    try:
-        wait_for(run_dir / "checkpoints" / "step_2" / "meta.json", first, timeout_s=400)
-    finally:
-        first.kill()  # SIGKILL: no cleanup code of ours runs
-        first.wait()
-    assert wait_gone(run_dir) == [], "processes of the killed run are still alive"
+    kill_after_checkpoint(run_dir, *args)
     resumed = train(run_dir, *args, "--resume_from_checkpoint", "true")
     lines = check_finished(resumed, 3, resumed_at=2)
     assert all(m["grad_norm"] > 0 for m in lines)
@@ -308,13 +310,7 @@ def test_a_lora_run_killed_resumes_the_servers_follow_and_it_converts(tmp_path, 
         "--checkpoint_every", "2",
     ]  # fmt: skip
     run_dir = tmp_path / "run"
-    first = start(run_dir, *args)
-    try:
-        wait_for(run_dir / "checkpoints" / "step_2" / "meta.json", first, timeout_s=400)
-    finally:
-        first.kill()  # SIGKILL: no cleanup code of ours runs
-        first.wait()
-    assert wait_gone(run_dir) == [], "processes of the killed run are still alive"
+    kill_after_checkpoint(run_dir, *args)
     resumed = train(run_dir, *args, "--resume_from_checkpoint", "true")
     lines = check_finished(resumed, 4, resumed_at=2)
     # synchronous: the servers serve the trainer's adapter at every step, the resumed run's too (the

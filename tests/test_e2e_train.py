@@ -26,7 +26,17 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_support import ROOT, free_port, processes_of, run_env, start, stuck_report, wait_for, wait_gone
+from e2e_support import (
+    ROOT,
+    free_port,
+    kill_after_checkpoint,
+    processes_of,
+    run_env,
+    start,
+    stuck_report,
+    wait_for,
+    wait_gone,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
@@ -50,13 +60,7 @@ def args(tiny_model_dir: Path) -> list[str]:
 
 def test_kill_resume_and_finish(args, tmp_path: Path, tiny_model_dir: Path):
     run = tmp_path / "run"
-    first = start(run, *args)
-    try:
-        wait_for(run / "checkpoints" / "step_2" / "meta.json", first, timeout_s=400)
-    finally:
-        first.kill()  # SIGKILL: no cleanup code of ours runs
-        first.wait()
-    assert wait_gone(run) == [], "processes of the killed run are still alive"
+    kill_after_checkpoint(run, *args)
 
     second = start(run, *args, "--resume_from_checkpoint", "true")
     assert second.wait(timeout=600) == 0, (run.parent / "run.console").read_text()[-3000:]

@@ -24,15 +24,13 @@ one step ahead in its LR is caught), float32 and no dropout. What every backend 
 from __future__ import annotations
 
 import json
-import os
 import random
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from telescope_algos.testing import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -79,27 +77,13 @@ def _steps() -> list[list[dict]]:
     return steps
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(backend: str, model_dir: Path, tmp: Path) -> dict:
     spec = {
         "backend": backend, "model_dir": str(model_dir), "overrides": OVERRIDES, "steps": _steps(),
         "seq_len": 24, "one_row_seq_len": 256, "dir": str(tmp), "out": str(tmp / "out.pt"),
     }  # fmt: skip
     (tmp / "spec.json").write_text(json.dumps(spec))
-    env = {
-        **os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp),
-    }  # fmt: skip
-    log = tmp / "worker.log"
-    with log.open("w") as fh:
-        cmd = [sys.executable, str(WORKER), str(tmp / "spec.json")]
-        proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=900, check=False)
-    assert proc.returncode == 0, log.read_text()[-4000:]
+    run_ranks(WORKER, [str(tmp / "spec.json")], world=1, log_dir=tmp, timeout_s=900, env={"TMPDIR": str(tmp)})
     return torch.load(tmp / "out.pt", weights_only=False)
 
 

@@ -3,10 +3,6 @@ label/alignment helpers; plus a two-rank gloo check of the autograd all-gathers.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +23,7 @@ from telescope_algos.backend import (
     split_length,
     zigzag_indices,
 )
+from telescope_algos.testing import run_ranks
 
 
 def test_zigzag_split_by_hand():
@@ -171,28 +168,8 @@ def test_packed_attention_checks_the_local_length():
 
 def _run_two_ranks(tmp: Path) -> list[dict]:
     """``cp_gather_worker.py`` on two gloo ranks; rank 0 saves both ranks' results."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}  # fmt: skip
-        log = (tmp / f"rank{rank}.log").open("wb")
-        worker = Path(__file__).with_name("cp_gather_worker.py")
-        procs.append(subprocess.Popen([sys.executable, str(worker), str(tmp / "out.pt")], env=env, stdout=log,
-                                      stderr=subprocess.STDOUT))  # fmt: skip
-        log.close()
-    try:
-        codes = [p.wait(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if any(codes):
-        logs = "\n".join((tmp / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in range(2))
-        pytest.fail(f"ranks exited with {codes}:\n{logs}")
+    worker = Path(__file__).with_name("cp_gather_worker.py")
+    run_ranks(worker, [str(tmp / "out.pt")], world=2, log_dir=tmp, timeout_s=300)
     return torch.load(tmp / "out.pt", weights_only=False)
 
 

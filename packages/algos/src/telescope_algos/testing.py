@@ -1,0 +1,84 @@
+"""For tests of code that runs on several ``torch.distributed`` ranks: one script on N local
+processes over gloo, the way ``torchrun`` would start them, with a timeout.
+
+``run_ranks(script, args, world=2, log_dir=tmp)`` starts ``python script *args`` as ranks
+``0..world-1`` (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``OMP_NUM_THREADS=1``), each writing its output to ``log_dir/rank_<r>.log``, and waits. When one
+rank fails or the time runs out, every rank is killed and an ``AssertionError`` shows each rank's
+exit code and the end of its log. What the ranks compute they write to files of the caller's
+choosing. The trainer backends' tests and the cross-backend tests use it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["free_port", "run_ranks"]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for ``MASTER_PORT``)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank_env(rank: int, world: int, port: int, env: Mapping[str, str] | None) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+        **(env or {}),
+    }
+
+
+def run_ranks(
+    script: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    world: int,
+    log_dir: str | os.PathLike[str],
+    timeout_s: float = 600.0,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """Run ``script`` on ``world`` ranks (module docstring); ``env``: more variables for every rank."""
+    logs = Path(log_dir)
+    logs.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    for rank in range(world):
+        with (logs / f"rank_{rank}.log").open("wb") as log:
+            command = [sys.executable, str(script), *args]
+            procs.append(
+                subprocess.Popen(
+                    command, env=_rank_env(rank, world, port, env), stdout=log, stderr=subprocess.STDOUT
+                )
+            )
+    timed_out = False
+    try:
+        for p in procs:
+            p.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    codes = [p.returncode for p in procs]
+    if timed_out or any(codes):
+        why = f"did not finish within {timeout_s:.0f} s" if timed_out else "failed"
+        tails = "\n".join(
+            f"--- rank {r} (exit {codes[r]})\n" + (logs / f"rank_{r}.log").read_text(errors="replace")[-3000:]
+            for r in range(world)
+        )
+        raise AssertionError(f"{Path(script).name} on {world} rank(s) {why}: exit codes {codes}\n{tails}")
