@@ -85,6 +85,14 @@ def tiny_tied_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _tiny_model_module().build_tiny_model(tmp_path_factory.mktemp("tiny_tied"), tied=True, seed=1)
 
 
+@pytest.fixture(scope="session")
+def tiny_tp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama with 4 heads and 2 KV heads (hidden 128): splits over TP = 2 and CP = 2."""
+    require("transformers", TRANSFORMERS_HINT)
+    out = tmp_path_factory.mktemp("tiny_tp")
+    return _tiny_model_module().build_tiny_model(out, heads=4, kv_heads=2, hidden=128)
+
+
 def free_port() -> int:
     """A free run of ports for a server (``telescope_orchestrator.cluster.vllm_server.free_port_run``:
     below the ephemeral range, where no outgoing connection takes it before the server binds it)."""

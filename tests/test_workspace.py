@@ -99,3 +99,27 @@ def test_nothing_outside_the_cli_imports_its_private_modules():
         if private.search(path.read_text(errors="replace")):
             offenders.append(str(rel))
     assert offenders == []
+
+
+def _telescope_imports(path: Path) -> set[str]:
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        found |= {n.split(".")[0] for n in names if n.startswith("telescope_")}
+    return found
+
+
+@pytest.mark.parametrize(("folder", "module"), sorted(MEMBERS.items()))
+def test_a_packages_tests_import_only_the_telescope_packages_it_depends_on(folder: str, module: str):
+    """Each package's tests run in an environment of its declared dependencies
+    (``hatch run pkg.<name>:test``): a test that needs another package belongs in the root tests/."""
+    allowed = {module} | {d.replace("-", "_") for d in _dep_names(folder)}
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(_telescope_imports(path) - allowed)
+        for path in (ROOT / folder / "tests").rglob("*.py")
+    }
+    assert {p: mods for p, mods in offenders.items() if mods} == {}

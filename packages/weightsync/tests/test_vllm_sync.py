@@ -241,11 +241,9 @@ def test_one_group_spans_a_tp2_server_and_a_second_server(vllm_launcher, tmp_pat
 
 
 def _salt(version: int) -> str:
-    """The rollout client's cache salt for a server holding ``version`` (imported here: weightsync
-    does not depend on telescope-rollout; the environments that run vLLM tests have both)."""
-    from telescope_rollout.inference import cache_salt
-
-    return cache_salt(version)
+    """A prefix-cache salt per weight version, as a client sends (the rollout client's is
+    ``telescope_rollout.inference.cache_salt``; any string per version shows vLLM's behaviour)."""
+    return f"weights-v{version}"
 
 
 def _prefix_cache_hits(url: str) -> float:

@@ -1,4 +1,5 @@
 """The Megatron backend (TP=1, TP=2, DP=2) trains exactly like the FSDP backend (slow, CPU, gloo).
+Both backends: a root test (neither package depends on the other).
 
 Both backends get the same tiny Llama folder (4 heads, 2 KV heads, so TP=2 splits it), the same
 packed micro-batches from ``telescope_algos.pack_samples`` (mixed lengths, several samples per row,
@@ -31,16 +32,21 @@ from fp32 summation order (different attention kernels, TP all-reduces).
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 import pytest
 import torch
-from megatron_spawn import run_ranks
 from safetensors.torch import load_file
 
 import telescope_config
 from telescope_algos import TrainingSample, pack_samples
+from telescope_algos.testing import run_ranks
+
+MEGATRON_WORKER = (
+    Path(__file__).resolve().parents[1] / "packages" / "trainer-megatron" / "tests" / "megatron_worker.py"
+)
 
 SEQ_LEN, PAD = 48, 8
 LR, WD, EPS, BETAS, CLIP = 1e-3, 0.1, 1e-4, (0.9, 0.999), 0.5
@@ -136,7 +142,11 @@ def _megatron_run(
         "overrides": {**overrides, "trainer_num_workers": world, "megatron_tensor_parallel_size": tp},
         "options": {"adam_eps": EPS},  # betas: Megatron's defaults, which are FSDP's (module docstring)
     }
-    result = run_ranks(spec, world, tmp, timeout=900)
+    spec["out"] = str(tmp / "result.pt")
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    env = {"TMPDIR": str(tmp)}
+    run_ranks(MEGATRON_WORKER, [str(tmp / "spec.json")], world=world, log_dir=tmp, timeout_s=900, env=env)
+    result = torch.load(tmp / "result.pt", weights_only=False)
     assert result["dp_world_size"] == dp
     assert result["params_dtype"] == "torch.float32"  # from the config, no backend option
     return result["steps"]
