@@ -18,7 +18,7 @@ from telescope_cli.console import Console
 from telescope_orchestrator.record.rundir import RunDir
 from telescope_orchestrator.run.waiting import next_batch, on_engine_event
 from telescope_orchestrator.run.waiting import report as waiting_report
-from telescope_rollout import RolloutError
+from telescope_rollout import DroppedGroup, RolloutBatch, RolloutError, ScoredGroup, ScoredSample
 from telescope_rollout.engine import BatchProgress, RewardTally
 
 
@@ -28,8 +28,8 @@ class Engine:
     def __init__(self, group) -> None:
         self.release = asyncio.Event()
         self.error: Exception | None = None
-        self.batch = SimpleNamespace(groups=[], discarded=[], cancelled=[])
-        self.dropped = [SimpleNamespace(group=group, reason="zero_advantage")]
+        self.batch = RolloutBatch(0, [])
+        self.dropped = [DroppedGroup(group, "zero_advantage", step=0, version=0)]
 
     async def next_batch(self):
         await self.release.wait()
@@ -47,13 +47,13 @@ class Engine:
         return list(self.dropped), []
 
 
-def _group():
-    sample = SimpleNamespace(
+def _group() -> ScoredGroup:
+    sample = ScoredSample(
         env_name="count", group_id=4, sample_id=8, sample_index=2, reward=0.0, advantage=0.0, prompt_text="p",
         completion_text="c", prompt_ids=[1], completion_ids=[2], completion_mask=[1], finish_reason="stop",
-        dispatched_at=100.0, finished_at=101.0, turns=[], tool_calls=[],
+        dispatched_at=100.0, finished_at=101.0,
     )  # fmt: skip
-    return SimpleNamespace(samples=[sample], group_id=4, sample_index=2)
+    return ScoredGroup(4, "count", [sample], sample_index=2)
 
 
 def _ctx(tmp_path, engine):

@@ -28,7 +28,8 @@ def test_each_rank_knows_its_place_and_writes_its_log(tmp_path):
     run_ranks(script, [str(tmp_path), "ok"], world=2, log_dir=tmp_path / "logs", env={"EXTRA": "x"})
     envs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [("0", "0", "2"), ("1", "1", "2")]
-    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"] and envs[0]["MASTER_ADDR"] == "127.0.0.1"
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    assert envs[0]["MASTER_ADDR"] == "127.0.0.1"
     assert (envs[0]["OMP_NUM_THREADS"], envs[0]["EXTRA"]) == ("1", "x")
     assert (tmp_path / "logs" / "rank_1.log").read_text() == "rank 1 says ok\n"
 

@@ -10,9 +10,18 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Protocol
 
 from telescope_cli.__about__ import __version__
 from telescope_cli._exit import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK
+
+
+class _Subcommands(Protocol):
+    """What ``add_subparsers`` returns (argparse's private ``_SubParsersAction``), as used here."""
+
+    def add_parser(
+        self, name: str, *, help: str | None = ..., allow_abbrev: bool = ...
+    ) -> argparse.ArgumentParser: ...
 
 
 def parse_bool(text: str) -> bool:
@@ -38,7 +47,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_config_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_config_command(sub: _Subcommands) -> None:
     """``telescope config show|validate|schema``."""
     cfg = sub.add_parser("config", help="show, validate or export the run configuration", allow_abbrev=False)
     cfg_sub = cfg.add_subparsers(dest="config_command", metavar="ACTION")
@@ -54,7 +63,7 @@ def _add_config_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     cfg_sub.add_parser("schema", help="print the JSON Schema of run YAML files (for editors)")
 
 
-def _add_convert_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_convert_command(sub: _Subcommands) -> None:
     """``telescope convert CHECKPOINT OUTPUT [--merge]``."""
     convert = sub.add_parser(
         "convert", help="turn a checkpoint into a Hugging Face safetensors folder", allow_abbrev=False
@@ -72,7 +81,7 @@ def _add_convert_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
 
 
-def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_eval_command(sub: _Subcommands) -> None:
     """``telescope eval CHECKPOINT ... [--config] [--run-dir] [FIELD overrides]``."""
     ev = sub.add_parser(
         "eval", help="evaluate checkpoints with the config's evals, into the run's record", allow_abbrev=False
@@ -88,7 +97,7 @@ def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     ev.set_defaults(takes_overrides=True)
 
 
-def _add_ui_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_ui_command(sub: _Subcommands) -> None:
     """``telescope ui [RUN_DIR_OR_RUNS_DIR ...] [--host] [--port] [--token] [--open]``."""
     ui = sub.add_parser(
         "ui",

@@ -27,7 +27,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from telescope_records import read_manifest
 from telescope_ui import _queries as qry
 from telescope_ui._files import TimeIndex
-from telescope_ui._metrics import MetricsCache, discarded_by_reason, metric_columns
+from telescope_ui._metrics import MetricsCache, discarded_by_reason, is_dict, metric_columns
 from telescope_ui._runs import (
     RunIndex,
     config_diff,
@@ -63,7 +63,7 @@ class _State:
             raise HTTPException(404, f"no run named {name!r}; the runs are: {known}")
         return found.path
 
-    def cursor(self) -> Any:
+    def cursor(self) -> duckdb.DuckDBPyConnection:
         return self.con.cursor()
 
 
@@ -75,7 +75,8 @@ def _summary(state: _State, name: str, path: Path, manifest: dict[str, Any]) -> 
     attempt = int(attempts[-1].get("attempt", 0))
     st = status(path, _stop_events(state, path), attempt)
     total = config.get("number_of_steps")
-    envs = [e.get("name") for e in config.get("environments") or [] if isinstance(e, dict)]
+    environments: Any = config.get("environments") or []
+    envs = [e.get("name") for e in environments if is_dict(e)]
     return {
         "name": name,
         **st,

@@ -14,11 +14,86 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-import pyarrow.parquet as pq
+import pyarrow.parquet
 
 __all__ = ["TimeIndex", "step_files"]
+
+_T = TypeVar("_T")
+
+_pq: Any = pyarrow.parquet
+"""pyarrow ships no type information: it is reached through this name, and what this module reads
+from it is typed by the protocols below."""
+
+
+class _Statistics(Protocol):
+    """A column chunk's statistics (``pyarrow.parquet.Statistics``); min and max are the column's type."""
+
+    @property
+    def has_min_max(self) -> bool: ...
+
+    @property
+    def min(self) -> Any: ...
+
+    @property
+    def max(self) -> Any: ...
+
+
+class _ColumnChunk(Protocol):
+    """One column of a row group (``pyarrow.parquet.ColumnChunkMetaData``)."""
+
+    @property
+    def statistics(self) -> _Statistics | None: ...
+
+
+class _RowGroup(Protocol):
+    """A row group's footer entry (``pyarrow.parquet.RowGroupMetaData``)."""
+
+    def column(self, i: int) -> _ColumnChunk: ...
+
+
+class _ColumnSchema(Protocol):
+    """A column of a Parquet schema (``pyarrow.parquet.ColumnSchema``)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class _ParquetSchema(Protocol):
+    """A Parquet file's columns (``pyarrow.parquet.ParquetSchema``)."""
+
+    def column(self, i: int) -> _ColumnSchema: ...
+
+
+class _FileMetaData(Protocol):
+    """A Parquet file's footer (``pyarrow.parquet.FileMetaData``)."""
+
+    @property
+    def schema(self) -> _ParquetSchema: ...
+
+    @property
+    def num_columns(self) -> int: ...
+
+    @property
+    def num_row_groups(self) -> int: ...
+
+    def row_group(self, i: int) -> _RowGroup: ...
+
+
+def _metadata(path: str) -> _FileMetaData:
+    return _pq.ParquetFile(path).metadata
+
+
+def _read_column(path: str, column: str) -> list[Any]:
+    """The values of one column of a Parquet file."""
+    return _pq.read_table(path, columns=[column]).column(column).to_pylist()
+
+
+def _read_rows(path: str, columns: list[str]) -> list[dict[str, Any]]:
+    """The rows of a Parquet file, with the given columns."""
+    return _pq.read_table(path, columns=columns).to_pylist()
+
 
 _TIME_COLUMNS = {
     "rollout_events": ("started_at", "ended_at", None),
@@ -48,14 +123,14 @@ def _earliest_real(path: str, column: str) -> float:
     """The earliest time above 0 in ``column`` (inf when none): read when the statistics say 0,
     which only records of earlier versions hold (a row at 0.0 for a phase that never
     happened, see ``_queries.HAPPENED``)."""
-    values = pq.read_table(path, columns=[column]).column(column).to_pylist()
+    values = _read_column(path, column)
     return min((float(v) for v in values if v is not None and v > 0), default=float("inf"))
 
 
 def _latest_end(path: str, time: str, duration: str) -> float:
     """The latest ``time + duration`` of a file (a missing duration counts as 0): the statistics'
     latest time plus their longest duration would end the window after the run did."""
-    rows = pq.read_table(path, columns=[time, duration]).to_pylist()
+    rows = _read_rows(path, [time, duration])
     ends = (r[time] + (r[duration] or 0.0) for r in rows if r[time] is not None)
     return max((float(e) for e in ends), default=float("-inf"))
 
@@ -67,7 +142,7 @@ def _range(path: str, table: str) -> tuple[float, float] | None:
     is then read from the column itself, above 0. A table with durations has its latest end read
     from its rows."""
     first, last, duration = _TIME_COLUMNS[table]
-    meta = pq.ParquetFile(path).metadata
+    meta = _metadata(path)
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     lo, hi, extra = float("inf"), float("-inf"), 0.0
     for g in range(meta.num_row_groups):
@@ -100,8 +175,8 @@ class TimeIndex:
         self._lock = threading.Lock()
 
     def facts(
-        self, files: list[str], kind: str, compute: Callable[[list[str]], dict[str, Any]]
-    ) -> dict[str, Any]:
+        self, files: list[str], kind: str, compute: Callable[[list[str]], dict[str, _T]]
+    ) -> dict[str, _T | None]:
         """``{file: fact}`` for ``files``, where ``compute(missing_files)`` gives the facts of the
         files not seen yet (or changed since); cached per (file, kind) by size and mtime."""
         keys: dict[str, tuple[int, int]] = {}
@@ -121,7 +196,7 @@ class TimeIndex:
             return {p: self._facts[(p, kind)][1] for p in keys}
 
     def ranges(self, run: Path, table: str) -> list[tuple[str, float, float]]:
-        out = []
+        out: list[tuple[str, float, float]] = []
         for e in _parquet(run / "records" / table):
             try:
                 st = e.stat()

@@ -12,9 +12,9 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-__all__ = ["MetricsCache", "discarded_by_reason", "metric_columns", "training_lines"]
+__all__ = ["MetricsCache", "discarded_by_reason", "is_dict", "metric_columns", "training_lines"]
 
 _DISCARDED = "derived/discarded/"
 _TAIL = 256
@@ -50,14 +50,19 @@ class MetricsCache:
             return lines
 
 
+def is_dict(value: object) -> TypeGuard[dict[Any, Any]]:
+    """Whether ``value`` (parsed JSON or YAML, which can be anything) is a dict."""
+    return isinstance(value, dict)
+
+
 def _parse(data: bytes) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for raw in data.decode("utf-8", errors="replace").splitlines():
         try:
             row = json.loads(raw)
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict):
+        if is_dict(row):
             out.append(row)
     return out
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel, Field
 
 from telescope_ui._files import TimeIndex, step_files
 from telescope_ui._metrics import training_lines
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 __all__ = [
     "SampleFilter",
@@ -40,7 +43,9 @@ MAX_BARS = 4000
 """Above this many generations in a window the timeline answers with busy lanes per time bucket."""
 
 
-def rows(cursor: Any, sql: str, params: list[Any] | dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def rows(
+    cursor: DuckDBPyConnection, sql: str, params: list[Any] | dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """The result as a list of dicts, NaN and infinities as None (JSON has neither)."""
     result = cursor.execute(sql, params or [])
     names = [d[0] for d in result.description]
@@ -51,9 +56,9 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): _clean(v) for k, v in cast("dict[object, object]", value).items()}
     if isinstance(value, list):
-        return [_clean(v) for v in value]
+        return [_clean(v) for v in cast("list[object]", value)]
     return value
 
 
@@ -105,7 +110,7 @@ class SampleFilter(BaseModel):
         return "".join(f" and {w}" for w in where), params
 
 
-def group_list(cursor: Any, run: Path, step: int, *, kept: bool) -> list[dict[str, Any]]:
+def group_list(cursor: DuckDBPyConnection, run: Path, step: int, *, kept: bool) -> list[dict[str, Any]]:
     """The groups of one step (kept, or discarded and cancelled), each with its reward at a glance."""
     files = step_files(run, "samples", step)
     if not files:
@@ -122,7 +127,9 @@ def group_list(cursor: Any, run: Path, step: int, *, kept: bool) -> list[dict[st
     )
 
 
-def sample_list(cursor: Any, run: Path, step: int, which: SampleFilter) -> list[dict[str, Any]]:
+def sample_list(
+    cursor: DuckDBPyConnection, run: Path, step: int, which: SampleFilter
+) -> list[dict[str, Any]]:
     """Samples of one step that pass ``which``, by group and id."""
     files = step_files(run, "samples", step)
     if not files:
@@ -137,7 +144,7 @@ def sample_list(cursor: Any, run: Path, step: int, which: SampleFilter) -> list[
 
 
 def sample_detail(
-    cursor: Any, run: Path, step: int, sample_id: int, *, source: str = "train"
+    cursor: DuckDBPyConnection, run: Path, step: int, sample_id: int, *, source: str = "train"
 ) -> dict[str, Any] | None:
     """One sample whole: its row, turns, tool calls, lifecycle events and its environment's ranges.
 
@@ -186,7 +193,7 @@ def _json_or_text(text: Any) -> Any:
         return text
 
 
-def _environment(cursor: Any, run: Path, env: Any) -> dict[str, Any] | None:
+def _environment(cursor: DuckDBPyConnection, run: Path, env: Any) -> dict[str, Any] | None:
     files = step_files(run, "environments", None)
     if not files or env is None:
         return None
@@ -215,7 +222,9 @@ def eval_list(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def eval_items(cursor: Any, run: Path, step: int, eval_name: str | None) -> list[dict[str, Any]]:
+def eval_items(
+    cursor: DuckDBPyConnection, run: Path, step: int, eval_name: str | None
+) -> list[dict[str, Any]]:
     """The items of the evals at one step, each with its completions (the pass@k group)."""
     files = step_files(run, "eval_samples", step)
     if not files:
@@ -245,7 +254,7 @@ _SPANS = "rank, depth, name, started_at, ended_at, step, microbatch, minibatch, 
 
 
 def timeline(
-    cursor: Any, run: Path, index: TimeIndex, start: float | None, end: float | None
+    cursor: DuckDBPyConnection, run: Path, index: TimeIndex, start: float | None, end: float | None
 ) -> dict[str, Any]:
     """Generations per server and lane, trainer spans per rank and the driver's events in a window.
 
@@ -286,7 +295,7 @@ def timeline(
 
 
 def _cached_rows(
-    cursor: Any,
+    cursor: DuckDBPyConnection,
     index: TimeIndex,
     files: list[str],
     select: str,
@@ -297,7 +306,7 @@ def _cached_rows(
 ) -> list[dict[str, Any]]:
     """Rows of small tables from a cache per file, those overlapping [start, end], in time order."""
 
-    def compute(missing: list[str]) -> dict[str, Any]:
+    def compute(missing: list[str]) -> dict[str, list[dict[str, Any]]]:
         found = rows(
             cursor,
             f"{select}, filename from read_parquet(?, union_by_name = true, filename = true) where {where}",
@@ -324,12 +333,12 @@ def _bucket(t: float, start: float, width: float) -> int:
 
 
 def _busy_from_facts(
-    cursor: Any, index: TimeIndex, files: list[str], start: float, end: float
+    cursor: DuckDBPyConnection, index: TimeIndex, files: list[str], start: float, end: float
 ) -> dict[str, Any]:
     """Busy buckets from each file's generations per server (count, first start, last end), each
     file's count spread evenly over its time range."""
 
-    def compute(missing: list[str]) -> dict[str, Any]:
+    def compute(missing: list[str]) -> dict[str, list[tuple[str, int, float, float]]]:
         found = rows(
             cursor,
             "select filename, server, count(*) as n, min(started_at) as lo, max(ended_at) as hi "
@@ -358,7 +367,7 @@ def _busy_from_facts(
     return {"servers": servers, "bars": [], "busy": {"width": width, "buckets": busy}}
 
 
-def _generations(cursor: Any, files: list[str], start: float, end: float) -> dict[str, Any]:
+def _generations(cursor: DuckDBPyConnection, files: list[str], start: float, end: float) -> dict[str, Any]:
     if not files:
         return {"servers": [], "bars": [], "busy": None}
     gen = (
@@ -367,7 +376,7 @@ def _generations(cursor: Any, files: list[str], start: float, end: float) -> dic
         f"where event = 'generation' and {HAPPENED} and ended_at >= $start and started_at <= $end"
     )
     params = {"files": files, "start": start, "end": end}
-    count = cursor.execute(f"select count(*) from ({gen})", params).fetchone()[0]
+    count = cursor.execute(f"select count(*) from ({gen})", params).fetchall()[0][0]
     servers = [r["server"] for r in rows(cursor, f"select distinct server from ({gen}) order by 1", params)]
     if count <= MAX_BARS:
         final = (
@@ -394,7 +403,12 @@ def _generations(cursor: Any, files: list[str], start: float, end: float) -> dic
 
 
 def infra_series(
-    cursor: Any, run: Path, index: TimeIndex, start: float | None, end: float | None, points: int = 600
+    cursor: DuckDBPyConnection,
+    run: Path,
+    index: TimeIndex,
+    start: float | None,
+    end: float | None,
+    points: int = 600,
 ) -> list[dict[str, Any]]:
     """Every infra series (source, target, metric) in a window, averaged into at most ``points`` buckets."""
     ranges = index.ranges(run, "infra")
@@ -417,7 +431,7 @@ def infra_series(
     )
 
 
-def attempt_table(cursor: Any, run: Path, table: str) -> list[dict[str, Any]]:
+def attempt_table(cursor: DuckDBPyConnection, run: Path, table: str) -> list[dict[str, Any]]:
     """Every row of a table written once per attempt (setup, model, environments)."""
     files = step_files(run, table, None)
     if not files:

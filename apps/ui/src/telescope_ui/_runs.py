@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from telescope_ui._metrics import training_lines
+from telescope_ui._metrics import is_dict, training_lines
 
 __all__ = ["RunIndex", "config_diff", "log_tail", "read_config", "read_notes", "write_notes"]
 
@@ -84,7 +84,7 @@ def read_config(path: Path) -> tuple[dict[str, Any], list[str]]:
         return {}, []
     text = file.read_text(encoding="utf-8", errors="replace")
     try:
-        data = yaml.safe_load(text) or {}
+        data: Any = yaml.safe_load(text) or {}
     except yaml.YAMLError:
         return {}, []
     user: list[str] = []
@@ -97,7 +97,7 @@ def read_config(path: Path) -> tuple[dict[str, Any], list[str]]:
         if key and (mark_above or line.rstrip().endswith(USER_MARK)):
             user.append(key.group(1))
         mark_above = False
-    return (data if isinstance(data, dict) else {}), user
+    return (data if is_dict(data) else {}), user
 
 
 def read_notes(path: Path) -> str:
@@ -132,7 +132,7 @@ def log_tail(path: Path, *, lines: int = 200, level: str | None = None) -> list[
             entry = json.loads(raw)
         except json.JSONDecodeError:
             entry = None
-        if not isinstance(entry, dict):
+        if not is_dict(entry):
             entry = {"event": raw, "level": "info"}
         lvl = str(entry.get("level", entry.get("log_level", "info"))).lower()
         if (_LOG_LEVELS.index(lvl) if lvl in _LOG_LEVELS else 1) >= floor:
@@ -178,7 +178,7 @@ def _driver_alive(path: Path, attempt: int) -> bool:
     if not folder.is_dir():
         return False
     host = socket.gethostname()
-    pids = set()
+    pids: set[int] = set()
     for name in os.listdir(folder):
         m = _INFRA_FILE.match(name)
         if m and int(m.group(1)) == attempt and m.group(2) == host:

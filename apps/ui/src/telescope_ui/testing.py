@@ -15,17 +15,21 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow
+import pyarrow.parquet
 
 from telescope_records import TABLES, RecordWriter
 
 __all__ = ["chromium_path", "serve_in_thread", "synthetic_run"]
+
+_pa: Any = pyarrow
+_pq: Any = pyarrow.parquet
+"""pyarrow ships no type information: it is reached through these names (only in :func:`_write`)."""
 
 CONFIG = """\
 # Resolved Telescope config. Layers, lowest first: defaults, run.yaml.
@@ -43,10 +47,10 @@ environments:  # set by you
 def _write(folder: Path, table: str, name: str, columns: dict[str, list[Any]]) -> None:
     schema = TABLES[table].schema()
     n = len(next(iter(columns.values())))
-    arrays = [pa.array(columns.get(f.name, [None] * n), type=f.type) for f in schema]
+    arrays = [_pa.array(columns.get(f.name, [None] * n), type=f.type) for f in schema]
     out = folder / table
     out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_arrays(arrays, schema=schema), out / name, compression="zstd")
+    _pq.write_table(_pa.Table.from_arrays(arrays, schema=schema), out / name, compression="zstd")
 
 
 def _cols(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
@@ -96,6 +100,33 @@ def _sample_row(
     }
 
 
+def _tool_round(common: dict[str, Any], k: int, at: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tool call after model turn ``k`` (started at ``at``) and the environment turn with its result."""
+    call = {
+        **common,
+        "turn_index": k,
+        "call_index": k,
+        "name": "echo",
+        "arguments": '{"x": 1}',
+        "raw_text": "<tool>echo</tool>",
+        "result": f"echo {k}",
+        "success": True,
+        "started_at": at + 0.8,
+        "duration_s": 0.05,
+    }
+    result = {
+        **common,
+        "turn_index": 2 * k + 1,
+        "role": "env",
+        "turn_type": "tool_result",
+        "text": f"echo {k}",
+        "tokens": 3,
+        "started_at": at + 0.8,
+        "ended_at": at + 0.85,
+    }
+    return call, result
+
+
 def _episode(row: dict[str, Any], start: float, turns: int) -> tuple[list[dict[str, Any]], ...]:
     """The turns, tool calls and lifecycle events of one sample (a tool call between model turns)."""
     common = {"attempt": 0, "step": row["step"], "source": "train", "sample_id": row["sample_id"]}
@@ -105,7 +136,9 @@ def _episode(row: dict[str, Any], start: float, turns: int) -> tuple[list[dict[s
         base = {"group_id": row["group_id"], "lane": lane, "turn_index": -1}
         return {**common, **base, "event": kind, "started_at": a, "ended_at": b, **more}
 
-    out_turns, tools, events = [], [], [event("dispatched", start, start)]
+    out_turns: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] = []
+    events = [event("dispatched", start, start)]
     at = start
     for k in range(turns):
         out_turns.append(
@@ -124,32 +157,9 @@ def _episode(row: dict[str, Any], start: float, turns: int) -> tuple[list[dict[s
         )
         events.append(event("generation", at, at + 0.8, server=server, turn_index=k))
         if k + 1 < turns:
-            tools.append(
-                {
-                    **common,
-                    "turn_index": k,
-                    "call_index": k,
-                    "name": "echo",
-                    "arguments": '{"x": 1}',
-                    "raw_text": "<tool>echo</tool>",
-                    "result": f"echo {k}",
-                    "success": True,
-                    "started_at": at + 0.8,
-                    "duration_s": 0.05,
-                }
-            )
-            out_turns.append(
-                {
-                    **common,
-                    "turn_index": 2 * k + 1,
-                    "role": "env",
-                    "turn_type": "tool_result",
-                    "text": f"echo {k}",
-                    "tokens": 3,
-                    "started_at": at + 0.8,
-                    "ended_at": at + 0.85,
-                }
-            )
+            call, result = _tool_round(common, k, at)
+            tools.append(call)
+            out_turns.append(result)
             events.append(event("tool_execution", at + 0.8, at + 0.85, turn_index=k, detail="echo"))
         at += 0.9
     events.append(event("reward", at, at + 0.001))
@@ -162,7 +172,10 @@ def _samples(
     step: int, t0: float, args: dict[str, Any], rng: random.Random
 ) -> tuple[list[dict[str, Any]], ...]:
     """One step's samples, turns, tool calls and rollout events."""
-    samples, turns, tools, events = [], [], [], []
+    samples: list[dict[str, Any]] = []
+    turns: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
     n, size = args["samples"], args["group_size"]
     for i in range(n):
         special = step == 1 and i == 0 and args["completion"]
@@ -177,7 +190,7 @@ def _samples(
 
 
 def _spans(step: int, t0: float, args: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     a = t0 + args["step_s"] * 0.5
     for rank in range(args["ranks"]):
         rows.append(
@@ -407,7 +420,7 @@ def _attempt_tables(folder: Path, args: dict[str, Any]) -> None:
 
 
 def _infra(folder: Path, start: float, span: float, points: int) -> None:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i in range(points):
         t = start + span * i / max(points - 1, 1)
         rows.append(
@@ -437,7 +450,7 @@ def _infra(folder: Path, start: float, span: float, points: int) -> None:
 
 
 @contextmanager
-def serve_in_thread(roots: Sequence[str | Path], *, token: str | None = None) -> Iterator[str]:
+def serve_in_thread(roots: Sequence[str | Path], *, token: str | None = None) -> Generator[str, None, None]:
     """The inspector on a free port of 127.0.0.1 in a thread of this process; yields its URL."""
     import uvicorn
 

@@ -11,9 +11,12 @@ queried, so a live run's new files show up in the next query.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from telescope_records._schema import TABLES
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 __all__ = ["connect", "table_glob"]
 
@@ -46,13 +49,13 @@ def _sql_text(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def connect(path: str | Path, *, database: str = ":memory:") -> Any:
+def connect(path: str | Path, *, database: str = ":memory:") -> DuckDBPyConnection:
     """A DuckDB connection with a view per record table over ``path`` (see the module docstring)."""
     duckdb = _duckdb()
     root = Path(path).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory: pass a run directory or a folder of runs")
-    con = duckdb.connect(database)
+    con: DuckDBPyConnection = duckdb.connect(database)
     for name, t in TABLES.items():
         glob = table_glob(root, name)
         if any(Path(root).glob(str(Path(glob).relative_to(root)))):
@@ -67,7 +70,7 @@ def connect(path: str | Path, *, database: str = ":memory:") -> Any:
     return con
 
 
-def _metrics_view(con: Any, root: Path) -> None:
+def _metrics_view(con: DuckDBPyConnection, root: Path) -> None:
     glob = f"{_runs_glob(root)}/metrics.jsonl"
     if any(root.glob(str(Path(glob).relative_to(root)))):
         con.execute(

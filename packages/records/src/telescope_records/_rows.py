@@ -19,10 +19,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard, cast
 
-import pyarrow as pa
-
+from telescope_records import _arrow as arrow
 from telescope_records._schema import Column, Table
 
 __all__ = ["MAX_CHARS", "REPR_MARK", "TRUNCATION_MARK", "cut", "to_arrow", "to_json_text"]
@@ -42,12 +41,17 @@ def cut(text: str, max_chars: int) -> str:
     return f"{text[:max_chars]}{TRUNCATION_MARK}{dropped} chars]"
 
 
+def _is_mapping(value: object) -> TypeGuard[Mapping[object, object]]:
+    """Whether ``value`` is a mapping (of anything: rows come from environments' code)."""
+    return isinstance(value, Mapping)
+
+
 def _jsonable(value: Any) -> Any:
     """``value`` with what JSON cannot hold (objects, NaN, infinities) replaced by a marked repr."""
-    if isinstance(value, Mapping):
+    if _is_mapping(value):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v) for v in cast("list[object] | tuple[object, ...]", value)]
     if value is None or isinstance(value, str | bool | int):
         return value
     if isinstance(value, float) and math.isfinite(value):
@@ -86,7 +90,7 @@ def _number(value: Any, kind: type) -> Any:
 def _float_map(value: Any) -> list[tuple[str, float | None]] | None:
     if value is None:
         return None
-    if not isinstance(value, Mapping):
+    if not _is_mapping(value):
         return [(REPR_MARK + repr(value)[:200], None)]
     return [(str(k), _number(v, float)) for k, v in value.items()]
 
@@ -94,7 +98,7 @@ def _float_map(value: Any) -> list[tuple[str, float | None]] | None:
 def _text_map(value: Any, limit: int) -> list[tuple[str, str | None]] | None:
     if value is None:
         return None
-    if not isinstance(value, Mapping):
+    if not _is_mapping(value):
         return [(REPR_MARK + repr(value)[:200], None)]
     return [(str(k), _text(v, limit)) for k, v in value.items()]
 
@@ -103,22 +107,22 @@ def _value(column: Column, value: Any) -> Any:
     """``value`` coerced to ``column``'s type (see the module docstring)."""
     limit = column.max_chars or MAX_CHARS
     t = column.type
-    if pa.types.is_string(t):
+    if arrow.is_string(t):
         return _text(value, limit)
-    if pa.types.is_integer(t):
+    if arrow.is_integer(t):
         return _number(value, int)
-    if pa.types.is_floating(t):
+    if arrow.is_floating(t):
         return _number(value, float)
-    if pa.types.is_boolean(t):
+    if arrow.is_boolean(t):
         return None if value is None else bool(value)
-    if pa.types.is_map(t) and pa.types.is_floating(t.item_type):
+    if arrow.is_map(t) and arrow.is_floating(t.item_type):
         return _float_map(value)
-    if pa.types.is_map(t):
+    if arrow.is_map(t):
         return _text_map(value, limit)
     raise TypeError(f"column {column.name}: no coercion for type {t}")  # a schema without a rule
 
 
-def to_arrow(table: Table, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+def to_arrow(table: Table, rows: Iterable[Mapping[str, Any]]) -> arrow.ArrowTable:
     """``rows`` as an Arrow table of ``table``'s schema (see the module docstring)."""
     names = {c.name for c in table.columns}
     columns: dict[str, list[Any]] = {c.name: [] for c in table.columns}
@@ -130,4 +134,4 @@ def to_arrow(table: Table, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
             )
         for c in table.columns:
             columns[c.name].append(_value(c, row.get(c.name)))
-    return pa.Table.from_pydict(columns, schema=table.schema())
+    return arrow.table_from_pydict(columns, schema=table.schema())

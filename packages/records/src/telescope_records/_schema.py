@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import pyarrow as pa
+from telescope_records import _arrow as arrow
 
 __all__ = ["FORMAT_VERSION", "TABLES", "Column", "Table", "table"]
 
@@ -22,13 +22,13 @@ FORMAT_VERSION = 1
 
 Key = Literal["step", "attempt", "time"]
 
-STR = pa.string()
-I32 = pa.int32()
-I64 = pa.int64()
-F64 = pa.float64()
-BOOL = pa.bool_()
-NUM_MAP = pa.map_(pa.string(), pa.float64())
-STR_MAP = pa.map_(pa.string(), pa.string())
+STR = arrow.string()
+I32 = arrow.int32()
+I64 = arrow.int64()
+F64 = arrow.float64()
+BOOL = arrow.bool_()
+NUM_MAP = arrow.map_(arrow.string(), arrow.float64())
+STR_MAP = arrow.map_(arrow.string(), arrow.string())
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Column:
     """One column: its name, Arrow type, meaning (with the unit) and the longest text it keeps."""
 
     name: str
-    type: pa.DataType
+    type: arrow.DataType
     meaning: str
     max_chars: int = 0
     """Strings longer than this are cut and marked (see ``_rows.TRUNCATION_MARK``); 0 = 200,000."""
@@ -52,14 +52,14 @@ class Table:
     doc: str
     columns: tuple[Column, ...]
 
-    def schema(self) -> pa.Schema:
-        return pa.schema([pa.field(c.name, c.type, nullable=True) for c in self.columns])
+    def schema(self) -> arrow.Schema:
+        return arrow.schema([arrow.field(c.name, c.type, nullable=True) for c in self.columns])
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
 
 
-def _c(name: str, type_: pa.DataType, meaning: str, max_chars: int = 0) -> Column:
+def _c(name: str, type_: arrow.DataType, meaning: str, max_chars: int = 0) -> Column:
     return Column(name, type_, meaning, max_chars)
 
 

@@ -32,9 +32,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import structlog
 
+from telescope_records import _arrow as arrow
 from telescope_records._rows import to_arrow
 from telescope_records._schema import FORMAT_VERSION, TABLES, table
 
@@ -158,7 +158,7 @@ class RecordWriter:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / file_name
         tmp = folder / f".{file_name}.tmp-{os.getpid()}-{threading.get_ident()}"
-        pq.write_table(data, tmp, compression="zstd")
+        arrow.write_table(data, tmp, compression="zstd")
         tmp.replace(path)
         return path
 

@@ -24,7 +24,7 @@ class Sample:
 
     prompt: str | list[Message]
     answer: str = ""
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
 @dataclass
@@ -37,10 +37,10 @@ class RewardResult:
     """
 
     total_reward: float
-    sample_metrics: dict[str, float] = field(default_factory=dict)
-    golden_answers: dict[str, str | None] = field(default_factory=dict)
-    info_turns: list[dict[str, Any]] = field(default_factory=list)
-    sample_tags: dict[str, str] = field(default_factory=dict)
+    sample_metrics: dict[str, float] = field(default_factory=dict[str, float])
+    golden_answers: dict[str, str | None] = field(default_factory=dict[str, str | None])
+    info_turns: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
+    sample_tags: dict[str, str] = field(default_factory=dict[str, str])
 
 
 class EvalMetricsResult(RewardResult):
@@ -71,9 +71,9 @@ class TrajectoryStep:
 
     prompt: list[Message]
     completion: list[Message]
-    prompt_token_ids: list[int] = field(default_factory=list)
-    completion_token_ids: list[int] = field(default_factory=list)
-    completion_logprobs: list[float] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list[int])
+    completion_token_ids: list[int] = field(default_factory=list[int])
+    completion_logprobs: list[float] = field(default_factory=list[float])
     is_truncated: bool = False
 
 
@@ -87,11 +87,11 @@ class RolloutState:
 
     sample: Sample
     env_name: str = ""
-    trajectory: list[TrajectoryStep] = field(default_factory=list)
+    trajectory: list[TrajectoryStep] = field(default_factory=list[TrajectoryStep])
     is_completed: bool = False
     stop_reason: str | None = None
     error: str | None = None
-    custom: dict[str, Any] = field(default_factory=dict)
+    custom: dict[str, Any] = field(default_factory=dict[str, Any])
 
     @property
     def num_turns(self) -> int:

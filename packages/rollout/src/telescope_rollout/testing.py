@@ -61,10 +61,10 @@ class FakeInferenceServer(CompletionClient):
     server_urls: list[str] = field(default_factory=lambda: ["http://fake-0"])
     reply: Callable[[FakeRequest], tuple[str, list[int]]] = default_reply
     hold: Callable[[FakeRequest], bool] | None = None
-    dead: set[str] = field(default_factory=set)
-    hung: set[str] = field(default_factory=set)
+    dead: set[str] = field(default_factory=set[str])
+    hung: set[str] = field(default_factory=set[str])
     finish_reason: str = "stop"
-    requests: list[FakeRequest] = field(default_factory=list)
+    requests: list[FakeRequest] = field(default_factory=list[FakeRequest])
 
     @property
     def pending(self) -> list[FakeRequest]:

@@ -71,11 +71,7 @@ class Limits:
             if value < minimum or (name == "timeout_s" and value <= 0):
                 bound = "> 0" if name == "timeout_s" else f">= {minimum}"
                 raise SandboxRequestError(f"{name} must be {bound}, got {value!r}")
-        if self.cpu_time_s is not None and not (
-            isinstance(self.cpu_time_s, int | float)
-            and math.isfinite(self.cpu_time_s)
-            and self.cpu_time_s > 0
-        ):
+        if self.cpu_time_s is not None and not _positive_number(self.cpu_time_s):
             raise SandboxRequestError(f"cpu_time_s must be > 0 or None, got {self.cpu_time_s!r}")
 
     @property
@@ -100,3 +96,8 @@ class Limits:
     def field_names(cls) -> tuple[str, ...]:
         """Names of every limit, for error messages."""
         return tuple(f.name for f in fields(cls))
+
+
+def _positive_number(value: object) -> bool:
+    """Whether ``value`` is a finite number > 0 (a caller, or a config file, may pass anything)."""
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0

@@ -20,10 +20,10 @@ import asyncio
 import inspect
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import structlog
 
@@ -130,7 +130,7 @@ class SandboxPool:
         assert self._factory is not None
         made = self._factory()
         sandbox = await made if inspect.isawaitable(made) else made
-        if not isinstance(sandbox, Sandbox):
+        if not isinstance(cast(object, sandbox), Sandbox):  # the factory is the caller's code
             raise SandboxRequestError(f"the pool's factory returned {type(sandbox).__name__}, not a Sandbox")
         self._counts["created"] += 1
         return _Slot(sandbox, time.monotonic())
@@ -148,7 +148,7 @@ class SandboxPool:
             _log.warning("sandbox_close_failed", error=repr(exc))
 
     @asynccontextmanager
-    async def sandbox(self) -> AsyncIterator[Sandbox]:
+    async def sandbox(self) -> AsyncGenerator[Sandbox, None]:
         """Lease one sandbox for several runs (files persist between them on stateful providers)."""
         if self._closed:
             raise SandboxRequestError("the sandbox pool is closed")

@@ -19,7 +19,7 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar, Self
+from typing import ClassVar, Self, TypeGuard, cast
 
 from telescope_sandbox._errors import SandboxRequestError
 from telescope_sandbox._limits import Limits
@@ -38,7 +38,7 @@ LANGUAGES: Mapping[str, tuple[str, str]] = MappingProxyType(
 """Languages ``run`` understands: the file the code goes to and the interpreter that runs it."""
 
 
-def check_relative_path(path: str) -> str:
+def check_relative_path(path: object) -> str:
     """Normalise a work-directory path; reject absolute paths, ``..`` and empty names."""
     if not isinstance(path, str) or not path or "\0" in path:
         raise SandboxRequestError(f"file path must be a non-empty string, got {path!r}")
@@ -56,26 +56,28 @@ class ExecRequest:
 
     argv: tuple[str, ...]
     stdin: bytes = b""
-    env: Mapping[str, str] = field(default_factory=dict)
-    files: Mapping[str, bytes] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict[str, str])
+    files: Mapping[str, bytes] = field(default_factory=dict[str, bytes])
     files_out: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
-        if not self.argv or not all(isinstance(a, str) and "\0" not in a for a in self.argv):
+        # The fields' types say what a caller should pass; what it did pass is checked here.
+        argv = cast("tuple[object, ...]", self.argv)
+        if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
             raise SandboxRequestError(
                 f"argv must be a non-empty list of strings without NUL, got {self.argv!r}"
             )
-        if not isinstance(self.stdin, bytes):
+        if not isinstance(cast(object, self.stdin), bytes):
             raise SandboxRequestError("stdin must be str or bytes")
-        for key, value in self.env.items():
+        for key, value in cast("Mapping[object, object]", self.env).items():
             if not (isinstance(key, str) and isinstance(value, str)) or not key or "=" in key:
                 raise SandboxRequestError(f"bad environment variable {key!r}={value!r}")
             if "\0" in key or "\0" in value:
                 raise SandboxRequestError(f"environment variable {key!r} contains NUL")
-        files = {}
-        for path, content in self.files.items():
-            if not isinstance(content, bytes | bytearray | memoryview):
+        files: dict[str, bytes] = {}
+        for path, content in cast("Mapping[str, object]", self.files).items():
+            if not _bytes_like(content):
                 raise SandboxRequestError(f"content of {path!r} must be bytes or str")
             files[check_relative_path(path)] = bytes(content)
         object.__setattr__(self, "files", MappingProxyType(files))
@@ -87,10 +89,15 @@ class ExecRequest:
             raise SandboxRequestError(f"a file is larger than max_file_mb={self.limits.max_file_mb}")
 
 
-def _as_bytes(data: str | bytes, what: str) -> bytes:
+def _bytes_like(value: object) -> TypeGuard[bytes | bytearray | memoryview]:
+    """Whether ``value`` is bytes, a bytearray or a memoryview (what ``bytes(value)`` copies)."""
+    return isinstance(value, bytes | bytearray | memoryview)
+
+
+def _as_bytes(data: object, what: str) -> bytes:
     if isinstance(data, str):
         return data.encode()
-    if isinstance(data, bytes | bytearray | memoryview):
+    if _bytes_like(data):
         return bytes(data)
     raise SandboxRequestError(f"{what} must be str or bytes, got {type(data).__name__}")
 
@@ -136,7 +143,7 @@ class Sandbox(abc.ABC):
         """
         if language not in LANGUAGES:
             raise SandboxRequestError(f"unknown language {language!r}; known: {', '.join(LANGUAGES)}")
-        if not isinstance(code, str):
+        if not isinstance(cast(object, code), str):
             raise SandboxRequestError("code must be a string")
         filename, interpreter = LANGUAGES[language]
         all_files = dict(files or {})

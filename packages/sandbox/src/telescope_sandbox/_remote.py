@@ -29,6 +29,7 @@ import math
 import posixpath
 import shlex
 import time
+from collections.abc import Awaitable
 from types import MappingProxyType
 from typing import Any
 
@@ -298,7 +299,8 @@ class ModalSandbox(RemoteSandbox):
 
     async def _exec(self, command: str, timeout_s: float) -> tuple[Any, Any, int]:
         process = await self._box.exec.aio("bash", "-c", command, timeout=math.ceil(timeout_s))
-        stdout, stderr = await asyncio.gather(process.stdout.read.aio(), process.stderr.read.aio())
+        reads: list[Awaitable[Any]] = [process.stdout.read.aio(), process.stderr.read.aio()]
+        stdout, stderr = await asyncio.gather(*reads)
         code = await process.wait.aio()
         return stdout, stderr, int(code)
 

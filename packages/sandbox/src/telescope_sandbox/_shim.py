@@ -22,23 +22,46 @@ and peak memory), reads the output files (regular files only, at most ``max_file
 each) and exits with the program's status.
 """
 
-import _signal  # pyright: ignore[reportMissingImports]  (built into CPython; no stub)
 import marshal
 import os
 import resource
 import stat
 import sys
 
+# ``typing`` is not imported at run time (it would slow every run down): what follows exists for
+# the type checker only, which treats any ``TYPE_CHECKING`` as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal  # ``_signal`` (built into CPython) has no stub; ``signal`` wraps it
+    from typing import TypedDict
 
-def _drop_privileges(uid, gid):
+    class _Spec(TypedDict):
+        """The run's spec, as ``_local`` builds it (after a ``marshal`` round trip)."""
+
+        workdir: str
+        uid: int | None
+        gid: int | None
+        rlimits: list[tuple[str, int, int]]
+        argv: list[str]
+        env: dict[str, str]
+        files: list[tuple[str, int, int]]  # ``[path, offset, size]`` lists on the wire
+        files_out: list[str]
+        max_file_out: int
+
+else:
+    import _signal
+
+
+def _drop_privileges(uid: int | None, gid: int | None) -> None:
     if uid is None:
         return
     os.setgroups([])
-    os.setresgid(gid, gid, gid)
+    # The host sets gid with uid (both None or both ints); no ``typing.cast`` here (see above).
+    os.setresgid(gid, gid, gid)  # pyright: ignore[reportArgumentType]
     os.setresuid(uid, uid, uid)
 
 
-def _child(spec, blob):
+def _child(spec: "_Spec", blob: memoryview) -> None:
     _drop_privileges(spec["uid"], spec["gid"])
     os.umask(0o022)
     os.chdir(spec["workdir"])
@@ -61,7 +84,7 @@ def _child(spec, blob):
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 
-def _read_out(path, limit):
+def _read_out(path: str, limit: int) -> bytes | None:
     """Content of a regular file, at most ``limit`` bytes; None for anything else."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
@@ -70,7 +93,8 @@ def _read_out(path, limit):
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         while size < limit:
             chunk = os.read(fd, min(1 << 20, limit - size))
             if not chunk:
@@ -82,14 +106,14 @@ def _read_out(path, limit):
         os.close(fd)
 
 
-def main():
+def main() -> None:
     spec_fd, status_fd = int(sys.argv[1]), int(sys.argv[2])
     os.write(status_fd, b"S")
     with os.fdopen(spec_fd, "rb") as f:
         data = f.read()
     head, _, rest = data.partition(b"\n")
     size = int(head)
-    spec = marshal.loads(rest[:size])
+    spec: _Spec = marshal.loads(rest[:size])
     blob = memoryview(rest)[size:]
     os.set_inheritable(status_fd, False)
     pid = os.fork()

@@ -28,7 +28,7 @@ runs, CPU included. The split and the gathers: docs/algorithms.md#context-parall
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,7 @@ from telescope_algos.backend import (
     packed_attention,
     zigzag_indices,
 )
+from telescope_trainer_fsdp._distributed import collectives
 
 __all__ = ["ATTENTION", "CPLayout", "cp_logprobs", "make_layout", "register_attention"]
 
@@ -72,7 +73,7 @@ def make_layout(cp: int) -> CPLayout:
         for replica in range(world // cp):
             ranks = list(range(replica * cp, (replica + 1) * cp))
             # every rank creates every group, in the same order (new_group's annotation admits an int)
-            made = cast(dist.ProcessGroup, dist.new_group(ranks))
+            made = cast(dist.ProcessGroup, collectives.new_group(ranks))
             if rank in ranks:
                 group = made
     return CPLayout(cp=cp, cp_rank=rank % cp, dp_rank=rank // cp, dp_world_size=world // cp, group=group)
@@ -132,8 +133,9 @@ def register_attention() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(ATTENTION, _cp_attention)
-    AttentionMaskInterface.register(ATTENTION, _no_mask)
+    # register's value is annotated as a bare Callable: the interfaces are reached through Any
+    cast(Any, AttentionInterface).register(ATTENTION, _cp_attention)
+    cast(Any, AttentionMaskInterface).register(ATTENTION, _no_mask)
 
 
 def cp_logprobs(

@@ -11,14 +11,29 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import structlog
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "init_distributed"]
+__all__ = ["Collectives", "DistInfo", "collectives", "init_distributed"]
 
 _log = structlog.get_logger()
+
+
+class Collectives(Protocol):
+    """The ``torch.distributed`` calls the trainer makes, typed (torch leaves some parameters unannotated)."""
+
+    def new_group(self, ranks: list[int]) -> dist.ProcessGroup | int | None: ...
+
+    def all_reduce(self, tensor: torch.Tensor) -> None: ...
+
+    def barrier(self) -> None: ...
+
+
+collectives = cast(Collectives, dist)
+"""``torch.distributed`` itself, seen through ``Collectives``."""
 
 
 @dataclass(frozen=True)
@@ -69,18 +84,18 @@ def init_distributed(*, device: str | torch.device | None = None, timeout_s: flo
             init_method = f"tcp://127.0.0.1:{_free_port()}"
             rank, world = 0, 1
         backend = "nccl" if dev_type == "cuda" else "gloo"
-        kwargs: dict = {}
+        device_id: torch.device | None = None  # init_process_group's default
         if dev_type == "cuda":
             local = int(env.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
             torch.cuda.set_device(local)
-            kwargs["device_id"] = torch.device("cuda", local)
+            device_id = torch.device("cuda", local)
         dist.init_process_group(
             backend,
             init_method=init_method,
             rank=rank,
             world_size=world,
             timeout=datetime.timedelta(seconds=timeout_s),
-            **kwargs,
+            device_id=device_id,
         )
         owns = True
         _log.debug("process group initialised", backend=backend, rank=rank, world_size=world)

@@ -17,19 +17,22 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch.distributed.checkpoint import state_dict_loader
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.tensor import DTensor
 
 from telescope_trainer_fsdp import _checkpoint as ck
 
 __all__ = ["convert_checkpoint", "hf_name", "iter_hf_weights"]
+
+# torch annotates its checkpoint_id with a bare os.PathLike: it is taken through Any
+dcp_load: Callable[..., None] = cast(Any, state_dict_loader).load
 
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
@@ -195,7 +198,10 @@ def _write_shards(
 ) -> None:
     """Read each shard's tensors from the checkpoint and write them as safetensors (plus the index
     when there is more than one file); ``merge`` names and merges a LoRA checkpoint's tensors."""
-    from safetensors.torch import save_file
+    import safetensors.torch
+
+    # safetensors annotates the file name with a bare os.PathLike: save_file is taken through Any
+    save_file: Callable[..., None] = cast(Any, safetensors.torch).save_file
 
     names = (
         ["model.safetensors"]
@@ -206,7 +212,7 @@ def _write_shards(
     total = 0
     for keys, fname in zip(shards, names, strict=True):
         state = _read(reader, {k: entries[k] for k in keys})
-        tensors = {}
+        tensors: dict[str, torch.Tensor] = {}
         for k in keys:
             name, t = (hf_name(k[len("model.") :]), state.pop(k)) if merge is None else merge(k, state.pop(k))
             tensors[name] = (t if dtype is None else t.to(dtype)).contiguous()

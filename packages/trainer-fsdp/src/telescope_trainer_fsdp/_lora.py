@@ -22,7 +22,7 @@ PEFT is the extra ``telescope-trainer-fsdp[lora]``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -65,15 +65,15 @@ def add_adapters(model: torch.nn.Module, settings: dict[str, Any]) -> torch.nn.M
     except ImportError as exc:
         raise ImportError("lora_rank > 0 needs PEFT: pip install 'telescope-trainer-fsdp[lora]'") from exc
     rank, targets = settings["rank"], settings["targets"]
-    found = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    found = {name.rsplit(".", 1)[-1] for name, _ in _linear_layers(model)}
     missing = [t for t in targets if t.rsplit(".", 1)[-1] not in found]
     if missing:
         raise ValueError(
             f"lora_target_modules {missing} match no linear layer of {type(model).__name__}; its linear "
             f"layers are {sorted(found)}: list some of those"
         )
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and _targeted(name, targets):
+    for name, module in _linear_layers(model):
+        if _targeted(name, targets):
             smaller = min(module.in_features, module.out_features)
             if rank > smaller:
                 raise ValueError(
@@ -97,7 +97,7 @@ def adapter_config(settings: dict[str, Any], *, base: str = "") -> dict[str, Any
     from peft import LoraConfig
 
     alpha: Any = float(settings["alpha"])  # PEFT annotates an int; a float scales the same (alpha / r)
-    config = LoraConfig(
+    peft_config = LoraConfig(
         r=int(settings["rank"]),
         lora_alpha=alpha,
         lora_dropout=float(settings["dropout"]),
@@ -105,8 +105,9 @@ def adapter_config(settings: dict[str, Any], *, base: str = "") -> dict[str, Any
         bias="none",
         task_type="CAUSAL_LM",
         base_model_name_or_path=base or None,
-    ).to_dict()
-    return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+    )
+    config = cast("dict[str, Any]", peft_config.to_dict())  # PEFT annotates a bare Dict
+    return {k: sorted(cast("set[Any]", v)) if isinstance(v, set) else v for k, v in config.items()}
 
 
 def peft_name(name: str) -> str:
@@ -122,6 +123,14 @@ def adapter_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
             full = _full(tensor)
             yield peft_name(name), full
             del full
+
+
+def _linear_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Linear]]:
+    """``(name, layer)`` of every linear layer in ``model``."""
+    modules = cast("Iterator[tuple[str, torch.nn.Module]]", model.named_modules())  # not annotated by torch
+    for name, module in modules:
+        if isinstance(module, torch.nn.Linear):
+            yield name, module
 
 
 def _targeted(name: str, targets: list[str]) -> bool:

@@ -11,9 +11,12 @@ all-reduce.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+
+from telescope_trainer_fsdp._distributed import collectives
 
 __all__ = ["StepMetrics"]
 
@@ -64,9 +67,9 @@ class StepMetrics:
         )
         t = torch.tensor(values, dtype=torch.float64, device=device)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(t)
+            collectives.all_reduce(t)
         world = dist.get_world_size() if dist.is_initialized() else 1
-        flat = t.cpu().tolist()
+        flat: list[float] = cast(Any, t.cpu()).tolist()  # torch annotates tolist() as a bare list
         k = len(means)
         out = {n: flat[i] / flat[k + i] if flat[k + i] > 0 else 0.0 for i, n in enumerate(means)}
         out.update(zip(sums, (v / copies for v in flat[2 * k : 2 * k + len(sums)]), strict=True))

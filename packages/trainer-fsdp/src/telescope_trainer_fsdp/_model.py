@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import Any, cast
 
 import structlog
 import torch
@@ -70,25 +70,28 @@ def load_sharded_model(
     attn = attention_implementation(device, attn_implementation)
     if attn == PACKED_SDPA:
         register_packed_sdpa()
-    model = AutoModelForCausalLM.from_pretrained(
+    # transformers leaves parts of from_pretrained and of the model's API unannotated (and mistypes
+    # `to`): the model is untyped until it is a plain module
+    hf_model = cast(Any, AutoModelForCausalLM).from_pretrained(
         model_path,
         dtype=torch_dtype(model_dtype),
         attn_implementation=attn,
         trust_remote_code=trust_remote_code,
     )
-    model.config.use_cache = False
+    hf_model.config.use_cache = False
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model: torch.nn.Module = hf_model
     if lora is not None:
         from telescope_trainer_fsdp._lora import add_adapters
 
         model = add_adapters(model, lora)
-    model.to(device)  # pyright: ignore[reportArgumentType] (transformers' annotation of `to`)
+    model.to(device)
     if mixed_precision_dtype is None:
         mp = MixedPrecisionPolicy()
     else:
         mp = MixedPrecisionPolicy(param_dtype=torch_dtype(mixed_precision_dtype), reduce_dtype=torch.float32)
-    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    layer_classes: set[str] = set(getattr(model, "_no_split_modules", None) or ())
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     units = [
         m

@@ -18,6 +18,8 @@ this, so only this one lets the trainer pack shared prompts (``shares_prompts``)
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 import torch.nn.functional as F
 
@@ -30,7 +32,8 @@ def sample_spans(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     """``[start, end)`` of each sample in one row of ``position_ids`` (shape ``[T]``)."""
     starts = torch.ones_like(position_ids, dtype=torch.bool)
     starts[1:] = position_ids[1:] != position_ids[:-1] + 1
-    bounds = torch.nonzero(starts).flatten().tolist()
+    # torch annotates tolist() as a bare list (here and below)
+    bounds: list[int] = cast(Any, torch.nonzero(starts).flatten()).tolist()
     return list(zip(bounds, [*bounds[1:], position_ids.numel()], strict=True))
 
 
@@ -75,8 +78,9 @@ def row_attention(
 ) -> torch.Tensor:
     """Attention of one packed row ``[1, H, T, D]`` (``k``, ``v`` with as many heads as ``q``), span by
     span: causal within a span, and a branch also sees its root's first ``q`` tokens (module docstring)."""
-    starts_at = positions.tolist()
-    out, root = [], None
+    starts_at: list[int] = cast(Any, positions).tolist()
+    out: list[torch.Tensor] = []
+    root: int | None = None
     for s, e in sample_spans(positions):
         shared = starts_at[s]
         if shared == 0:
@@ -105,4 +109,5 @@ def register_packed_sdpa() -> None:
     so transformers builds no mask for it."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(PACKED_SDPA, packed_sdpa_forward)
+    # register's value is annotated as a bare Callable: the interface is reached through Any
+    cast(Any, AttentionInterface).register(PACKED_SDPA, packed_sdpa_forward)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -23,13 +24,16 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from telescope_algos.backend import Timeline, rng_state, set_rng_state
 from telescope_trainer_fsdp import _checkpoint as ck
+from telescope_trainer_fsdp._distributed import collectives
 
 __all__ = ["load_state", "save_state"]
+
+# torch annotates their checkpoint_id with a bare os.PathLike: they are taken through Any
+dcp_load: Callable[..., None] = cast(Any, state_dict_loader).load
+dcp_save: Callable[..., object] = cast(Any, state_dict_saver).save
 
 
 def save_state(
@@ -66,7 +70,7 @@ def save_state(
         with tl.span("hf_meta"):
             write_hf_meta(directory / ck.HF_META_DIR)
     with tl.span("barrier"):
-        dist.barrier()
+        collectives.barrier()
 
 
 def load_state(
@@ -113,5 +117,5 @@ def load_state(
             if rng_path.is_file():  # absent when loading at a larger world size than saved
                 set_rng_state(torch.load(rng_path, weights_only=False))
     with tl.span("barrier"):
-        dist.barrier()
+        collectives.barrier()
     return trainer_state

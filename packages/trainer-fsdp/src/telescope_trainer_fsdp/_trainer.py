@@ -112,7 +112,7 @@ class FSDPTrainer:
         self.device = dist_info.device
         self.model = model
         self._params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
             self._params, lr=config.learning_rate, weight_decay=config.weight_decay
         )
         self.scheduler = build_lr_scheduler(self.optimizer, config)
@@ -303,7 +303,7 @@ class FSDPTrainer:
         # FSDP averages gradients over ranks; the loss is already the replica's share of the
         # sum, and context-parallel ranks each hold the part of the gradient through their tokens.
         with tl.span("backward"):  # the group's last micro-batch also reduce-scatters the gradients
-            (loss * self.world_size).backward()
+            cast(Any, loss * self.world_size).backward()  # torch leaves backward's parameters unannotated
         metrics.add_micro_batch(mb_metrics, input_tokens=mb.num_tokens)
         metrics.add_sum(f"_group_loss/{group}", float(mb_metrics["loss"]))
 
@@ -353,11 +353,12 @@ class FSDPTrainer:
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
         out.mkdir(parents=True, exist_ok=True)
-        AutoConfig.from_pretrained(self.model_path).save_pretrained(out)
+        # transformers leaves their **kwargs (and the tokenizer's type) unannotated
+        cast(Any, AutoConfig).from_pretrained(self.model_path).save_pretrained(out)
         with contextlib.suppress(OSError):  # models without a generation config
-            GenerationConfig.from_pretrained(self.model_path).save_pretrained(out)
+            cast(Any, GenerationConfig).from_pretrained(self.model_path).save_pretrained(out)
         try:
-            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(out)
+            cast(Any, AutoTokenizer).from_pretrained(self.model_path).save_pretrained(out)
         except (OSError, ValueError) as exc:
             _log.warning("no tokenizer saved with the checkpoint", model=self.model_path, error=str(exc))
 

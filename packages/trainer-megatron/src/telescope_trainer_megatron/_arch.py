@@ -96,7 +96,7 @@ class Architecture:
         _refuse_unsupported(cfg, model_type)
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
-        rope = cfg.get("rope_parameters") or {}
+        rope: dict[str, Any] = cfg.get("rope_parameters") or {}
         rope_theta = float(rope.get("rope_theta", cfg.get("rope_theta") or 10000.0))
         layers = int(cfg["num_hidden_layers"])
         if model_type in ("qwen2", "qwen2_moe"):
@@ -145,7 +145,7 @@ class Architecture:
 
 
 def _refuse_unsupported(cfg: dict[str, Any], model_type: str) -> None:
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope: dict[str, Any] = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in (None, "default"):
         raise ValueError(

@@ -23,8 +23,9 @@ Transformer Engine the backend uses TE's attention instead of this class.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
+import torch
 import torch.distributed as dist
 
 from telescope_algos.backend import gather_partial, packed_attention
@@ -32,7 +33,10 @@ from telescope_trainer_megatron._requirements import require_megatron
 
 require_megatron()
 
+from megatron.core.packed_seq_params import PackedSeqParams  # noqa: E402
 from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
+from megatron.core.transformer.enums import AttnMaskType  # noqa: E402
+from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 __all__ = ["PackedDotProductAttention"]
 
@@ -40,7 +44,9 @@ __all__ = ["PackedDotProductAttention"]
 class PackedDotProductAttention(DotProductAttention):
     """``DotProductAttention`` that isolates packed samples by their ``cu_seqlens`` (and does CP)."""
 
-    def __init__(self, config, *args, **kwargs):
+    hidden_size_per_partition: int  # set by Megatron's __init__ (from its untyped ``divide``)
+
+    def __init__(self, config: TransformerConfig, *args: Any, **kwargs: Any) -> None:
         # Megatron's local attention asserts cp == 1; this class does CP itself (module docstring).
         cp = config.context_parallel_size
         config.context_parallel_size = 1
@@ -52,14 +58,14 @@ class PackedDotProductAttention(DotProductAttention):
 
     def forward(  # Megatron's positional signature
         self,
-        query,
-        key,
-        value,
-        attention_mask,
-        attn_mask_type=None,
-        attention_bias=None,
-        packed_seq_params=None,
-    ):
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: PackedSeqParams | None = None,
+    ) -> torch.Tensor:
         if packed_seq_params is None:
             if self.cp > 1:
                 raise ValueError("context parallelism needs packed_seq_params (the sample boundaries)")
@@ -71,15 +77,17 @@ class PackedDotProductAttention(DotProductAttention):
             from megatron.core import parallel_state as ps
 
             group = cast(dist.ProcessGroup, ps.get_context_parallel_group())
-            cp_rank = ps.get_context_parallel_rank()
+            cp_rank = cast(int, ps.get_context_parallel_rank())
             key, value = gather_partial(key, 0, group), gather_partial(value, 0, group)
+        bounds = packed_seq_params.cu_seqlens_q  # torch's stub types tolist() as a bare list
+        cu_seqlens = cast(list[int], bounds.tolist())  # pyright: ignore[reportUnknownMemberType]
         # [s, 1, heads, d] -> [heads, s, d]
         q, k, v = (x[:, 0].transpose(0, 1) for x in (query, key, value))
         context = packed_attention(
             q,
             k,
             v,
-            packed_seq_params.cu_seqlens_q.tolist(),
+            cu_seqlens,
             cp=self.cp,
             cp_rank=cp_rank,
             scale=self.softmax_scale,

@@ -94,7 +94,7 @@ def _main_params(opt: Any) -> list[list[torch.Tensor]]:
 
 def optimizer_state(optimizer: Any) -> list[dict[str, Any]]:
     """Adam state and fp32 main parameters of every sub-optimizer (this rank's share)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for opt in _sub_optimizers(optimizer):
         inner = getattr(opt, "optimizer", None)
         out.append(
@@ -156,7 +156,7 @@ def read_layout(directory: Path) -> dict[str, Any]:
     directory = Path(directory)
     path = directory / LAYOUT_FILE
     if path.is_file():
-        facts = json.loads(path.read_text(encoding="utf-8"))
+        facts: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     else:
         legacy = directory / _LEGACY_META
         facts = json.loads(legacy.read_text(encoding="utf-8")) if legacy.is_file() else {}

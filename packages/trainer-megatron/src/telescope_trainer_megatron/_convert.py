@@ -198,7 +198,7 @@ def hf_to_megatron(
             raise KeyError(f"Hugging Face weights lack {missing} (needed for {name})")
         used.update(src)
         out[name] = hf_to_megatron_tensor(name, [hf_state[s] for s in src], arch, padded_vocab)
-    ignored = {"lm_head.weight"} if arch.tie_word_embeddings else set()
+    ignored: set[str] = {"lm_head.weight"} if arch.tie_word_embeddings else set()
     unused = sorted(set(hf_state) - used - ignored)
     if unused:
         raise KeyError(f"Hugging Face weights the {arch.model_type} mapping does not know: {unused[:8]}")

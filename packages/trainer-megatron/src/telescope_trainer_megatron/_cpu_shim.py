@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import types
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import torch
@@ -109,7 +109,7 @@ def _cpu_synchronize(*_args: Any, **_kwargs: Any) -> None:
 
 
 def _cpu_manual_seed(seed: int) -> None:
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # pyright: ignore[reportUnknownMemberType] (its parameter is unannotated)
 
 
 def _cpu_pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group: Any) -> torch.Tensor:
@@ -191,7 +191,7 @@ def uninstall_cpu_shim() -> None:
 
 
 @contextlib.contextmanager
-def cuda_type_names() -> Iterator[None]:
+def cuda_type_names() -> Generator[None]:
     """While active (and only with the shim installed), ``t.type()`` names CPU tensors as CUDA ones."""
     if not _saved:
         yield

@@ -46,8 +46,8 @@ def export_plan(params: Mapping[str, torch.Tensor], arch: Architecture, tp: int)
     """Exchange which rank holds which global parameter (collective over the world)."""
     mine = {name: (_merged_shape(name, p.shape, tp), p.dtype) for name, p in params.items()}
     everyone: list[Any] = [None] * dist.get_world_size()  # every rank's `mine`, once gathered
-    dist.all_gather_object(everyone, mine)
-    entries = []
+    dist.all_gather_object(everyone, mine)  # pyright: ignore[reportUnknownMemberType] (untyped parameters)
+    entries: list[tuple[str, tuple[int, ...], torch.dtype, int | None]] = []
     for name in megatron_names(arch):
         holders = [r for r, held in enumerate(everyone) if name in held]
         if not holders:
@@ -95,7 +95,9 @@ def iter_hf_weights(
                 full = held.detach()
                 if tp > 1 and tp_split_dim(name) is not None:
                     shards = [torch.empty_like(full) for _ in range(tp)]
-                    dist.all_gather(shards, full.contiguous(), group=tp_group)
+                    dist.all_gather(  # pyright: ignore[reportUnknownMemberType] (untyped tensor lists)
+                        shards, full.contiguous(), group=tp_group
+                    )
                     full = tp_merge(name, shards)
             else:
                 full = torch.empty(shape, dtype=dtype, device=_device())

@@ -10,15 +10,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Protocol, cast
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save_file  # pyright: ignore[reportUnknownVariableType] (bare PathLike)
 
 __all__ = ["HFCheckpoint", "save_hf_weights"]
 
 _INDEX = "model.safetensors.index.json"
+
+
+class _SafetensorsFile(Protocol):
+    """What this module uses of an open ``safe_open`` handle (the stub leaves ``__enter__`` untyped)."""
+
+    def keys(self) -> list[str]: ...
+
+    def get_tensor(self, name: str) -> torch.Tensor: ...
+
+
+def _open(path: Path) -> AbstractContextManager[_SafetensorsFile]:
+    return cast(AbstractContextManager[_SafetensorsFile], safe_open(path, "pt"))
 
 
 class HFCheckpoint:
@@ -28,10 +42,10 @@ class HFCheckpoint:
         self.dir = Path(model_dir)
         index = self.dir / _INDEX
         if index.is_file():
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            self._files = {name: self.dir / f for name, f in weight_map.items()}
+            weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            self._files: dict[str, Path] = {name: self.dir / f for name, f in weight_map.items()}
         elif (self.dir / "model.safetensors").is_file():
-            with safe_open(self.dir / "model.safetensors", "pt") as f:
+            with _open(self.dir / "model.safetensors") as f:
                 self._files = dict.fromkeys(f.keys(), self.dir / "model.safetensors")
         else:
             raise FileNotFoundError(
@@ -50,7 +64,7 @@ class HFCheckpoint:
             path = self._files[name]
         except KeyError:
             raise KeyError(f"{name!r} is not in the checkpoint at {self.dir}") from None
-        with safe_open(path, "pt") as f:
+        with _open(path) as f:
             return f.get_tensor(name)
 
 
@@ -73,7 +87,8 @@ def save_hf_weights(
         path = out / "model.safetensors"
         save_file(shards[0], str(path), metadata={"format": "pt"})
         return [path]
-    paths, weight_map = [], {}
+    paths: list[Path] = []
+    weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards, 1):
         path = out / f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(path), metadata={"format": "pt"})

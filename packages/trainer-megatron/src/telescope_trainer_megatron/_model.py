@@ -12,7 +12,7 @@ from the safetensors files, converting each tensor on the fly.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import structlog
 import torch
@@ -167,8 +167,8 @@ def build_gpt_model(arch: Architecture, config: Any, *, padded_vocab: int, use_t
         transformer_layer_spec=_layer_spec(config, use_te),
         vocab_size=padded_vocab,
         max_sequence_length=arch.max_position_embeddings,
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
+        pre_process=cast(bool, ps.is_pipeline_first_stage()),  # pyright: ignore[reportUnknownMemberType]
+        post_process=cast(bool, ps.is_pipeline_last_stage()),  # pyright: ignore[reportUnknownMemberType]
         parallel_output=True,
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         position_embedding_type="rope",
@@ -180,10 +180,10 @@ def _offsets(model: Any) -> tuple[int, int]:
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    layer_offset = get_transformer_layer_offset(model.config)
-    experts = model.config.num_moe_experts or 0
-    ep = ps.get_expert_model_parallel_world_size()
-    expert_offset = ps.get_expert_model_parallel_rank() * (experts // ep) if experts else 0
+    layer_offset = cast(int, get_transformer_layer_offset(model.config))
+    experts: int = model.config.num_moe_experts or 0
+    ep = cast(int, ps.get_expert_model_parallel_world_size())
+    expert_offset = cast(int, ps.get_expert_model_parallel_rank()) * (experts // ep) if experts else 0
     return layer_offset, expert_offset
 
 
@@ -202,7 +202,8 @@ def load_hf_weights(model: Any, arch: Architecture, model_dir: str, *, padded_vo
     from megatron.core import parallel_state as ps
 
     ckpt = HFCheckpoint(model_dir)
-    tp_rank, tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+    tp_rank = cast(int, ps.get_tensor_model_parallel_rank())
+    tp = cast(int, ps.get_tensor_model_parallel_world_size())
     names = local_to_global(model)
     params = dict(model.named_parameters())
     for local, name in names.items():

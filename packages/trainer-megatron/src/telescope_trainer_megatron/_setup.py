@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import structlog
 import torch
@@ -77,7 +77,7 @@ def seed_ranks(seed: int) -> None:
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     seed_everything(seed)
-    model_parallel_cuda_manual_seed(seed + 100 * ps.get_pipeline_model_parallel_rank())
+    model_parallel_cuda_manual_seed(seed + 100 * cast(int, ps.get_pipeline_model_parallel_rank()))
 
 
 def sequence_parallel(config: TelescopeConfig, layout: ParallelLayout) -> bool:

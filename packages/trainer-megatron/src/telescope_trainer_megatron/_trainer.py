@@ -245,21 +245,24 @@ class MegatronTrainer:
 
         self.tp_group = cast(dist.ProcessGroup, ps.get_tensor_model_parallel_group())
         self.cp_group = cast(dist.ProcessGroup, ps.get_context_parallel_group())
-        self.cp_rank = ps.get_context_parallel_rank()
+        self.cp_rank = cast(int, ps.get_context_parallel_rank())
         self.dp_group = cast(dist.ProcessGroup, ps.get_data_parallel_group())
-        self.dp_rank = ps.get_data_parallel_rank()
-        self.dp_world_size = ps.get_data_parallel_world_size()
-        self._is_last_stage = ps.is_pipeline_last_stage()
+        self.dp_rank = cast(int, ps.get_data_parallel_rank())
+        self.dp_world_size = cast(int, ps.get_data_parallel_world_size())
+        self._is_last_stage = cast(
+            bool,
+            ps.is_pipeline_last_stage(),  # pyright: ignore[reportUnknownMemberType] (untyped vp_stage)
+        )
         self._coords = (
-            ps.get_tensor_model_parallel_rank(),
-            ps.get_pipeline_model_parallel_rank(),
-            ps.get_context_parallel_rank(),
+            cast(int, ps.get_tensor_model_parallel_rank()),
+            cast(int, ps.get_pipeline_model_parallel_rank()),
+            cast(int, ps.get_context_parallel_rank()),
             self.dp_rank,
         )
         src = torch.tensor(
             [self.rank if self._is_last_stage and self._coords[0] == 0 and self._coords[2:] == (0, 0) else -1]
         )
-        dist.all_reduce(src, op=dist.ReduceOp.MAX)
+        dist.all_reduce(src, op=dist.ReduceOp.MAX)  # pyright: ignore[reportUnknownMemberType]
         self._metrics_src = int(src.item())
 
     # --------------------------------------------------------------- protocol
@@ -268,7 +271,7 @@ class MegatronTrainer:
         """True on the rank with data, tensor, pipeline, context and expert coordinates all 0."""
         from megatron.core import parallel_state as ps
 
-        return all(c == 0 for c in self._coords) and ps.get_expert_model_parallel_rank() == 0
+        return all(c == 0 for c in self._coords) and cast(int, ps.get_expert_model_parallel_rank()) == 0
 
     def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
         """One training step on this data-parallel rank's micro-batches; returns the step metrics.
@@ -372,7 +375,7 @@ class MegatronTrainer:
                 with tl.span("layout"):
                     ckpt.write_layout(path, facts)
             with tl.span("barrier"):
-                dist.barrier()
+                dist.barrier()  # pyright: ignore[reportUnknownMemberType] (untyped device_ids)
         return facts
 
     def _save_shard(self, path: Path) -> None:
@@ -415,7 +418,7 @@ class MegatronTrainer:
             with tl.span("reload_model_params"), cuda_type_names():
                 self.optimizer.reload_model_params()
             with tl.span("barrier"):
-                dist.barrier()
+                dist.barrier()  # pyright: ignore[reportUnknownMemberType] (untyped device_ids)
             return
         if not saved.get("training_state", True):
             raise ValueError(
@@ -440,7 +443,7 @@ class MegatronTrainer:
         with tl.span("rng_state"):
             ckpt.set_rng_state(state["rng"])
         with tl.span("barrier"):
-            dist.barrier()
+            dist.barrier()  # pyright: ignore[reportUnknownMemberType] (untyped device_ids)
 
     def close(self) -> None:
         """Leave the model-parallel groups and, if this trainer created it, the process group."""
@@ -479,7 +482,7 @@ class MegatronTrainer:
         """Raise ``problem`` (the first rank's that has one) on every rank at once, as a
         ``FileNotFoundError`` (collective: no rank is left waiting in a later barrier)."""
         problems: list[str | None] = [None] * self.world_size
-        dist.all_gather_object(problems, problem)
+        dist.all_gather_object(problems, problem)  # pyright: ignore[reportUnknownMemberType]
         first = next((p for p in problems if p), None)
         if first:
             raise FileNotFoundError(first)
@@ -494,7 +497,7 @@ class MegatronTrainer:
         if self.world_size == 1:
             return
         bounds = torch.tensor([count, -count], dtype=torch.int64)
-        dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+        dist.all_reduce(bounds, op=dist.ReduceOp.MAX)  # pyright: ignore[reportUnknownMemberType]
         most, fewest = int(bounds[0]), -int(bounds[1])
         if most != fewest:
             raise ValueError(
@@ -573,7 +576,8 @@ class MegatronTrainer:
 
         self._micro = spans
         try:
-            return get_forward_backward_func()(
+            schedule = cast(Callable[..., list[Any]], get_forward_backward_func())
+            return schedule(
                 forward_step_func=forward_step,
                 data_iterator=iter(batches),
                 model=[self.model],
@@ -685,8 +689,9 @@ class MegatronTrainer:
             return {}
         keys = sorted(sums)
         vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
-        dist.all_reduce(vec, group=self.dp_group)
-        total = dict(zip(keys, vec.tolist(), strict=True))
+        dist.all_reduce(vec, group=self.dp_group)  # pyright: ignore[reportUnknownMemberType]
+        values = cast(list[float], vec.tolist())  # pyright: ignore[reportUnknownMemberType]
+        total = dict(zip(keys, values, strict=True))
         weight = max(total.get("num_tokens", 0.0), 1.0)
         out = {
             "loss": total.pop("loss", 0.0) / n_groups,

@@ -16,6 +16,8 @@ which it equals with TP = 1; ``telescope_algos.align_to_inputs`` turns a whole r
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
@@ -27,7 +29,7 @@ def _all_reduce(
     t: torch.Tensor, op: dist.ReduceOp.RedOpType, group: dist.ProcessGroup | None
 ) -> torch.Tensor:
     if group is not None and dist.get_world_size(group) > 1:
-        dist.all_reduce(t, op=op, group=group)
+        dist.all_reduce(t, op=op, group=group)  # pyright: ignore[reportUnknownMemberType] (untyped tensor)
     return t
 
 
@@ -35,7 +37,15 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
     """Rows ``[N, V_local]`` → (log p of the global label, entropy), both ``[N]`` float32."""
 
     @staticmethod
-    def forward(ctx, logits, labels, temperature, vocab_start, vocab_size, group):
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        temperature: float,
+        vocab_start: int,
+        vocab_size: int,
+        group: dist.ProcessGroup | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         z = logits.float() / temperature
         v_local = z.shape[-1]
         cols = torch.arange(vocab_start, vocab_start + v_local, device=z.device)
@@ -59,7 +69,9 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_logprobs, grad_entropy):
+    def backward(  # pyright: ignore[reportIncompatibleMethodOverride] (once_differentiable's typing)
+        ctx: Any, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor, None, None, None, None, None]:
         logits, local, inside, lse, entropy = ctx.saved_tensors
         z = logits.float() / ctx.temperature
         cols = torch.arange(ctx.vocab_start, ctx.vocab_start + z.shape[-1], device=z.device)
@@ -108,15 +120,19 @@ def vocab_parallel_label_logprobs_and_entropy(
     rank = dist.get_rank(group) if group is not None and dist.get_world_size(group) > 1 else 0
     flat, flat_labels = logits.reshape(b * t, v_local), labels.reshape(-1)
     chunk = chunk_size if chunk_size > 0 else max(b * t, 1)
-    lps, ents = [], []
+    lps: list[torch.Tensor] = []
+    ents: list[torch.Tensor] = []
     for s in range(0, b * t, chunk):
-        lp, ent = _VocabParallelLogprobEntropy.apply(
-            flat[s : s + chunk],
-            flat_labels[s : s + chunk],
-            float(temperature),
-            rank * v_local,
-            vocab_size,
-            group,
+        lp, ent = cast(
+            tuple[torch.Tensor, torch.Tensor],
+            _VocabParallelLogprobEntropy.apply(  # pyright: ignore[reportUnknownMemberType] (apply is untyped)
+                flat[s : s + chunk],
+                flat_labels[s : s + chunk],
+                float(temperature),
+                rank * v_local,
+                vocab_size,
+                group,
+            ),
         )
         lps.append(lp)
         ents.append(ent)

@@ -43,8 +43,10 @@ def _gpus() -> list[tuple[str, float]]:
         return []
     if not torch.cuda.is_available():
         return []
+    # torch leaves the properties' type unknown (it depends on the build): read them through Any.
+    cuda: Any = torch.cuda
     return [
-        (torch.cuda.get_device_name(i), torch.cuda.get_device_properties(i).total_memory / GB)
+        (torch.cuda.get_device_name(i), cuda.get_device_properties(i).total_memory / GB)
         for i in range(torch.cuda.device_count())
     ]
 

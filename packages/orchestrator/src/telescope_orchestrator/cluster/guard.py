@@ -45,7 +45,7 @@ POLL_S = 0.5
 def marked_processes(marker: str, *, exclude: tuple[int, ...] = ()) -> list[int]:
     """PIDs whose environment holds the entry ``marker`` (``KEY=VALUE``), zombies left out."""
     entry = marker.encode()
-    found = []
+    found: list[int] = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in exclude:
             continue
@@ -61,7 +61,7 @@ def marked_processes(marker: str, *, exclude: tuple[int, ...] = ()) -> list[int]
 
 def command_names(pids: list[int]) -> dict[int, str]:
     """``{pid: command name}`` from ``/proc/<pid>/comm`` ("?" for a process already gone)."""
-    names = {}
+    names: dict[int, str] = {}
     for pid in pids:
         try:
             names[pid] = Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() or "?"

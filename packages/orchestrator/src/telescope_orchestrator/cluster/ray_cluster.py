@@ -21,7 +21,7 @@ import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import structlog
 
@@ -33,6 +33,30 @@ if TYPE_CHECKING:
 __all__ = ["Cluster", "ClusterError", "has_cuda", "ray_init_options"]
 
 log = structlog.get_logger()
+
+
+class _Ray(Protocol):
+    """The part of the ``ray`` module this file calls, typed (Ray leaves parts of these signatures
+    unknown)."""
+
+    def init(self, address: str | None = None, **kwargs: Any) -> object: ...
+
+    def get(self, object_refs: Any, *, timeout: float | None = None) -> Any: ...
+
+    def put(self, value: Any) -> Any: ...
+
+    def kill(self, actor: Any, *, no_restart: bool = True) -> None: ...
+
+    def is_initialized(self) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
+def _ray() -> _Ray:
+    """The ``ray`` module (imported on first use), as :class:`_Ray`."""
+    import ray
+
+    return cast(_Ray, ray)
 
 
 def ray_init_options(
@@ -102,14 +126,14 @@ class Cluster:
     """File that receives the output of a locally started Ray (its daemons keep writing there)."""
     started_ray: bool = False
     gpu: bool = False
-    server_actors: list[Any] = field(default_factory=list)
-    trainer_actors: list[Any] = field(default_factory=list)
-    groups: list[Any] = field(default_factory=list)
+    server_actors: list[Any] = field(default_factory=list[Any])
+    trainer_actors: list[Any] = field(default_factory=list[Any])
+    groups: list[Any] = field(default_factory=list[Any])
     trainer_group: Any = None
     """The trainer ranks' placement group (also in ``groups``)."""
 
     def start(self, *, run_env: dict[str, str]) -> None:
-        import ray
+        ray = _ray()
 
         cfg = self.config
         self.gpu = has_cuda()
@@ -146,11 +170,11 @@ class Cluster:
         )
 
     def _placement_group(self, bundles: list[dict[str, float]], strategy: str, what: str) -> Any:
-        import ray
         from ray.exceptions import GetTimeoutError
         from ray.util.placement_group import placement_group
 
-        pg = placement_group(bundles, strategy=strategy)
+        ray = _ray()
+        pg: Any = placement_group(bundles, strategy=strategy)
         try:
             ray.get(pg.ready(), timeout=self.config.ray_placement_timeout_s)
         except GetTimeoutError as exc:
@@ -208,8 +232,7 @@ class Cluster:
         The validated config goes into Ray's object store once and every rank receives that object
         (no rank validates it again).
         """
-        import ray
-
+        ray = _ray()
         cfg = self.config
         config_ref = ray.put(cfg)
         n = cfg.trainer_num_workers
@@ -228,7 +251,7 @@ class Cluster:
                 opts["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(plan.trainer_threads)}}
             return opts
 
-        first = TrainerActor.options(**options(0)).remote(
+        first: Any = TrainerActor.options(**options(0)).remote(
             rank=0, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir
         )
         addr, port = ray.get(first.master_address.remote())
@@ -247,9 +270,9 @@ class Cluster:
     def stop_trainers(self) -> None:
         """Kill every trainer rank and free their placement group (a rank died: they are placed
         again with :meth:`place_trainers`). Never raises."""
-        import ray
         from ray.util.placement_group import remove_placement_group
 
+        ray = _ray()
         for actor in self.trainer_actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
@@ -262,8 +285,7 @@ class Cluster:
 
     def close(self) -> None:
         """Stop trainers first (a collective may hang), then servers, then Ray if we started it."""
-        import ray
-
+        ray = _ray()
         if not ray.is_initialized():
             return
         for actor in self.trainer_actors:

@@ -334,8 +334,8 @@ class ServerHandle:
     url: str
     process: ProcessLike
     log_path: Path
-    command: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+    command: list[str] = field(default_factory=list[str])
+    env: dict[str, str] = field(default_factory=dict[str, str])
 
     def __enter__(self) -> ServerHandle:
         return self

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 NOISY = ("ray", "vllm", "httpx", "urllib3", "filelock")
 """Libraries whose INFO lines would drown a run's log: WARNING and up only, in a log file."""
@@ -46,7 +47,7 @@ def configure_logging(*, debug: bool = False, file: TextIO | None = None) -> Non
         stamp = "%H:%M:%S"
         # sys.stderr is looked up at each call, not bound once: it may be replaced later
         # (test capture, a redirect), and a bound closed stream would break every library log line
-        factory = lambda *args: structlog.PrintLogger(file=sys.stderr)  # noqa: E731
+        factory: Callable[..., Any] = lambda *args: structlog.PrintLogger(file=sys.stderr)  # noqa: E731
     else:
         logging.basicConfig(level=level, stream=file, force=True)
         for noisy in NOISY:

@@ -90,7 +90,7 @@ def _nvml_gpus() -> tuple[list[dict[str, Any]], str] | None:
     except Exception:
         return None
     try:
-        gpus = []
+        gpus: list[dict[str, Any]] = []
         for i in range(int(nvml.nvmlDeviceGetCount())):
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle).total / GIB
@@ -109,7 +109,7 @@ def _torch_gpus() -> list[dict[str, Any]]:
     try:
         if torch is None or not torch.cuda.is_initialized():
             return []
-        gpus = []
+        gpus: list[dict[str, Any]] = []
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
             gpus.append({"index": i, "name": props.name, "memory_gb": round(props.total_memory / GIB, 3)})

@@ -64,6 +64,11 @@ def code_files(
     return sorted(out)
 
 
+def _take_all(path: str, root: str) -> bool:
+    """W&B's ``include_fn`` for ``log_code``: every file (the tree holds the chosen ones only)."""
+    return True
+
+
 def upload_code(wb: Any, cfg: TelescopeConfig, *, root: Path, run_dir: Path) -> int:
     """Log the source tree under ``root`` as the run's code (W&B's ``log_code``); returns how many
     files the code artifact holds.
@@ -79,7 +84,7 @@ def upload_code(wb: Any, cfg: TelescopeConfig, *, root: Path, run_dir: Path) -> 
             link = Path(tmp) / path.relative_to(root)
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(path.resolve())
-        artifact = wb.log_code(tmp, include_fn=lambda path, root: True)
+        artifact = wb.log_code(tmp, include_fn=_take_all)
     uploaded = len(artifact.manifest.entries) if artifact is not None else 0
     log.info("wandb code upload", root=str(root), files=uploaded)
     return uploaded

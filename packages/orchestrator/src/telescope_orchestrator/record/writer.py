@@ -357,7 +357,10 @@ class RunRecords:
         tag: str,
     ) -> None:
         """The samples, turns, tool calls and rollout events of ``(status, reason, group)`` s."""
-        samples, turns, calls, lifecycle = [], [], [], []
+        samples: list[Row] = []
+        turns: list[Row] = []
+        calls: list[Row] = []
+        lifecycle: list[Row] = []
         now = time.time()
         for status, reason, group in groups:
             for s in group.samples:
@@ -380,7 +383,10 @@ class RunRecords:
             return
         step, name = int(result.step), str(result.name)
         source = f"eval:{name}"
-        rows, turns, calls, events = [], [], [], []
+        rows: list[Row] = []
+        turns: list[Row] = []
+        calls: list[Row] = []
+        events: list[Row] = []
         samples = result.samples
         for i, row in enumerate(result.rows):
             s = samples[i] if i < len(samples) else None

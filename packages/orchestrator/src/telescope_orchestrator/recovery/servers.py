@@ -40,6 +40,7 @@ from telescope_rollout import RolloutError
 
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
+    from telescope_rollout import RolloutEngine
 
 __all__ = ["RESTART_GROUP", "ServerSupervisor", "ServersGone"]
 
@@ -111,7 +112,7 @@ class ServerSupervisor:
     def __init__(
         self,
         *,
-        engine: Any,
+        engine: RolloutEngine,
         servers: Sequence[tuple[str, Any]],
         trainers: Sequence[Any],
         groups: dict[str, list[str]],

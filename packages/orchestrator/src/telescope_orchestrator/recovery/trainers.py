@@ -104,7 +104,9 @@ class Replay:
     """The samples of each step trained since the restore point, and the trainer metrics recorded
     for it, to train them again on restarted ranks."""
 
-    steps: list[tuple[int, list[_Kept], dict[str, float]]] = field(default_factory=list)
+    steps: list[tuple[int, list[_Kept], dict[str, float]]] = field(
+        default_factory=list[tuple[int, list[_Kept], dict[str, float]]]
+    )
 
     def add(self, step: int, samples: Sequence[Any], metrics: dict[str, float]) -> None:
         """Step ``step`` was trained on ``samples`` (``TrainingSample``) with ``metrics`` (rank 0's)."""

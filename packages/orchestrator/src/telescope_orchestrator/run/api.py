@@ -55,7 +55,7 @@ class TrainResult:
     """The run directory: ``config.yaml``, ``metrics.jsonl``, ``records/``, ``checkpoints/``."""
     last_step: int
     """The last step trained (``number_of_steps`` unless the run was stopped early)."""
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict[str, Any])
     """That step's metrics, as in ``metrics.jsonl`` (empty when no step ran, e.g. a finished
     run resumed)."""
     stopped_early: bool = False

@@ -66,7 +66,7 @@ def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = []
+    found: list[tuple[int, Path]] = []
     for p in root.iterdir():
         m = _NAME.match(p.name)
         if m and p.is_dir() and (p / META_FILE).is_file():
@@ -202,7 +202,7 @@ def set_aside_later(root: str | Path, step: int) -> list[Path]:
     """Rename the checkpoints of steps after ``step`` to ``step_<M>.abandoned`` (a run resumed from
     ``step`` redoes those steps: their checkpoints belong to the abandoned run and must neither be
     resumed nor count in retention). Returns the new paths; nothing is deleted."""
-    moved = []
+    moved: list[Path] = []
     for s, path in list_checkpoints(root):
         if s > step:
             target = path.with_name(f"{path.name}.abandoned")

@@ -31,7 +31,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
     from pathlib import Path
 
+    from telescope_algos import TrainingSample
     from telescope_config import TelescopeConfig
     from telescope_orchestrator.record.lines import MetricsLines
     from telescope_orchestrator.run.report import Reporter
@@ -86,7 +87,7 @@ class LoopContext:
     """The evals' runner (datasets loaded), or None when the config lists no evals."""
     eval_schedule: InTrainingEvals | None = None
     """The run's evals around its steps (set by ``training_loop``)."""
-    sandboxes: list[SandboxPool] = field(default_factory=list)
+    sandboxes: list[SandboxPool] = field(default_factory=list["SandboxPool"])
     """The environments' sandbox pools (``run.sandboxes``), closed when the loop ends."""
     records_task: asyncio.Task[None] | None = None
     """The last step's record being written in the background (``_record_step``)."""
@@ -125,7 +126,7 @@ def _filtered(s: Any, config: TelescopeConfig) -> dict[str, bool]:
     }
 
 
-def to_train_samples(batch: Any, config: TelescopeConfig) -> tuple[list[Any], dict[str, float]]:
+def to_train_samples(batch: Any, config: TelescopeConfig) -> tuple[list[TrainingSample], dict[str, float]]:
     """Kept samples → telescope_algos.TrainingSample, with output filters and batch whitening applied.
 
     Returns the samples and ``filter/<name>_frac`` metrics.
@@ -135,9 +136,10 @@ def to_train_samples(batch: Any, config: TelescopeConfig) -> tuple[list[Any], di
     kept = [s for g in batch.groups for s in g.samples]
     advantages = [float(s.advantage) for s in kept]
     if kept and batch_normalised(config.algorithm, config.advantage_norm):
-        advantages = whiten_advantages(advantages).tolist()
+        whitened: Any = whiten_advantages(advantages)  # a tensor: torch types tolist() as a bare list
+        advantages = cast("list[float]", whitened.tolist())
     counts = {"overlong": 0, "gibberish": 0, "repetition": 0}
-    samples = []
+    samples: list[TrainingSample] = []
     for s, a in zip(kept, advantages, strict=True):
         flags = _filtered(s, config)
         for name, hit in flags.items():
@@ -415,7 +417,7 @@ async def _recover_trainers(ctx: LoopContext, dead: dict[int, str], what: str) -
     ctx.trainers[:] = await asyncio.to_thread(rt.place)
     if rt.restore_from is not None:
         await _gather([a.load_checkpoint.remote(rt.restore_from) for a in ctx.trainers])
-    diffs = {}
+    diffs: dict[int, float] = {}
     for step, samples, recorded in rt.replay:
         diffs[step] = replay_diff(recorded, _mean_metrics(await _train(ctx, samples, step)))
     groups = ctx.supervisor.groups_now() if ctx.supervisor is not None else None

@@ -82,18 +82,22 @@ def _convert_gguf(gguf: Path, out: Path) -> Path:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the console shows phases only
+    # transformers types its Auto classes' loaders only in part: they are used as Any here
+    auto_model: Any = AutoModelForCausalLM
+    auto_config: Any = AutoConfig
+    auto_tokenizer: Any = AutoTokenizer
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     folder, name = str(gguf.parent), gguf.name
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    loaded = auto_model.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = auto_config.from_pretrained(folder, gguf_file=name)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")  # else vLLM reads the folder as GGUF-quantised
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = auto_model.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())  # save_pretrained refuses a GGUF-loaded model
     model.save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
+    auto_tokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
     tmp.rename(out)
     return out
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
@@ -69,7 +69,7 @@ class SilentReporter:
         self.on_phase: PhaseHook | None = None
 
     @contextmanager
-    def phase(self, text: str) -> Iterator[None]:
+    def phase(self, text: str) -> Generator[None]:
         t0, at = time.monotonic(), time.time()
         try:
             yield

@@ -50,7 +50,7 @@ class SandboxSetupError(RuntimeError):
     """An environment's sandbox cannot be built; the message names the environment and the fix."""
 
 
-def needs_sandbox(env: Any) -> bool:
+def needs_sandbox(env: object) -> bool:
     """True when ``env`` declares it needs a sandbox and has none yet."""
     return "sandbox" in getattr(type(env), "needs", ()) and getattr(env, "sandbox", None) is None
 
@@ -121,7 +121,8 @@ def attach_sandboxes(envs: Iterable[tuple[str, Any, Mapping[str, Any]]]) -> list
 
     All environments are checked before any error is raised, so one message lists every problem.
     """
-    pools, problems = [], []
+    pools: list[Any] = []
+    problems: list[str] = []
     for name, env, kwargs in envs:
         if not needs_sandbox(env):
             continue

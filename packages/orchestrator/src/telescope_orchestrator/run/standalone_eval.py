@@ -164,7 +164,7 @@ def standalone_eval(
     records = run.records
     records.open(None)
     records.eval_tag = f"a{records.attempt:03d}"
-    lines = []
+    lines: list[dict[str, float]] = []
     scratch = Path(tempfile.mkdtemp(prefix="telescope-eval-"))
     try:
         for ckpt in checkpoints:

@@ -16,7 +16,7 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -57,7 +57,7 @@ class Finished:
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt() -> Generator[None]:
     """While inside, SIGTERM raises ``KeyboardInterrupt`` in the main thread: a stop goes the way
     of Ctrl-C. The previous handler is put back on the way out. Outside the main thread it does
     nothing (Python installs signal handlers only there)."""
@@ -90,7 +90,7 @@ _RUN_VARIABLES = ("TELESCOPE_RUN_DIR", "TELESCOPE_RUN_ID")
 
 
 @contextlib.contextmanager
-def _driver_scope(run: RunDir, debug: bool) -> Iterator[None]:
+def _driver_scope(run: RunDir, debug: bool) -> Generator[None]:
     """What a run changes in the driver's process, put back when it ends (a Python program may
     train again): the run's environment markers, the guard, file logging, SIGTERM as Ctrl-C and
     SIGUSR1 stack dumps (signal handlers only from the main thread, where Python allows them).
@@ -122,7 +122,7 @@ def _driver_scope(run: RunDir, debug: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _environment(names: tuple[str, ...]) -> Iterator[None]:
+def _environment(names: tuple[str, ...]) -> Generator[None]:
     """Put the variables ``names`` back as they were (set or not) on the way out."""
     saved = {name: os.environ.get(name) for name in names}
     try:
@@ -136,7 +136,7 @@ def _environment(names: tuple[str, ...]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _signal_handlers(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+def _signal_handlers(signals: tuple[signal.Signals, ...]) -> Generator[None]:
     """Put the Python handlers of ``signals`` back on the way out (one set from C is left alone)."""
     saved = {s: signal.getsignal(s) for s in signals}
     try:
@@ -148,7 +148,7 @@ def _signal_handlers(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _file_logging(run: RunDir, debug: bool) -> Iterator[None]:
+def _file_logging(run: RunDir, debug: bool) -> Generator[None]:
     """The driver's logs into ``logs/telescope.jsonl`` while the run lasts; the program's own
     logging (structlog, the root logger's handlers and level, the noisy libraries' levels) is
     set aside, not closed, and put back on the way out."""
@@ -180,7 +180,7 @@ class _Run:
     run: RunDir
     console: Any
     cluster: Any
-    sandboxes: list[Any] = field(default_factory=list)
+    sandboxes: list[Any] = field(default_factory=list[Any])
     """Filled by the start-up phases; closed on the way out (by the loop, once it started)."""
     wandb: Any = None
     loop_started: bool = False
@@ -334,6 +334,15 @@ def _build_engine(state: _Run, inputs: _Inputs, urls: list[str]) -> tuple[Any, A
     return engine, client, pad_id, evals
 
 
+def _record_event(run: RunDir) -> Callable[..., None]:
+    """``event(kind, **detail)``: records one event of the run, at no step (``RunRecords.event``)."""
+
+    def event(kind: str, **detail: Any) -> None:
+        run.records.event(kind, None, **detail)
+
+    return event
+
+
 def _trainer_restarts(
     state: _Run, inputs: _Inputs, groups: dict[str, list[str]], pids: dict[str, int]
 ) -> Any:
@@ -362,7 +371,7 @@ def _trainer_restarts(
         place=place,
         connect=connect,
         log_dir=log_dir,
-        event=lambda kind, **detail: run.records.event(kind, None, **detail),
+        event=_record_event(run),
         say=state.console.info,
     )
     if inputs.resume is not None:
@@ -392,7 +401,7 @@ def _supervisor(
         trainers=trainers,
         groups=groups,
         limits=SupervisorLimits.from_config(cfg),
-        event=lambda kind, **detail: run.records.event(kind, None, **detail),
+        event=_record_event(run),
         say=state.console.info,
         # the ranks of now: a trainer restart hands the supervisor the new ones (run.loop)
         trainers_dead=lambda: dead_ranks(supervisor.trainers),
@@ -542,7 +551,9 @@ def _choose_checkpoint(cfg: TelescopeConfig, root: Path) -> tuple[Path, dict[str
     return path, meta
 
 
-def _start_workers(cluster: Any, resolved: Any, model_path: str, run: RunDir, console: Any):
+def _start_workers(
+    cluster: Any, resolved: Any, model_path: str, run: RunDir, console: Any
+) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
     """Place the vLLM servers and the trainer ranks, start them concurrently, wait for both."""
     import dataclasses
 
@@ -684,7 +695,7 @@ def _version_tags(setup: dict[str, Any]) -> list[str]:
     format."""
     from telescope_records import FORMAT_VERSION
 
-    versions = setup.get("versions") or {}
+    versions: dict[str, Any] = setup.get("versions") or {}
     tags = [f"version:{versions.get('telescope-orchestrator', '')}", f"records_format:{FORMAT_VERSION}"]
     if setup.get("git_commit"):
         tags.append(f"commit:{str(setup['git_commit'])[:12]}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import structlog
 
@@ -34,14 +34,21 @@ _TOKENIZER_FILES = [
 ]  # fmt: skip
 
 
+class _Hub(Protocol):
+    """The part of ``huggingface_hub`` this module calls (its own signature has untyped parts)."""
+
+    def snapshot_download(self, repo_id: str, *, allow_patterns: list[str]) -> str: ...
+
+
 def tokenizer_dir(model: str) -> Path:
     """A local folder with the model's tokenizer files (downloads only those for a hub id)."""
     local = Path(model).expanduser()
     if local.is_dir():
         return local
-    from huggingface_hub import snapshot_download
+    import huggingface_hub
 
-    return Path(snapshot_download(model, allow_patterns=_TOKENIZER_FILES))
+    hub = cast(_Hub, huggingface_hub)
+    return Path(hub.snapshot_download(model, allow_patterns=_TOKENIZER_FILES))
 
 
 def engine_math(cfg: TelescopeConfig) -> tuple[AdvantageFn, RewardShaping | None]:
@@ -110,7 +117,8 @@ def load_datasets(cfg: TelescopeConfig, built: list[Any], model_path: str) -> tu
             raise DatasetError(f"environment {b.name!r} loaded no samples: check its dataset kwargs")
         log.info("environment ready", name=b.name, weight=b.weight, samples=len(b.env))
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir(model_path), chat_template=cfg.chat_template)
-    thinking = cfg.enable_thinking
+    # typed bool in the config; None (the chat template's own default) is still honoured here
+    thinking = cast("bool | None", cfg.enable_thinking)
     problem = unfit_environment(
         {b.name: b.env for b in built},
         tokenizer,

@@ -85,6 +85,10 @@ class TurnTokenizer:
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.kwargs
         )
 
+    def prompt_text(self, messages: list[Message]) -> str:
+        """Text of the first prompt: the rendered messages plus the generation prompt."""
+        return self._render(messages, True)
+
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         """Ids of the first prompt: the rendered messages plus the generation prompt."""
         return self.tokenizer.encode(self._render(messages, True))
@@ -110,9 +114,9 @@ class TokenTrajectory:
     """Prompt ids of turn 1 and the interleaved completion with its mask and logprobs."""
 
     prompt_ids: list[int]
-    completion_ids: list[int] = field(default_factory=list)
-    completion_mask: list[int] = field(default_factory=list)
-    completion_logprobs: list[float] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list[int])
+    completion_mask: list[int] = field(default_factory=list[int])
+    completion_logprobs: list[float] = field(default_factory=list[float])
 
     @property
     def next_prompt_ids(self) -> list[int]:

@@ -12,7 +12,7 @@ import json
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from telescope_rollout._types import Message
 
@@ -26,7 +26,11 @@ def _raise_exception(message: str) -> None:
 
 
 def _tojson(
-    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
 ) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -43,8 +47,10 @@ def _compile(source: str):
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
+    # jinja2 infers `globals` from its default namespace; any callable is a valid global
+    template_globals: dict[str, Any] = env.globals
+    template_globals["raise_exception"] = _raise_exception
+    template_globals["strftime_now"] = _strftime_now
     try:
         return env.from_string(source)
     except JinjaTemplateError as exc:
@@ -60,9 +66,10 @@ def _reads_variable(source: str, name: str) -> bool:
     return name in meta.find_undeclared_variables(env.parse(source))
 
 
-def _token_text(value: Any) -> str | None:
+def token_text(value: Any) -> str | None:
+    """A special token from tokenizer_config: a plain string or an ``AddedToken`` dict's ``content``."""
     if isinstance(value, dict):
-        value = value.get("content")
+        value = cast(dict[str, Any], value).get("content")
     return value if isinstance(value, str) else None
 
 
@@ -76,9 +83,10 @@ def find_chat_template(model_dir: str | Path, name: str = "default") -> str | No
     jinja_file = Path(model_dir) / "chat_template.jinja"
     if jinja_file.is_file():
         return jinja_file.read_text(encoding="utf-8")
-    tpl = read_tokenizer_config(model_dir).get("chat_template")
+    tpl: object = read_tokenizer_config(model_dir).get("chat_template")
     if isinstance(tpl, list):
-        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+        entries = [cast(dict[str, object], t) for t in cast(list[object], tpl) if isinstance(t, dict)]
+        named = {t.get("name"): t.get("template") for t in entries}
         tpl = named.get(name) or next(iter(named.values()), None)
     return tpl if isinstance(tpl, str) else None
 
@@ -89,7 +97,7 @@ class ChatTemplate:
     def __init__(
         self, source: str, *, bos_token: str | None = None, eos_token: str | None = None, **defaults: Any
     ):
-        if not source or not isinstance(source, str):
+        if not source or not isinstance(cast(object, source), str):  # a config value
             raise TemplateError(
                 "empty chat template: set `chat_template` in the config or use a model that ships one"
             )
@@ -119,8 +127,8 @@ class ChatTemplate:
             )
         return cls(
             source,
-            bos_token=_token_text(cfg.get("bos_token")),
-            eos_token=_token_text(cfg.get("eos_token")),
+            bos_token=token_text(cfg.get("bos_token")),
+            eos_token=token_text(cfg.get("eos_token")),
             **defaults,
         )
 

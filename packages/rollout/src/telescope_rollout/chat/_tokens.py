@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from telescope_rollout._types import Message
-from telescope_rollout.chat._template import ChatTemplate, TemplateError, _token_text, read_tokenizer_config
+from telescope_rollout.chat._template import ChatTemplate, TemplateError, read_tokenizer_config, token_text
 
 
 class Tokenizer:
@@ -50,7 +50,7 @@ class Tokenizer:
             if chat_template:
                 raise
             template = None
-        eos = _token_text(read_tokenizer_config(model_dir).get("eos_token"))
+        eos = token_text(read_tokenizer_config(model_dir).get("eos_token"))
         return cls(backend, template, eos_token=eos)
 
     def token_to_id(self, token: str) -> int | None:

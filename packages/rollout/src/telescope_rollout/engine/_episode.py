@@ -18,7 +18,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from telescope_rollout._types import Message, RewardResult, RolloutState, TrajectoryStep
 from telescope_rollout.chat._multiturn import MultiTurnTokens
@@ -204,8 +204,13 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+        return "".join(_part_text(p) for p in cast(list[object], content))
     return str(content)
+
+
+def _part_text(part: object) -> str:
+    """One OpenAI-style content part as text: a part's ``text``, anything else as ``str``."""
+    return str(cast(dict[str, Any], part).get("text", "")) if isinstance(part, dict) else str(part)
 
 
 def system_prompt_of(env: Any, prompt: PreparedPrompt) -> str:
@@ -218,7 +223,7 @@ def system_prompt_of(env: Any, prompt: PreparedPrompt) -> str:
         build: Any = getattr(env, "build_messages", None)
         messages = list(build(prompt.sample.prompt)) if build is not None else []
     for m in messages:
-        if isinstance(m, dict) and m.get("role") == "system":
+        if isinstance(cast(object, m), dict) and m.get("role") == "system":  # built by the env
             return content_text(m.get("content"))
     return ""
 

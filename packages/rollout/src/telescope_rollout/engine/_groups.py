@@ -53,8 +53,8 @@ class GroupRun:
     group_id: int
     prompt: PreparedPrompt
     server: str
-    runs: list[SampleRun] = field(default_factory=list)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    runs: list[SampleRun] = field(default_factory=list[SampleRun])
+    tasks: list[asyncio.Task[None]] = field(default_factory=list[asyncio.Task[None]])
     lanes: list[int] | None = None
     """Group mode: the slots held by the whole group."""
     finished: int = 0

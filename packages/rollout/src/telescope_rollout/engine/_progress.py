@@ -29,7 +29,7 @@ class RewardTally:
     low: float = math.inf
     high: float = -math.inf
     total: float = 0.0
-    values: dict[float, int] = field(default_factory=dict)
+    values: dict[float, int] = field(default_factory=dict[float, int])
     """Groups per distinct reward (rounded to 4 places), while at most :data:`DISTINCT` are seen."""
     overflow: bool = False
     """More than :data:`DISTINCT` distinct values were seen: ``values`` is incomplete."""

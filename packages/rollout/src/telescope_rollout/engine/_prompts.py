@@ -87,7 +87,7 @@ class PromptSource:
         """Render one sample through the chat template and tokenize it (also used by evals)."""
         if isinstance(env, MultiTurnEnvironment):
             messages = env.get_initial_prompt(sample, self.tokenizer)
-            text = self.turn_tokenizer.for_kwargs(env.template_kwargs())._render(messages, True)
+            text = self.turn_tokenizer.for_kwargs(env.template_kwargs()).prompt_text(messages)
             return PreparedPrompt(env_name, index, sample, text, self.tokenizer.encode(text), messages)
         if not isinstance(env, SingleTurnEnvironment):
             raise TypeError(

@@ -49,7 +49,7 @@ class Turn:
     """When the answer came back / ``env.step`` returned."""
     request_id: str = ""
     """Model turns: the request id sent to the server."""
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict[str, float])
     """Model turns, seconds: ``e2e_s`` (the request's round trip measured by the client) always;
     vLLM's own ``queue_s``, ``prefill_s``, ``decode_s``, ``inference_s`` (prefill + decode) and
     ``ttft_s`` (queue + prefill) only when the server runs with ``--enable-per-request-metrics``
@@ -63,18 +63,18 @@ class ScoredSample:
     group_id: int
     sample_id: int
     env_name: str
-    prompt_ids: list[int] = field(default_factory=list)
-    completion_ids: list[int] = field(default_factory=list)
-    completion_mask: list[int] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list[int])
+    completion_ids: list[int] = field(default_factory=list[int])
+    completion_mask: list[int] = field(default_factory=list[int])
     """1 for model tokens (trained on), 0 for template/environment tokens of later turns."""
-    completion_logprobs: list[float] = field(default_factory=list)
+    completion_logprobs: list[float] = field(default_factory=list[float])
     """vLLM's logprob of each model token (0.0 where the mask is 0)."""
     reward: float = 0.0
     advantage: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)
-    golden_answers: dict[str, str | None] = field(default_factory=dict)
-    info_turns: list[dict[str, Any]] = field(default_factory=list)
-    sample_tags: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict[str, float])
+    golden_answers: dict[str, str | None] = field(default_factory=dict[str, str | None])
+    info_turns: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
+    sample_tags: dict[str, str] = field(default_factory=dict[str, str])
     finish_reason: str | None = None
     """vLLM's finish reason (single turn) or the episode's stop reason (multi-turn)."""
     is_truncated: bool = False
@@ -93,11 +93,11 @@ class ScoredSample:
     error: str | None = None
     """None, or the error kind: prompt_too_long, rollout_error, sample_error, empty_trajectory, cancelled."""
     error_detail: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
     """The environment's tool-call records (``ToolEnvironment``: see its ``env_response``)."""
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict[str, float])
     """generation_s, reward_s, queue_s (clock seconds)."""
-    turns: list[Turn] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list[Turn])
     """Every model turn and environment response completed, in order (a cancelled sample keeps
     the ones it completed)."""
     system_prompt: str = ""
@@ -177,7 +177,7 @@ class EngineEvent:
     """Wall clock (``time.time()`` seconds)."""
     step: int
     """The batch being filled (``batch_assembled``: the batch just handed out)."""
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
 @dataclass
@@ -186,9 +186,9 @@ class RolloutBatch:
 
     step: int
     groups: list[ScoredGroup]
-    discarded: list[DroppedGroup] = field(default_factory=list)
-    cancelled: list[DroppedGroup] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
+    discarded: list[DroppedGroup] = field(default_factory=list[DroppedGroup])
+    cancelled: list[DroppedGroup] = field(default_factory=list[DroppedGroup])
+    metrics: dict[str, float] = field(default_factory=dict[str, float])
 
     @property
     def samples(self) -> list[ScoredSample]:

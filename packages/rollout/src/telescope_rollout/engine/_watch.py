@@ -51,7 +51,7 @@ class UnfitStreak:
     """Consecutive prompts of one environment that did not fit the context."""
 
     count: int = 0
-    indices: set[int] = field(default_factory=set)
+    indices: set[int] = field(default_factory=set[int])
     """Distinct dataset indices in the streak (at most ``max_unfit`` of them)."""
     longest: int = 0
     shortest: int = 0
@@ -63,7 +63,7 @@ class ErrorRun:
 
     count: int = 0
     kind: str = ""
-    envs: list[str] = field(default_factory=list)
+    envs: list[str] = field(default_factory=list[str])
     """Environments of the groups, first seen first."""
     first_detail: str = ""
     """The first sample's error text of the run's first group."""
@@ -75,7 +75,7 @@ class FlatRun:
     environment), with their rewards per environment."""
 
     count: int = 0
-    rewards: dict[str, RewardTally] = field(default_factory=dict)
+    rewards: dict[str, RewardTally] = field(default_factory=dict[str, RewardTally])
 
     def add(self, env: str, reward: float) -> None:
         self.count += 1
@@ -93,11 +93,11 @@ class FailureWatch:
     """Consecutive all-failed groups of one error kind that stop the run."""
     max_zero_advantage: int = 0
     """Zero-advantage groups with none kept in between that stop the run; 0: never."""
-    unfit: dict[str, UnfitStreak] = field(default_factory=dict)
+    unfit: dict[str, UnfitStreak] = field(default_factory=dict[str, UnfitStreak])
     errors: ErrorRun = field(default_factory=ErrorRun)
     flat: FlatRun = field(default_factory=FlatRun)
     """The run's zero-advantage groups since the last kept group."""
-    flat_by_env: dict[str, FlatRun] = field(default_factory=dict)
+    flat_by_env: dict[str, FlatRun] = field(default_factory=dict[str, FlatRun])
     """Each environment's zero-advantage groups since its last kept group."""
 
     def prompt_fits(self, env: str) -> None:

@@ -26,8 +26,9 @@ Both kinds run after a prelude of the imports competitive solutions take for gra
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, cast
 
 PRELUDE = """\
 import bisect, collections, copy, functools, heapq, itertools, math, operator, random, re, string, sys
@@ -120,7 +121,10 @@ def call_result_matches(stdout: str, expected_json: str) -> bool:
         expected = json.loads(expected_json)
     except (ValueError, RecursionError):
         expected = expected_json  # a plain string that is not JSON: compared as that string
-    return got == expected or (isinstance(expected, list) and len(expected) == 1 and got == expected[0])
+    if got == expected:
+        return True
+    items = _as_list(expected)
+    return items is not None and len(items) == 1 and got == items[0]
 
 
 def as_json_text(value: Any) -> str:
@@ -139,13 +143,13 @@ def call_args_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, list | tuple):
-        return "\n".join(repr(v) for v in value)
+        return "\n".join(repr(v) for v in cast(Sequence[object], value))
     return repr(value)
 
 
 def _stdio_text(value: Any) -> str:
     if isinstance(value, list):
-        return "\n".join(str(v) for v in value)
+        return "\n".join(str(v) for v in cast(list[object], value))
     return "" if value is None else str(value)
 
 
@@ -158,18 +162,25 @@ def _json_value(value: Any) -> Any:
     return value
 
 
+def _as_list(value: object) -> list[Any] | None:
+    return cast(list[Any], value) if isinstance(value, list) else None
+
+
+def _as_dict(value: object) -> dict[str, Any] | None:
+    return cast(dict[str, Any], value) if isinstance(value, dict) else None
+
+
 def tests_from_row(row: dict[str, Any]) -> list[dict[str, str]]:
     """``[{"input", "output", "fn_name"?}]`` from a hub row (``info`` JSON with ``tests`` JSON) or a
     bundled row (``tests`` list); [] for a row whose tests cannot be read."""
-    info = _json_value(row.get("info") or row.get("verification_info")) or {}
-    if not isinstance(info, dict):
-        info = {}
+    info = _as_dict(_json_value(row.get("info") or row.get("verification_info"))) or {}
     tests = _json_value(row.get("tests") or info.get("tests") or info.get("test_cases") or [])
-    if isinstance(tests, dict) and "inputs" in tests:
-        inputs, outputs = tests.get("inputs") or [], tests.get("outputs") or []
-        if not isinstance(inputs, list) or not isinstance(outputs, list):
+    spec = _as_dict(tests)
+    if spec is not None and "inputs" in spec:
+        inputs, outputs = _as_list(spec.get("inputs") or []), _as_list(spec.get("outputs") or [])
+        if inputs is None or outputs is None:
             return []
-        fn_name = tests.get("fn_name")
+        fn_name = spec.get("fn_name")
         if fn_name:
             return [
                 {"input": call_args_text(i), "output": as_json_text(o), "fn_name": str(fn_name)}
@@ -177,11 +188,12 @@ def tests_from_row(row: dict[str, Any]) -> list[dict[str, str]]:
             ]
         pairs = zip(inputs, outputs, strict=False)
         return [{"input": _stdio_text(i), "output": _stdio_text(o)} for i, o in pairs]
-    if not isinstance(tests, list):
+    items = _as_list(tests)
+    if items is None:
         return []
+    rows = [t for t in map(_as_dict, items) if t is not None]
     return [
         {"input": _stdio_text(t.get("input", "")), "output": _stdio_text(t.get("output", ""))}
         | ({"fn_name": str(t["fn_name"])} if t.get("fn_name") else {})
-        for t in tests
-        if isinstance(t, dict)
+        for t in rows
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from importlib import resources
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from telescope_rollout._types import Sample
 from telescope_rollout.envs._env import SingleTurnEnvironment
@@ -33,8 +33,9 @@ def hub_rows(name: str, subset: str | None = None, split: str = "train") -> Iter
             f"loading the hub dataset {name!r} needs `datasets`: pip install 'telescope-rollout[datasets]'"
             " (or pass dataset='bundled' for the small offline sample)"
         ) from exc
-    rows: Iterable[dict[str, Any]] = datasets.load_dataset(name, subset, split=split)  # type: ignore[assignment]
-    return rows
+    hub: Any = datasets  # partly typed
+    loaded = hub.load_dataset(name, subset, split=split)  # a Dataset: an iterable of row dicts
+    return cast("Iterable[dict[str, Any]]", loaded)
 
 
 class HubDatasetEnv(SingleTurnEnvironment):
@@ -92,7 +93,7 @@ def take_samples(
     rows: Iterable[dict[str, Any]], row_to_sample: Callable[[dict[str, Any]], Any], num_samples: int
 ) -> list[Any]:
     """Map rows to samples, skipping rows the mapper rejects (``None``), up to ``num_samples``."""
-    out = []
+    out: list[Any] = []
     for row in rows:
         if 0 <= num_samples <= len(out):
             break

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 from telescope_rollout._types import EvalMetricsResult, Message, RewardResult, RolloutState, Sample
 
@@ -127,7 +127,7 @@ class Environment(ABC):
     def __len__(self) -> int:
         return len(self._samples)
 
-    def _set_samples(self, samples: list[Sample], num_samples: int) -> list[Sample]:
+    def _set_samples(self, samples: list[Sample], num_samples: int | None) -> list[Sample]:
         self._samples = samples if num_samples is None or num_samples < 0 else samples[:num_samples]
         return self._samples
 
@@ -266,5 +266,5 @@ class MultiTurnEnvironment(Environment):
 def environments_by_name(environments: Mapping[str, Environment] | Any) -> dict[str, Environment]:
     """``{name: Environment}`` from such a mapping or from the list ``build_environments`` returns."""
     if isinstance(environments, Mapping):
-        return dict(environments)
+        return dict(cast(Mapping[str, Environment], environments))
     return {b.name: b.env for b in environments}

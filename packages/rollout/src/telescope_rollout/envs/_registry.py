@@ -13,7 +13,7 @@ import importlib.metadata as md
 import importlib.util
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from telescope_rollout.envs._env import Environment
 
@@ -94,7 +94,7 @@ def get_environment_class(name: str) -> type[Environment]:
 def get_environment(name: str, **kwargs: Any) -> Environment:
     """Instantiate the environment ``name`` with ``kwargs``; its ``name`` becomes ``name``."""
     env = get_environment_class(name)(**kwargs)
-    if env._name is None and "name" not in type(env).__dict__:
+    if env._name is None and "name" not in type(env).__dict__:  # pyright: ignore[reportPrivateUsage]
         env.name = name
     return env
 
@@ -113,7 +113,7 @@ def list_environments() -> list[dict[str, Any]]:
     ``installed`` is True when every required distribution is present; a row that fails to
     import carries ``error`` instead.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, target in available_environments().items():
         try:
             cls = _load(target)
@@ -141,12 +141,12 @@ class BuiltEnvironment:
     name: str
     weight: float
     env: Environment
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
 def _field(entry: Any, key: str, default: Any = None) -> Any:
     if isinstance(entry, Mapping):
-        return entry.get(key, default)
+        return cast(Mapping[str, Any], entry).get(key, default)
     return getattr(entry, key, default)
 
 

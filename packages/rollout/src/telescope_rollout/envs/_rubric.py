@@ -12,7 +12,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -81,10 +81,14 @@ class Rubric:
     @property
     def max_reward(self) -> float | None:
         """Σ weight·range_max over weighted functions, when every one has a range."""
-        weighted = [f for f in self.funcs if f.weight]
-        if not weighted or any(f.range_max is None or f.range_min is None for f in weighted):
-            return None
-        return sum(f.weight * (f.range_max if f.weight > 0 else f.range_min) for f in weighted)  # type: ignore[operator]
+        best: list[float] = []
+        for f in self.funcs:
+            if not f.weight:
+                continue
+            if f.range_max is None or f.range_min is None:
+                return None
+            best.append(f.weight * (f.range_max if f.weight > 0 else f.range_min))
+        return sum(best) if best else None
 
     async def _call(self, f: RewardFunc, available: dict[str, Any]) -> tuple[float, str | None]:
         try:
@@ -94,7 +98,8 @@ class Rubric:
             return 0.0, f.golden_answer
         golden = f.golden_answer
         if isinstance(out, tuple):
-            out, golden = out[0], (None if out[1] is None else str(out[1]))
+            pair = cast(tuple[Any, ...], out)
+            out, golden = pair[0], (None if pair[1] is None else str(pair[1]))
         try:
             value = float(out)
         except (TypeError, ValueError):

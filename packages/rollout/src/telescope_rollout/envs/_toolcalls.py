@@ -19,7 +19,7 @@ import bisect
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 MAX_CALLS = 16
 MAX_CALL_CHARS = 32_000
@@ -34,29 +34,31 @@ class ToolCall:
     """One parsed call; ``error`` is set when the text could not be understood."""
 
     name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
+    arguments: dict[str, Any] = field(default_factory=dict[str, Any])
     raw: str = ""
     error: str | None = None
 
 
 def _from_json(body: str) -> ToolCall:
     try:
-        obj = json.loads(body)
+        loaded: object = json.loads(body)
     except (json.JSONDecodeError, RecursionError) as exc:
         return ToolCall("", raw=body, error=f"invalid JSON in tool call: {exc}")
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+    obj = cast(dict[str, Any], loaded) if isinstance(loaded, dict) else None
+    name: object = obj.get("name") if obj is not None else None
+    if obj is None or not isinstance(name, str):
         return ToolCall(
             "", raw=body, error='a tool call must be a JSON object {"name": ..., "arguments": {...}}'
         )
-    args = obj.get("arguments", obj.get("parameters", {}))
+    args: object = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
         except (json.JSONDecodeError, RecursionError):
-            return ToolCall(obj["name"], raw=body, error="`arguments` is a string that is not JSON")
+            return ToolCall(name, raw=body, error="`arguments` is a string that is not JSON")
     if not isinstance(args, dict):
-        return ToolCall(obj["name"], raw=body, error="`arguments` must be a JSON object")
-    return ToolCall(obj["name"], args, raw=body)
+        return ToolCall(name, raw=body, error="`arguments` must be a JSON object")
+    return ToolCall(name, cast(dict[str, Any], args), raw=body)
 
 
 def _param_value(text: str) -> Any:
@@ -167,7 +169,8 @@ def _from_python(name: str, raw: str) -> ToolCall:
 
 def strip_tool_call_blocks(text: str) -> str:
     """``text`` without its ``<tool_call>...</tool_call>`` blocks (an unclosed final one included)."""
-    out, pos = [], 0
+    out: list[str] = []
+    pos = 0
     for m in _OPEN.finditer(text):
         if m.start() < pos:
             continue

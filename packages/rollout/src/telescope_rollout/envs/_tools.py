@@ -23,7 +23,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from telescope_rollout._types import Message, RolloutState, Sample
 from telescope_rollout.envs._env import MultiTurnEnvironment
@@ -227,15 +227,17 @@ class ToolEnvironment(MultiTurnEnvironment):
         """The calls of an assistant message with their ids: structured ``tool_calls`` keep their
         ``id``; calls parsed from text are numbered as :meth:`completion_message` numbers them
         (``call_0``, ... over well-formed calls; ``call_invalid_<i>`` for broken ones)."""
-        structured = message.get("tool_calls")
+        structured: object = message.get("tool_calls")
         if isinstance(structured, list) and structured:
-            out = []
-            for i, entry in enumerate(structured[:MAX_CALLS]):
-                given = entry.get("id") if isinstance(entry, dict) else None
+            out: list[tuple[ToolCall, str]] = []
+            for i, entry in enumerate(cast(list[object], structured)[:MAX_CALLS]):
+                entry_dict = _as_dict(entry)
+                given = entry_dict.get("id") if entry_dict is not None else None
                 out.append((_structured_call(entry), str(given) if given else f"call_{i}"))
             return out
         calls = self.parse_tool_calls(str(message.get("content") or ""))
-        ids, good = [], 0
+        ids: list[str] = []
+        good = 0
         for i, call in enumerate(calls):
             ids.append(f"call_invalid_{i}" if call.error else f"call_{good}")
             good += 0 if call.error else 1
@@ -256,14 +258,15 @@ class ToolEnvironment(MultiTurnEnvironment):
             state.custom["_final_answer"] = True
             return []
         tc = state.custom.setdefault("tool_calls", [])
-        parts = []
+        replies: list[Message] = []  # with tools_in_template: one tool message per call
+        lines: list[str] = []  # otherwise: one line per call, all in one message
         for i, call in enumerate(calls):
             start, t0 = time.time(), time.perf_counter()
             run = await self._tool_run(call, state)
             tc.append(_call_record(state.num_turns - 1, len(tc), call, run, start, time.perf_counter() - t0))
             ok, text = run.ok, run.text
             if self.tools_in_template:
-                parts.append(
+                replies.append(
                     {
                         "role": "tool",
                         "tool_call_id": calls_with_ids[i][1],
@@ -278,10 +281,10 @@ class ToolEnvironment(MultiTurnEnvironment):
                 if ok
                 else f"[{call.name[:100] or 'tool'}] Error: {text}"
             )
-            parts.append(f"Tool {i + 1}: {line}" if len(calls) > 1 else line)
+            lines.append(f"Tool {i + 1}: {line}" if len(calls) > 1 else line)
         if self.tools_in_template:
-            return parts
-        return [{"role": self.tool_message_role, "content": "\n\n".join(parts), "turn_type": "tool_result"}]
+            return replies
+        return [{"role": self.tool_message_role, "content": "\n\n".join(lines), "turn_type": "tool_result"}]
 
     def is_done(self, state: RolloutState) -> tuple[bool, str | None]:
         if state.custom.get("_final_answer"):
@@ -332,7 +335,11 @@ def _call_record(
 
 def _field(out: Any, name: str) -> Any:
     """Attribute ``name`` of a tool's result object, or its key ``name`` when it is a dict."""
-    return out.get(name) if isinstance(out, dict) else getattr(out, name, None)
+    return cast(dict[str, Any], out).get(name) if isinstance(out, dict) else getattr(out, name, None)
+
+
+def _as_dict(value: object) -> dict[str, Any] | None:
+    return cast(dict[str, Any], value) if isinstance(value, dict) else None
 
 
 def _exit_code(out: Any) -> int | None:
@@ -348,22 +355,24 @@ def _openai_call(i: int, call: ToolCall) -> dict[str, Any]:
 
 def _structured_call(tc: Any) -> ToolCall:
     """A :class:`ToolCall` from an OpenAI-style ``tool_calls`` entry (arguments a dict or JSON text)."""
-    fn = tc.get("function", tc) if isinstance(tc, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+    entry = _as_dict(tc)
+    fn = _as_dict(entry.get("function", tc)) if entry is not None else None
+    name: object = fn.get("name") if fn is not None else None
+    if fn is None or not isinstance(name, str):
         return ToolCall("", raw=_to_text(tc)[:200], error="a tool call needs a function name")
-    args = fn.get("arguments") or {}
+    args: object = fn.get("arguments") or {}
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
         except (ValueError, RecursionError):
-            return ToolCall(fn["name"], raw=args[:200], error="`arguments` is a string that is not JSON")
+            return ToolCall(name, raw=args[:200], error="`arguments` is a string that is not JSON")
     if not isinstance(args, dict):
-        return ToolCall(fn["name"], raw=_to_text(args)[:200], error="`arguments` must be a JSON object")
-    return ToolCall(fn["name"], args, raw=_to_text(fn)[:2000])
+        return ToolCall(name, raw=_to_text(args)[:200], error="`arguments` must be a JSON object")
+    return ToolCall(name, cast(dict[str, Any], args), raw=_to_text(fn)[:2000])
 
 
 def _name_positional(args: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in args.items():
         name = key
         if key.isdigit():

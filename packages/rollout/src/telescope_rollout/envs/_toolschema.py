@@ -12,10 +12,17 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
-_SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
+_SIMPLE: dict[object, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    dict: "object",
+    list: "array",
+}
 
 
 def json_type(hint: Any) -> dict[str, Any]:
@@ -26,7 +33,8 @@ def json_type(hint: Any) -> dict[str, Any]:
         rest = [a for a in args if a is not type(None)]
         return json_type(rest[0]) if len(rest) == 1 else {"type": "string"}
     if origin is typing.Literal:
-        return {"type": _SIMPLE.get(type(args[0]), "string"), "enum": list(args)}
+        first: object = args[0]
+        return {"type": _SIMPLE.get(type(first), "string"), "enum": list(args)}
     if origin in (list, tuple, set, frozenset):
         return {"type": "array", "items": json_type(args[0]) if args else {}}
     if origin is dict:
@@ -92,7 +100,7 @@ def coerce_arguments(schema: dict[str, Any], arguments: dict[str, Any]) -> dict[
     missing = [r for r in params["required"] if r not in arguments]
     if missing:
         raise ValueError(f"missing required argument(s) {missing}")
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in arguments.items():
         out[key] = _coerce(key, props[key].get("type"), value)
     return out
@@ -138,8 +146,8 @@ _CONVERT: dict[str | None, Callable[[Any], Any]] = {
     "number": _to_number,
     "boolean": _to_boolean,
     "string": lambda v: v if isinstance(v, str) else str(v),
-    "array": lambda v: list(v) if isinstance(v, list | tuple) else _NO,
-    "object": lambda v: v if isinstance(v, dict) else _NO,
+    "array": lambda v: list(cast(Sequence[Any], v)) if isinstance(v, list | tuple) else _NO,
+    "object": lambda v: cast(dict[str, Any], v) if isinstance(v, dict) else _NO,
     None: lambda v: v,
 }
 """JSON-schema type -> converter of the obvious forms (``"3"`` for an integer); others convert nothing."""

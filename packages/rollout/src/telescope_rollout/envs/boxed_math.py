@@ -17,7 +17,7 @@ math-verify (extra ``math``) or the plain fallback; the golden answer is the gro
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from telescope_rollout._types import RewardResult, Sample
 from telescope_rollout.envs._data import HubDatasetEnv
@@ -45,7 +45,7 @@ def _json_dict(value: Any) -> dict[str, Any] | None:
             value = json.loads(value)
         except ValueError:
             return None
-    return value if isinstance(value, dict) else None
+    return cast(dict[str, Any], value) if isinstance(value, dict) else None
 
 
 class MathEnv(HubDatasetEnv):
@@ -94,7 +94,7 @@ class DapoMathEnv(MathEnv):
         prompt = row.get("prompt")
         if not (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
             return None
-        question = prompt[0].get("content")
+        question = cast(dict[str, Any], prompt[0]).get("content")
         answer = (_json_dict(row.get("reward_model")) or {}).get("ground_truth")
         if not isinstance(question, str) or not isinstance(answer, str) or not answer:
             return None

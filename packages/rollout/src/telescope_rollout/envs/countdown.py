@@ -14,7 +14,8 @@ from __future__ import annotations
 import ast
 import re
 from collections import Counter
-from typing import Any, ClassVar, TypeGuard
+from collections.abc import Sequence
+from typing import Any, ClassVar, TypeGuard, cast
 
 from telescope_rollout._types import RewardResult, Sample
 from telescope_rollout.envs._data import HubDatasetEnv
@@ -118,9 +119,10 @@ class CountdownEnv(HubDatasetEnv):
     def row_to_sample(self, row: dict[str, Any]) -> Sample | None:
         """One hub row (``nums``, ``target``) as a Sample; None for a malformed row."""
         nums, target = row.get("nums"), row.get("target")
-        if not isinstance(nums, list | tuple) or not all(_is_int(n) for n in nums) or not _is_int(target):
+        items = cast(Sequence[object], nums) if isinstance(nums, list | tuple) else None
+        if items is None or not all(_is_int(n) for n in items) or not _is_int(target):
             return None
-        numbers = [int(n) for n in nums]
+        numbers = [int(n) for n in cast(Sequence[int], items)]
         question = self.question(numbers, target)
         return Sample(question, str(target), {"question": question, "nums": numbers, "target": target})
 

@@ -93,7 +93,8 @@ class I3CodeEnv(HubDatasetEnv):
         source = ""
         if isinstance(info, str):
             try:
-                source = str((json.loads(info) or {}).get("source") or "")
+                parsed: Any = json.loads(info) or {}  # any JSON: .get on a non-object raises AttributeError
+                source = str(parsed.get("source") or "")
             except (ValueError, AttributeError):
                 source = ""
         return Sample(question, "", {"tests": tests, "source": source, "num_test_cases": len(tests)})

@@ -37,10 +37,10 @@ class QuickstartAddEnv(SingleTurnEnvironment):
     seed: int = 0
     max_operand: int = 99
 
-    def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
+    def load_dataset(self, num_samples: int | None = -1, **kwargs: Any) -> list[Sample]:
         rng = random.Random(self.seed)
         n = self.num_samples if num_samples is None or num_samples < 0 else num_samples
-        samples = []
+        samples: list[Sample] = []
         for _ in range(n):
             a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
             prompt = f"What is {a} + {b}? Reply with just the number."

@@ -82,7 +82,7 @@ class WordleEnv(MultiTurnEnvironment):
         self.rubric.add_reward(self._reward_length, range_min=0.0, range_max=1.0)
         self.rubric.add_reward(self.format_reward, 0.2, range_min=0.0, range_max=1.0)
 
-    def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
+    def load_dataset(self, num_samples: int | None = -1, **kwargs: Any) -> list[Sample]:
         words = word_list()
         rng = random.Random(self.seed)
         n = self.num_samples if num_samples is None or num_samples < 0 else num_samples
@@ -129,7 +129,7 @@ class WordleEnv(MultiTurnEnvironment):
         return float(state.custom.get("solved", False)), state.sample.answer
 
     def _reward_partial(self, state: RolloutState) -> float:
-        fbs = state.custom.get("feedback") or []
+        fbs: list[str] = state.custom.get("feedback") or []
         if state.custom.get("solved") or not fbs:
             return 0.0
         return 0.2 * fbs[-1].count("G") + 0.1 * fbs[-1].count("Y")

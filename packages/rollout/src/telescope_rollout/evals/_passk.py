@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import comb
-from typing import Any
+from typing import Any, cast
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -76,10 +76,11 @@ class PassKSpec:
             return cls(at_k=_ks(value, "pass_k"))
         if not isinstance(value, Mapping):
             raise ValueError(f"pass_k must be a list of k values or a mapping, got {value!r}")
-        unknown = set(value) - {"at_k", "pow_k"}
+        kinds = cast(Mapping[str, Any], value)
+        unknown = set(kinds) - {"at_k", "pow_k"}
         if unknown:
             raise ValueError(f"pass_k: unknown kind(s) {sorted(unknown)}; the kinds are at_k and pow_k")
-        at, pow_ = (_kind(value.get(kind), f"pass_k.{kind}") for kind in ("at_k", "pow_k"))
+        at, pow_ = (_kind(kinds.get(kind), f"pass_k.{kind}") for kind in ("at_k", "pow_k"))
         return cls(
             at_k=_ks(at.get("k", [1]), "pass_k.at_k.k") if at is not None else (),
             at_k_metrics=_metrics(at, "pass_k.at_k"),
@@ -96,35 +97,38 @@ class PassKSpec:
 def _kind(spec: Any, where: str) -> Mapping[str, Any] | None:
     if spec is None:
         return None
-    if not isinstance(spec, Mapping) or not set(spec) <= {"metrics", "k"}:
+    mapping = cast(Mapping[str, Any], spec) if isinstance(spec, Mapping) else None
+    if mapping is None or not set(mapping) <= {"metrics", "k"}:
         raise ValueError(f"{where} must be a mapping with keys metrics and k, got {spec!r}")
-    return spec
+    return mapping
 
 
 _K_FIX = "write k as an integer >= 1 or a list of them, e.g. k: [1, 4]"
 
 
 def _ks(values: Any, where: str) -> tuple[int, ...]:
-    items = [values] if isinstance(values, int) and not isinstance(values, bool) else values
+    items: object = [values] if isinstance(values, int) and not isinstance(values, bool) else values
     if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
         raise ValueError(f"{where}: expected an integer >= 1 or a list of them, got {values!r}; {_K_FIX}")
-    bad = [k for k in items if not isinstance(k, int) or isinstance(k, bool) or k < 1]
+    ks = cast(Sequence[object], items)
+    bad = [k for k in ks if not isinstance(k, int) or isinstance(k, bool) or k < 1]
     if bad:
-        raise ValueError(f"{where}: every k must be an integer >= 1, got {list(items)} ({bad} not); {_K_FIX}")
-    return tuple(sorted(set(items)))
+        raise ValueError(f"{where}: every k must be an integer >= 1, got {list(ks)} ({bad} not); {_K_FIX}")
+    return tuple(sorted(set(cast(Sequence[int], ks))))
 
 
 def _metrics(spec: Mapping[str, Any] | None, where: str) -> tuple[str, ...] | None:
     if spec is None:
         return None
-    names = spec.get("metrics")
+    names: object = spec.get("metrics")
     if names is None:
         return None
     if isinstance(names, str):
         names = [names]
-    if not isinstance(names, Sequence) or not all(isinstance(m, str) and m for m in names):
+    items = cast(Sequence[object], names) if isinstance(names, Sequence) else None
+    if items is None or not all(isinstance(m, str) and m for m in items):
         raise ValueError(f"{where}.metrics must be a metric name or a list of them, got {names!r}")
-    return tuple(names)
+    return tuple(cast(Sequence[str], items))
 
 
 def unit_metrics(completion_metrics: Sequence[Mapping[str, float]]) -> list[str]:

@@ -43,7 +43,7 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -71,8 +71,8 @@ HUNG_AFTER_TIMEOUTS = 2
 class _ServerHealth:
     """The servers an eval call stopped sending to, and each server's timeouts in a row."""
 
-    down: set[str] = field(default_factory=set)
-    timeouts: dict[str, int] = field(default_factory=dict)
+    down: set[str] = field(default_factory=set[str])
+    timeouts: dict[str, int] = field(default_factory=dict[str, int])
 
     def record(self, url: str, failure: InferenceError | None) -> str | None:
         """Count one finished request; return why ``url`` is now out (None: it stays in)."""
@@ -101,7 +101,7 @@ class EvalSpec:
     pass_k: PassKSpec = field(default_factory=PassKSpec)
     num_samples: int = -1
     separate_eval_samples: bool = False
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    kwargs: Mapping[str, Any] = field(default_factory=dict[str, Any])
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
@@ -111,7 +111,13 @@ class EvalSpec:
         """From an ``EvalEntry``, a dict with the same keys, or an ``EvalSpec``."""
         if isinstance(entry, EvalSpec):
             return entry
-        get = entry.get if isinstance(entry, Mapping) else lambda k, d=None: getattr(entry, k, d)
+
+        def get(key: str, default: Any = None) -> Any:
+            """A mapping's item or an object's attribute."""
+            if isinstance(entry, Mapping):
+                return cast(Mapping[str, Any], entry).get(key, default)
+            return getattr(entry, key, default)
+
         name, num_samples = get("name"), get("num_samples", -1)
         if not isinstance(name, str) or not name:
             raise ValueError(f"eval entry without a name: {entry!r}")
@@ -145,7 +151,7 @@ class EvalResult:
     """``correct`` when reported, else the first metric by name (for the console line)."""
     error: str = ""
     """Why the whole eval failed (raised, or ran past the runner's ``timeout_s``); "" when it ran."""
-    samples: list[ScoredSample] = field(default_factory=list)
+    samples: list[ScoredSample] = field(default_factory=list[ScoredSample])
     """The scored completion behind each row, in the rows' order (turns, tool calls, timings)."""
 
     @property
@@ -172,7 +178,8 @@ class _EvalScoring:
         return getattr(self._env, name)
 
     async def score(self, *args: Any) -> RewardResult:
-        r = await maybe_await(self._env.compute_eval_metrics(*args))  # type: ignore[attr-defined]
+        env: Any = self._env  # an eval environment: compute_eval_metrics is its own method
+        r = await maybe_await(env.compute_eval_metrics(*args))
         if not isinstance(r, EvalMetricsResult):
             raise TypeError(f"compute_eval_metrics must return an EvalMetricsResult, got {type(r).__name__}")
         return r

@@ -26,7 +26,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import structlog
@@ -89,12 +89,12 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str | None
-    prompt_token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list[int])
     request_id: str = ""
     server: str = ""
     latency_s: float = 0.0
     """Seconds around the HTTP request, retries included (0.0 where not measured)."""
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict[str, float])
     """Seconds: ``e2e_s`` (= ``latency_s``, where measured) and, when the server sends its
     per-request ``metrics`` (vLLM with ``--enable-per-request-metrics``), :func:`server_timings`."""
 
@@ -107,7 +107,7 @@ class CompletionRequest:
     prompt: list[int] | str
     """Token ids (what the engine sends) or text."""
     max_tokens: int
-    sampling: Mapping[str, Any] = field(default_factory=dict)
+    sampling: Mapping[str, Any] = field(default_factory=dict[str, Any])
     """Sampling fields of the request body (temperature, top_p, ...)."""
     priority: int = 0
     """vLLM's request priority (lower first under ``--scheduling-policy priority``); 0 is not sent."""
@@ -168,9 +168,10 @@ def server_timings(metrics: Any) -> dict[str, float]:
     """
     if not isinstance(metrics, dict):
         return {}
+    fields = cast(dict[str, Any], metrics)
     out: dict[str, float] = {}
     for key, name in _VLLM_TIMINGS.items():
-        value = metrics.get(key)
+        value = fields.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
             out[name] = float(value) / 1000.0
     if "prefill_s" in out and "decode_s" in out:
@@ -191,7 +192,8 @@ def parse_completion(data: dict[str, Any], url: str = "", latency_s: float = 0.0
         raise InferenceError(
             f"{url} returned no token_ids: the server must support `return_token_ids` (vLLM >= 0.10)", url
         )
-    lp = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    logprobs_field: Any = choice.get("logprobs") or {}  # response JSON
+    lp: Any = logprobs_field.get("token_logprobs") or []
     logprobs = [float(x) if x is not None else 0.0 for x in lp]
     if len(logprobs) != len(ids):
         logprobs = (logprobs + [0.0] * len(ids))[: len(ids)]
