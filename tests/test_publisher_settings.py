@@ -14,7 +14,9 @@ import pytest
 from telescope_config import TelescopeConfig, defaults
 from telescope_config.testing import make_config
 from telescope_weightsync import PublisherSettings
-from telescope_weightsync._settings import CONFIG_FIELDS, DEFAULT_BUCKET_MB
+
+CONFIG_FIELDS = PublisherSettings.CONFIG_FIELDS
+DEFAULT_BUCKET_MB = PublisherSettings.DEFAULT_BUCKET_MB
 
 SETTINGS = {f.name: f for f in dataclasses.fields(PublisherSettings)}
 NOT_IN_THE_CONFIG = {"backend"}

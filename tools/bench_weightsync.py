@@ -287,7 +287,7 @@ def lora_adapter(model_dir: Path, rank: int) -> tuple[dict[str, Any], list[tuple
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    from telescope_trainer_fsdp._lora import adapter_config
+    from telescope_trainer_fsdp import adapter_config
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     settings = {"rank": rank, "alpha": 2.0 * rank, "dropout": 0.0, "targets": targets}
@@ -351,8 +351,7 @@ def bench_lora(model_dir: Path, log_dir: Path, args: argparse.Namespace) -> dict
 
 TRANSPORT_RECEIVER = r"""
 import sys, torch
-from telescope_weightsync._stream import StreamStats, receive_update
-from telescope_weightsync._transport import make_group, open_store
+from telescope_weightsync.wire import StreamStats, make_group, open_store, receive_update
 port, backend, repeats = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 store = open_store("127.0.0.1", port, is_master=False, timeout_s=120, prefix="telescope/b/")
@@ -411,8 +410,7 @@ def bench_transport(args: argparse.Namespace) -> dict[str, float]:
     import torch
 
     from telescope_weightsync import PublisherSettings, plan_buckets
-    from telescope_weightsync._stream import Scratch, send_update
-    from telescope_weightsync._transport import make_group, open_store, resolve_backend
+    from telescope_weightsync.wire import Scratch, make_group, open_store, resolve_backend, send_update
 
     backend = resolve_backend(args.backend)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")

@@ -12,6 +12,7 @@ folder. The module registers itself in the ``telescope.trainers`` entry-point gr
 
 from telescope_trainer_fsdp.__about__ import __version__
 from telescope_trainer_fsdp._export import convert_checkpoint
+from telescope_trainer_fsdp._lora import adapter_config
 from telescope_trainer_fsdp._schedule import SCHEDULES, lr_multiplier
 from telescope_trainer_fsdp._trainer import FSDPTrainer, create_trainer
 
@@ -22,6 +23,7 @@ __all__ = [
     "SCHEDULES",
     "FSDPTrainer",
     "__version__",
+    "adapter_config",
     "convert_checkpoint",
     "create_trainer",
     "lr_multiplier",

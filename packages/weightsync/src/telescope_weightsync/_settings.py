@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from telescope_weightsync._protocol import MODES
 from telescope_weightsync._transport import BACKENDS, resolve_backend
@@ -68,6 +68,11 @@ class PublisherSettings:
     - ``init_timeout_s``: seconds allowed for every server to join a group.
     - ``timeout_s``: seconds allowed for one update (each broadcast and the servers' apply).
     """
+
+    CONFIG_FIELDS: ClassVar[Mapping[str, str]] = CONFIG_FIELDS
+    """Each setting's run-config field (``from_config``; ``backend`` has none)."""
+    DEFAULT_BUCKET_MB: ClassVar[Mapping[str, float]] = MappingProxyType(DEFAULT_BUCKET_MB)
+    """``bucket_mb`` when it is None, per transport."""
 
     mode: str = "flattened_bucket"
     bucket_mb: float | None = None
