@@ -24,9 +24,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
+
+if TYPE_CHECKING:
+    from telescope_sandbox import SandboxPool
 
 __all__ = ["SandboxSetupError", "attach_sandboxes", "close_sandboxes", "needs_sandbox", "sandbox_metrics"]
 
@@ -90,7 +93,7 @@ def _check_credentials(env_name: str, provider: str, provider_kwargs: Mapping[st
         raise _fail(env_name, provider, f"none of {', '.join(names)} is set")
 
 
-def build_pool(env_name: str, kwargs: Mapping[str, Any]) -> Any:
+def build_pool(env_name: str, kwargs: Mapping[str, Any]) -> SandboxPool:
     """A ``SandboxPool`` for one environment from its kwargs (see the module docstring)."""
     from telescope_sandbox import SandboxError, SandboxPool, available_sandboxes, get_sandbox
 
@@ -116,12 +119,12 @@ def build_pool(env_name: str, kwargs: Mapping[str, Any]) -> Any:
     return pool
 
 
-def attach_sandboxes(envs: Iterable[tuple[str, Any, Mapping[str, Any]]]) -> list[Any]:
+def attach_sandboxes(envs: Iterable[tuple[str, Any, Mapping[str, Any]]]) -> list[SandboxPool]:
     """Give each ``(name, env, kwargs)`` that needs a sandbox its pool; returns the pools built.
 
     All environments are checked before any error is raised, so one message lists every problem.
     """
-    pools: list[Any] = []
+    pools: list[SandboxPool] = []
     problems: list[str] = []
     for name, env, kwargs in envs:
         if not needs_sandbox(env):
@@ -137,7 +140,7 @@ def attach_sandboxes(envs: Iterable[tuple[str, Any, Mapping[str, Any]]]) -> list
     return pools
 
 
-def sandbox_metrics(pools: Iterable[Any]) -> dict[str, float]:
+def sandbox_metrics(pools: Iterable[SandboxPool]) -> dict[str, float]:
     """``sandbox/<counter>`` summed over the pools since the run started ({} without pools)."""
     out: dict[str, float] = {}
     for pool in pools:
@@ -147,7 +150,7 @@ def sandbox_metrics(pools: Iterable[Any]) -> dict[str, float]:
     return out
 
 
-async def close_sandboxes(pools: Iterable[Any]) -> None:
+async def close_sandboxes(pools: Iterable[SandboxPool]) -> None:
     """Close every pool (remote machines are stopped); never raises."""
     for pool in pools:
         try:

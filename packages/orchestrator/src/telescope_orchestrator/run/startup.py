@@ -34,6 +34,9 @@ from telescope_orchestrator.run.weights import WeightUpdates, weight_groups
 if TYPE_CHECKING:
     from telescope_config import ResolvedConfig, TelescopeConfig
     from telescope_orchestrator.run.report import Reporter
+    from telescope_orchestrator.run.wiring import EngineParts
+    from telescope_rollout import Tokenizer
+    from telescope_rollout.envs import BuiltEnvironment
 
 __all__ = ["Finished", "TrainError", "sigterm_as_interrupt", "train"]
 
@@ -260,7 +263,8 @@ def _start(state: _Run) -> Any:
     servers, trainers, infos = _start_workers(state.cluster, resolved, inputs.model_path, run, console)
     log.info("trainer ranks ready", torch_threads=[i["threads"] for i in infos])
     urls = [s["url"] for s in servers]
-    engine, client, pad_id, evals = _build_engine(state, inputs, urls)
+    parts = _build_engine(state, inputs, urls)
+    engine, client, pad_id, evals = parts.engine, parts.client, parts.pad_token_id, parts.evals
     from telescope_orchestrator.record.observe import record_setup, start_infra
 
     workers = setup_infos(trainers) + setup_infos([s["actor"] for s in servers])
@@ -312,16 +316,15 @@ def _actor_env(cfg: TelescopeConfig, run: RunDir) -> dict[str, str]:
     return {k: v for k, v in env.items() if v}
 
 
-def _build_engine(state: _Run, inputs: _Inputs, urls: list[str]) -> tuple[Any, Any, int, Any]:
-    """The phase "evals and rollout engine": ``(engine, client, pad token id, evals)``; the
-    evals' sandbox pools join ``state.sandboxes``."""
+def _build_engine(state: _Run, inputs: _Inputs, urls: list[str]) -> EngineParts:
+    """The phase "evals and rollout engine"; the evals' sandbox pools join ``state.sandboxes``."""
     from telescope_orchestrator.run.sandboxes import SandboxSetupError
     from telescope_orchestrator.run.wiring import build_engine
 
     run, console = state.run, state.console
     with console.phase("evals and rollout engine"):
         try:
-            engine, client, pad_id, evals, eval_pools = build_engine(
+            parts = build_engine(
                 state.resolved.config,
                 inputs.tokenizer,
                 urls,
@@ -330,8 +333,8 @@ def _build_engine(state: _Run, inputs: _Inputs, urls: list[str]) -> tuple[Any, A
             )
         except SandboxSetupError as err:
             raise TrainError(str(err)) from None
-        state.sandboxes.extend(eval_pools)
-    return engine, client, pad_id, evals
+        state.sandboxes.extend(parts.eval_sandboxes)
+    return parts
 
 
 def _record_event(run: RunDir) -> Callable[..., None]:
@@ -468,9 +471,9 @@ def _stop_reason() -> str:
 class _Inputs:
     """What the start-up phases before Ray produce (everything that can be wrong with the input)."""
 
-    built: list[Any]
+    built: list[BuiltEnvironment]
     model_path: str
-    tokenizer: Any
+    tokenizer: Tokenizer
     resume: tuple[Path, dict[str, Any]] | None
     """The checkpoint to resume and its meta.json, when ``resume_from_checkpoint`` is set."""
 

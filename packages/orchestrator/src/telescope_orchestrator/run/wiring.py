@@ -9,6 +9,8 @@ whitening follows in the loop) and the overlong penalty, so training sees one im
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -16,10 +18,14 @@ import structlog
 
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
-    from telescope_rollout.engine import AdvantageFn, RewardShaping
+    from telescope_rollout import EvalRunner, InferenceClient, RolloutEngine, Tokenizer
+    from telescope_rollout.engine import AdvantageFn, EngineEvent, RewardShaping
+    from telescope_rollout.envs import BuiltEnvironment
+    from telescope_sandbox import SandboxPool
 
 __all__ = [
     "DatasetError",
+    "EngineParts",
     "build_engine",
     "build_training_environments",
     "engine_math",
@@ -83,7 +89,7 @@ class DatasetError(ValueError):
     """An environment's dataset cannot be used; the message names the environment."""
 
 
-def build_training_environments(cfg: TelescopeConfig) -> tuple[list[Any], list[Any]]:
+def build_training_environments(cfg: TelescopeConfig) -> tuple[list[BuiltEnvironment], list[SandboxPool]]:
     """The config's environments (datasets not loaded yet) and the sandbox pools given to them.
 
     Runs before any server starts, so an unknown environment or a sandbox provider that cannot
@@ -96,7 +102,9 @@ def build_training_environments(cfg: TelescopeConfig) -> tuple[list[Any], list[A
     return built, attach_sandboxes((b.name, b.env, b.kwargs) for b in built)
 
 
-def load_datasets(cfg: TelescopeConfig, built: list[Any], model_path: str) -> tuple[Any, str | None]:
+def load_datasets(
+    cfg: TelescopeConfig, built: list[BuiltEnvironment], model_path: str
+) -> tuple[Tokenizer, str | None]:
     """Load every environment's dataset and the tokenizer; check that prompts can fit at all.
 
     Returns the tokenizer and, when the first prompts of an environment can never fit
@@ -140,10 +148,28 @@ def served_model(cfg: TelescopeConfig) -> str | None:
     return ADAPTER_NAME
 
 
+@dataclass(frozen=True)
+class EngineParts:
+    """What :func:`build_engine` builds."""
+
+    engine: RolloutEngine
+    client: InferenceClient
+    pad_token_id: int
+    evals: EvalRunner | None
+    """The evals' runner (datasets loaded), or None when the config lists no evals."""
+    eval_sandboxes: list[SandboxPool]
+    """The eval environments' sandbox pools (the caller closes them)."""
+
+
 def build_engine(
-    cfg: TelescopeConfig, tokenizer: Any, urls: list[str], built: list[Any], *, on_event: Any = None
-) -> tuple[Any, Any, int, Any, list[Any]]:
-    """(engine, client, pad token id, eval runner or None, the eval environments' sandbox pools).
+    cfg: TelescopeConfig,
+    tokenizer: Tokenizer,
+    urls: list[str],
+    built: list[BuiltEnvironment],
+    *,
+    on_event: Callable[[EngineEvent], None] | None = None,
+) -> EngineParts:
+    """The rollout engine of a run, its client, the pad token id, its evals and their sandboxes.
 
     ``on_event`` receives the engine's timeline events (``telescope_rollout.engine.EngineEvent``).
 
@@ -163,7 +189,7 @@ def build_engine(
         SamplerEntry,
     )
 
-    pools: list[Any] = []
+    pools: list[SandboxPool] = []
     client = InferenceClient(urls, timeout_s=1200.0, model=served_model(cfg))
     settings = EngineSettings.from_config(cfg)
     evals, held_out = None, {}
@@ -191,4 +217,4 @@ def build_engine(
         on_event=on_event,
     )
     pad = getattr(tokenizer, "pad_token_id", None)
-    return engine, client, int(pad) if isinstance(pad, int) else 0, evals, pools
+    return EngineParts(engine, client, int(pad) if isinstance(pad, int) else 0, evals, pools)
