@@ -281,7 +281,7 @@ def _micro_batch_holds_a_sample(c: TelescopeConfig) -> Iterator[Violation]:
 
 @_rule("evals", "eval_num_servers", "inference_num_workers", "inference_tensor_parallel_size")
 def _training_keeps_a_server(c: TelescopeConfig) -> Iterator[Violation]:
-    servers = c.inference_num_workers // c.inference_tensor_parallel_size
+    servers = c.num_inference_servers
     if c.evals and c.eval_num_servers >= servers:
         yield Violation(
             "eval_num_servers",

@@ -163,7 +163,7 @@ class Cluster:
 
     def _bundle_cpus(self) -> float:
         cfg = self.config
-        servers = cfg.inference_num_workers // cfg.inference_tensor_parallel_size
+        servers = cfg.num_inference_servers
         return (
             servers * cfg.ray_inference_cpus_per_worker
             + cfg.trainer_num_workers * cfg.ray_trainer_cpus_per_worker
@@ -222,9 +222,9 @@ class Cluster:
         if self.gpu or not self.started_ray or "OMP_NUM_THREADS" in os.environ:
             return None
         cfg = self.config
+        cores = sorted(os.sched_getaffinity(0))
         tp = cfg.inference_tensor_parallel_size
-        servers = cfg.inference_num_workers // tp
-        return cpu_plan(sorted(os.sched_getaffinity(0)), servers, tp, cfg.trainer_num_workers)
+        return cpu_plan(cores, cfg.num_inference_servers, tp, cfg.trainer_num_workers)
 
     def place_trainers(self, model_path: str, log_dir: str) -> list[Any]:
         """One TrainerActor per rank, forming one torch.distributed world.

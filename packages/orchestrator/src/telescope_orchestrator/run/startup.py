@@ -563,7 +563,7 @@ def _start_workers(
     from telescope_orchestrator.cluster.vllm_server import ServerSettings, ServerStartError
 
     cfg = resolved.config
-    count = cfg.inference_num_workers // cfg.inference_tensor_parallel_size
+    count = cfg.num_inference_servers
     device = "cuda" if cluster.gpu else "cpu"
     settings = dataclasses.asdict(
         ServerSettings.from_config(
