@@ -390,7 +390,7 @@ def test_the_run_record_holds_every_table(tmp_path, tiny_model_dir):
     for name, table in tr.TABLES.items():
         columns = [d[0] for d in con.execute(f"select * from {name} limit 0").description]
         assert columns == [c.name for c in table.columns] + ["run"], name
-        assert con.execute(f"select count(*) from {name}").fetchone()[0] > 0, f"{name} is empty"
+        assert _scalar(con, f"select count(*) from {name}") > 0, f"{name} is empty"
     _check_samples(con, lines, group_size=4)
     _check_turns_and_tools(con)
     _check_spans_nest(con)
@@ -405,8 +405,8 @@ def test_the_run_record_holds_every_table(tmp_path, tiny_model_dir):
         "eval",
         "stop",
     } <= events
-    assert con.execute("select count(distinct role) from setup").fetchone()[0] >= 3  # driver, trainer, vllm
-    assert con.execute("select parameters from model").fetchone()[0] > 0
+    assert _scalar(con, "select count(distinct role) from setup") >= 3  # driver, trainer, vllm
+    assert _scalar(con, "select parameters from model") > 0
     assert {m for (m,) in con.execute("select distinct source from infra").fetchall()} >= {
         "system",
         "process",
@@ -418,6 +418,13 @@ def test_the_run_record_holds_every_table(tmp_path, tiny_model_dir):
     assert all("derived/reward_mean" in m for m in lines)
     evals = con.execute("select sample_index, count(*) from eval_samples group by 1 order by 1").fetchall()
     assert evals == [(0, 2), (1, 2)]  # pass@2: two completions per prompt
+
+
+def _scalar(con, sql: str):
+    """The one value of a one-row query."""
+    row = con.execute(sql).fetchone()
+    assert row is not None, sql
+    return row[0]
 
 
 def _check_samples(con, lines, *, group_size):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from telescope_rollout import Sample, SandboxLike, get_environment
+from telescope_rollout import Sample, SandboxLike, SingleTurnEnvironment, get_environment
 from telescope_rollout.envs.i3_code import tests_from_row as read_tests  # not collected as a test
 from telescope_sandbox import LocalSandbox
 
@@ -17,6 +17,7 @@ async def test_bundled_problem_graded_in_bubblewrap():
     async with LocalSandbox() as sandbox:
         assert isinstance(sandbox, SandboxLike)
         env = get_environment("i3_code", dataset="bundled", sandbox=sandbox, timeout_per_test=10.0)
+        assert isinstance(env, SingleTurnEnvironment)
         samples = env.load_dataset()
         add = next(s for s in samples if "sum" in str(s.prompt))
         right = await env.score(SUM, add)
@@ -46,6 +47,7 @@ async def test_function_call_tests_graded_in_bubblewrap():
     sample = Sample(row["question"], "", {"tests": read_tests(row)})
     async with LocalSandbox() as sandbox:
         env = get_environment("i3_code", dataset="bundled", sandbox=sandbox)
+        assert isinstance(env, SingleTurnEnvironment)
         for code in (TOP_LEVEL, METHOD):
             result = await env.score(code, sample)
             assert result.total_reward == 1.0, result.info_turns

@@ -142,6 +142,7 @@ async def test_full_batch_of_groups(vllm_server, tiny_model_dir):
         async with engine:
             batch = await engine.next_batch(timeout_s=300)
     env = engine.environments["add"]
+    assert isinstance(env, QuickstartAddEnv)
     assert batch.step == 0
     assert len(batch.groups) == 2
     for g in batch.groups:

@@ -9,6 +9,7 @@ import io
 import json
 import re
 from types import SimpleNamespace
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -157,7 +158,7 @@ async def test_a_report_after_the_batch_was_handed_over_says_nothing(tmp_path):
 
 
 async def test_a_report_that_fails_is_logged_and_the_run_goes_on(tmp_path):
-    engine = Engine(_group())
+    engine: Any = Engine(_group())
     engine.progress = lambda: 1 / 0
     ctx, _ = _ctx(tmp_path, engine)
     with structlog.testing.capture_logs() as logs:

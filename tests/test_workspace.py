@@ -123,3 +123,17 @@ def test_a_packages_tests_import_only_the_telescope_packages_it_depends_on(folde
         for path in (ROOT / folder / "tests").rglob("*.py")
     }
     assert {p: mods for p, mods in offenders.items() if mods} == {}
+
+
+def test_tests_and_tools_use_each_packages_public_names():
+    """The root tests and the tools use what a user can (a package's root, its public modules):
+    never ``telescope_<package>._<module>``, which may change without notice."""
+    private = re.compile(r"(?:from|import)\s+telescope_\w+(?:\.\w+)*\._\w+")
+    offenders = [
+        str(path.relative_to(ROOT))
+        for folder in ("tests", "tools")
+        for path in (ROOT / folder).rglob("*.py")
+        if private.search(path.read_text(errors="replace"))
+    ]
+    offenders += [str(p) for p in [ROOT / "conftest.py"] if private.search(p.read_text())]
+    assert offenders == []

@@ -123,7 +123,9 @@ def _child(variant: str, tokens: int, vocab: int, chunk_size: int, repeats: int)
     first = one_pass()
     peak = _maxrss_bytes() - baseline
     times = [one_pass() for _ in range(repeats)] or [first]
-    checksum = float(logits.grad.double().abs().sum())
+    grad = logits.grad
+    assert grad is not None
+    checksum = float(grad.double().abs().sum())
     return {
         "variant": variant,
         "seconds": min(times),
@@ -181,7 +183,7 @@ def _result_line(results: dict[str, dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--chunk-size", type=int, default=1024)

@@ -94,7 +94,7 @@ def run_setting(cp: int, model: str, args: argparse.Namespace, tmp: Path) -> lis
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--samples", type=int, default=24)
     parser.add_argument("--steps", type=int, default=2)

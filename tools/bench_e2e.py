@@ -53,6 +53,8 @@ SIDES = ("plain", "async0", "async1", "async2", "trl")
 
 def _tool(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -180,16 +182,17 @@ def run_trl(cfg: dict[str, Any]) -> Timed:
     try:
         from datasets import Dataset
         from transformers import TrainerCallback
-        from trl import GRPOConfig, GRPOTrainer
+        from trl import GRPOConfig, GRPOTrainer  # pyright: ignore[reportMissingImports]
     except ImportError as exc:
         raise SystemExit(
             f"the trl side needs TRL ({exc}): run `hatch run bench:python tools/bench_e2e.py ...` (the bench "
             "environment pins it), or leave trl out of --sides"
         ) from None
 
-    from telescope_rollout import get_environment
+    from telescope_rollout import SingleTurnEnvironment, get_environment
 
     env = get_environment("quickstart_add")
+    assert isinstance(env, SingleTurnEnvironment)
     samples = env.load_dataset(cfg["steps"] * cfg["batch"])
     data = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": s.prompt}], "answer": s.answer} for s in samples]
@@ -265,7 +268,7 @@ def _ratio(best: dict[str, Timed], a: str, b: str, attr: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a model folder")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--group-size", type=int, default=8)

@@ -437,7 +437,7 @@ def bench_prefix_cache(model: str, label: str, args, log_dir: Path, samples: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--overhead-samples", type=int, default=20480)
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=32)

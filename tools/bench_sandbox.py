@@ -78,7 +78,7 @@ def _report(name: str, wall: float, latencies: list[float]) -> dict[str, float]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=8)

@@ -362,14 +362,14 @@ def run_variant(args: argparse.Namespace) -> dict:
     )
     lora_rank = args.lora_rank if args.only == LORA else 0
     mbs = micro_batches_for("packed" if args.only == LORA else args.only, samples, args.seq_len)
-    attention = {"attn_implementation": "telescope_packed_sdpa"} if args.only == SHARED else {}
+    attention = "telescope_packed_sdpa" if args.only == SHARED else None
     lengths = sorted(sample_length(s) for s in samples)
     real, computed = sum(lengths), sum(mb.input_ids.numel() for mb in mbs)
     with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
         n_params = build_model(Path(tmp), args.size)
         _trim_heap()
         before = 0 if gpu else _status_kib("VmRSS") * 1024  # the libraries, before the trainer's model
-        trainer = create_trainer(_config(tmp, args.seq_len, gpu, lora_rank), **attention)
+        trainer = create_trainer(_config(tmp, args.seq_len, gpu, lora_rank), attn_implementation=attention)
         if args.only == SHARED and not trainer.shares_prompts:
             raise SystemExit("bench_trainer: this trainer's attention does not share prompts")
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
@@ -480,7 +480,7 @@ def result_line(res: dict[str, dict], first: dict) -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default=None, help="0.5b on GPU, else cpu")
     parser.add_argument("--samples", type=int, default=None, help="default 24 (cpu) / 64 (0.5b)")
     parser.add_argument("--seq-len", type=int, default=None, help="default 512 (cpu) / 4096 (0.5b)")

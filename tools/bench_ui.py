@@ -163,7 +163,7 @@ def p95(values: list[float]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--samples", type=int, default=1024)
     ap.add_argument("--turns", type=int, default=4)

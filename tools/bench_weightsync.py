@@ -78,6 +78,8 @@ def smollm2_dir() -> Path:
 
 def tiny_dir(out: Path) -> Path:
     spec = importlib.util.spec_from_file_location("_tiny_model", ROOT / "tools" / "tiny_model.py")
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.build_tiny_model(out, tied=False)
@@ -408,6 +410,7 @@ def gpu_clock(device: Any) -> float:
 def bench_transport(args: argparse.Namespace) -> dict[str, float]:
     """Update vs raw broadcast between this process and one receiver process (no vLLM)."""
     import torch
+    from torch._C._distributed_c10d import TCPStore
 
     from telescope_weightsync import PublisherSettings, plan_buckets
     from telescope_weightsync.wire import Scratch, make_group, open_store, resolve_backend, send_update
@@ -417,7 +420,9 @@ def bench_transport(args: argparse.Namespace) -> dict[str, float]:
     named = [(n, torch.randn(s, device=device, dtype=torch.bfloat16)) for n, s in llama_shapes(args.params)]
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     master = open_store("127.0.0.1", 0, is_master=True, timeout_s=120, prefix="telescope/")
-    port = master.underlying_store.port
+    tcp = master.underlying_store
+    assert isinstance(tcp, TCPStore)
+    port = tcp.port
     cmd = [sys.executable, "-c", TRANSPORT_RECEIVER, str(port), backend, str(args.repeats), str(nbytes)]
     proc = subprocess.Popen(cmd)
     settings = PublisherSettings(mode=args.mode, bucket_mb=args.bucket_mb)

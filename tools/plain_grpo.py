@@ -96,7 +96,7 @@ def run_plain(cfg: dict[str, Any], *, env_name: str = "quickstart_add", seed: in
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from telescope_algos import compute_advantages
-    from telescope_rollout import get_environment
+    from telescope_rollout import SingleTurnEnvironment, get_environment
 
     run = PlainRun(started=time.time())
     torch.manual_seed(seed)
@@ -106,6 +106,7 @@ def run_plain(cfg: dict[str, Any], *, env_name: str = "quickstart_add", seed: in
     eos = _eos_ids(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["learning_rate"], weight_decay=0.0)
     env = get_environment(env_name)
+    assert isinstance(env, SingleTurnEnvironment), f"{env_name}: plain GRPO takes single-turn environments"
     samples = env.load_dataset(cfg["steps"] * cfg["batch"])
     for step in range(cfg["steps"]):
         batch = samples[step * cfg["batch"] : (step + 1) * cfg["batch"]]
@@ -124,7 +125,7 @@ def run_plain(cfg: dict[str, Any], *, env_name: str = "quickstart_add", seed: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--batch", type=int, default=4)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--run-dir", default="runs/quickstart_curve")
     args, extra = parser.parse_known_args()
     run = Path(args.run_dir)

@@ -99,7 +99,7 @@ def build_tiny_model(
         bos_token_id=ids["<|im_start|>"],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
@@ -114,7 +114,7 @@ def build_tiny_model(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("out")
     parser.add_argument("--tied", action="store_true")
     parser.add_argument("--layers", type=int, default=2)

@@ -133,6 +133,7 @@ def test_pypi_torchvision_beside_the_cpu_torch_is_found(monkeypatch, versions, f
     problem = _checks.cpu_torch_conflict()
     assert (problem is not None) is flagged
     if flagged:
+        assert problem is not None
         assert "pip uninstall -y torchvision torchaudio torchcodec" in problem
         assert "torchaudio 2.11.1" in problem
 

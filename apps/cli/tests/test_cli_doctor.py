@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from telescope_cli.commands.doctor import estimate_params, memory_estimate
 from telescope_cli.main import main
+from telescope_config.testing import make_config
 
 
 def test_param_estimate_matches_smollm2_135m():
@@ -30,7 +30,7 @@ def test_param_estimate_matches_a_real_model(tiny_model_dir):
 
 def test_memory_rule_of_thumb():
     # 7B over 4 trainer ranks: (2 + 8) * 7 / 4 = 17.5 GB; vLLM TP 2: 2 * 7 / 2 = 7 GB per GPU.
-    cfg = SimpleNamespace(trainer_num_workers=4, inference_tensor_parallel_size=2)
+    cfg = make_config(trainer_num_workers=4, inference_tensor_parallel_size=2)
     est = memory_estimate(cfg, 7e9)
     assert est["trainer_gb_per_gpu"] == pytest.approx(17.5)
     assert est["vllm_weights_gb_per_gpu"] == pytest.approx(7.0)

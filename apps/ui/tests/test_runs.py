@@ -28,7 +28,9 @@ def test_runs_are_found_in_folders_and_as_run_directories(tmp_path: Path) -> Non
     index = RunIndex([tmp_path / "a", tmp_path / "b", tmp_path / "solo"])
     # a name taken twice gets its parent's name; a folder without a record is not a run
     assert [r.name for r in index.runs()] == ["a/one", "b/one", "solo"]
-    assert index.get("a/one").path == (tmp_path / "a" / "one").resolve()
+    one = index.get("a/one")
+    assert one is not None
+    assert one.path == (tmp_path / "a" / "one").resolve()
     assert index.get("../a") is None
 
 

@@ -19,6 +19,11 @@ import torch.distributed as dist
 from telescope_algos.backend import gather_partial, gather_replicated, zigzag_indices
 
 
+def _grad(t: torch.Tensor) -> torch.Tensor:
+    assert t.grad is not None
+    return t.grad
+
+
 def main() -> None:
     out_path = Path(sys.argv[1])
     dist.init_process_group("gloo")
@@ -34,12 +39,12 @@ def main() -> None:
         gathered = gather_replicated(local, dim, group)
         (gathered * weight).sum().backward()
         out[f"{name}_replicated"] = gathered.detach()
-        out[f"{name}_replicated_grad"] = local.grad.clone()
+        out[f"{name}_replicated_grad"] = _grad(local).clone()
         local.grad = None
         gathered = gather_partial(local, dim, group)
         (gathered * weight * (10.0**rank)).sum().backward()  # rank 0: w, rank 1: 10·w
         out[f"{name}_partial"] = gathered.detach()
-        out[f"{name}_partial_grad"] = local.grad.clone()
+        out[f"{name}_partial_grad"] = _grad(local).clone()
     results = [None, None]
     dist.all_gather_object(results, out)
     if rank == 0:

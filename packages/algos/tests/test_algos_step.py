@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import random
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -63,7 +64,7 @@ def test_a_config_without_a_loss_field_is_an_error():
     ],
 )
 def test_needs_old_logprobs(algorithm, ppo, ref, expected):
-    config = SimpleNamespace(algorithm=algorithm, use_ppo_clip=ppo, ppo_clip_ref_logprobs=ref)
+    config: Any = SimpleNamespace(algorithm=algorithm, use_ppo_clip=ppo, ppo_clip_ref_logprobs=ref)
     assert needs_old_logprobs(config) is expected
 
 
@@ -106,6 +107,7 @@ def test_rng_state_round_trip():
 
 def test_step_counts_total_tokens_and_samples_per_group():
     import torch.distributed as dist
+    from torch._C._distributed_c10d import HashStore
 
     from telescope_algos import TrainingSample, pack_samples
     from telescope_algos.backend import step_counts
@@ -119,7 +121,7 @@ def test_step_counts_total_tokens_and_samples_per_group():
     ]
     [mbs] = pack_samples(samples, seq_len=6, num_ranks=1)  # 5 + 3 + 4 tokens: one row each
     assert len(mbs) == 3
-    store = dist.HashStore()
+    store = HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         counts = step_counts(mbs, minibatch_groups(len(mbs), 2))
@@ -135,15 +137,14 @@ def test_step_counts_total_tokens_and_samples_per_group():
 
 
 def test_lr_schedule_reads_the_config_and_checks_it_at_once():
-    config = SimpleNamespace(lr_scheduler="linear", warmup_steps=2, number_of_steps=6, min_lr_ratio=0.1)
+    config: Any = SimpleNamespace(lr_scheduler="linear", warmup_steps=2, number_of_steps=6, min_lr_ratio=0.1)
     schedule = ta.backend.lr_schedule(config)
     for step in range(8):
         expected = ta.lr_multiplier(step, schedule="linear", warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
         assert schedule(step) == expected
+    bad: Any = SimpleNamespace(lr_scheduler="step", warmup_steps=0, number_of_steps=6, min_lr_ratio=0.0)
     with pytest.raises(ValueError, match="unknown lr_scheduler"):
-        ta.backend.lr_schedule(
-            SimpleNamespace(lr_scheduler="step", warmup_steps=0, number_of_steps=6, min_lr_ratio=0.0)
-        )
+        ta.backend.lr_schedule(bad)
 
 
 def test_a_step_without_micro_batches_is_an_error():

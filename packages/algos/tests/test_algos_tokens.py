@@ -71,6 +71,7 @@ def test_bfloat16_logits_compute_in_float32():
     assert_close(lp, lp_ref)
     assert_close(ent, ent_ref)
     lp.sum().backward()
+    assert logits.grad is not None
     assert logits.grad.dtype == torch.bfloat16
 
 
@@ -106,4 +107,5 @@ def test_cuda_matches_cpu():
     (lp_c.sum() + ent_c.sum()).backward()
     assert_close(lp_c.cpu(), lp)
     assert_close(ent_c.cpu(), ent)
+    assert logits_cuda.grad is not None
     assert_close(logits_cuda.grad.cpu(), logits.grad)

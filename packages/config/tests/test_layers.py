@@ -115,7 +115,7 @@ def test_resolved_config_and_model_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         resolved.user_keys = frozenset()  # type: ignore[misc]
     with pytest.raises(pydantic.ValidationError):
-        resolved.config.seq_len = 1  # type: ignore[misc]
+        resolved.config.seq_len = 1
 
 
 def _key_lines(text: str) -> dict[str, str]:

@@ -2,10 +2,10 @@
 which to resume, when to save."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
+from telescope_config.testing import make_config
 from telescope_orchestrator.run.checkpoints import (
     CheckpointError,
     begin,
@@ -116,7 +116,8 @@ def test_prune_deletes_only_step_folders(tmp_path):
     [(False, []), (0, []), (None, []), (1, [1, 2, 3, 4, 5, 6, 7]), (3, [3, 6, 7])],  # steps 1..7
 )
 def test_checkpoint_due_every_n_and_at_the_last_step(every, steps):
-    cfg = SimpleNamespace(checkpoint_every=every, number_of_steps=7)
+    # model_copy, unvalidated: None is no config value, yet _should_checkpoint treats it as off
+    cfg = make_config(number_of_steps=7).model_copy(update={"checkpoint_every": every})
     assert [s for s in range(1, 8) if _should_checkpoint(cfg, s)] == steps
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 
+from telescope_config.testing import make_config
 from telescope_orchestrator.cluster.ray_cluster import ray_init_options
 
 
@@ -13,7 +13,7 @@ def _cfg(**kw):
         ray_runtime_env=None, ray_propagate_active_venv=True, ray_pin_py_executable=True,
         ray_namespace="telescope", ray_log_to_driver=True, debug=False,
     )  # fmt: skip
-    return SimpleNamespace(**{**base, **kw})
+    return make_config(**{**base, **kw})
 
 
 def test_defaults_pin_the_interpreter_pass_the_run_env_and_keep_worker_logs_off_the_console():

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pyarrow.parquet as pq
 import pytest
 
+from telescope_config import TelescopeConfig
+from telescope_config.testing import make_config
 from telescope_orchestrator.record.lines import MetricsLines
 from telescope_orchestrator.record.rundir import RunDir
 from telescope_orchestrator.run.evals import EvalPlan, console_line, eval_servers
@@ -232,17 +233,17 @@ class FakeWandb:
         self.logged.append((step, dict(data)))
 
 
-def loop_config(**kw: Any) -> SimpleNamespace:
+def loop_config(**kw: Any) -> TelescopeConfig:
     base = dict(
-        number_of_steps=4, seq_len=64, pad_to_multiple_of=1, train_backend="fsdp",
-        fsdp_context_parallel_size=1, checkpoint_every=0, advantage_norm="group", algorithm="grpo",
-        filter_overlong=False, filter_gibberish=False, filter_repetition=False,
-        evals=[SimpleNamespace(name="quiz", eval_every=2), SimpleNamespace(name="other", eval_every=3)],
+        number_of_steps=4, seq_len=64, max_model_len=64, max_tokens=32, pad_to_multiple_of=1,
+        train_backend="fsdp", fsdp_context_parallel_size=1, checkpoint_every=0, advantage_norm="group",
+        algorithm="grpo", filter_overlong=False, filter_gibberish=False, filter_repetition=False,
+        evals=[{"name": "quiz", "eval_every": 2}, {"name": "other", "eval_every": 3}],
         eval_before_training=True, eval_after_training=True, eval_num_servers=1,
         eval_start_end_use_all_servers=True, model="tiny", checkpoint_save_training_state=True,
         checkpoint_keep_last=None, checkpoint_keep_every=None, event_upload_interval_seconds=5,
     )  # fmt: skip
-    return SimpleNamespace(**{**base, **kw})
+    return make_config(**{**base, **kw})
 
 
 def send_to(trainers: list[FakeTrainer], groups: dict[str, list[str]]):
@@ -255,18 +256,18 @@ def send_to(trainers: list[FakeTrainer], groups: dict[str, list[str]]):
     return send
 
 
-def run_loop(tmp_path, start_step: int = 0, hold: int = 0, **kw: Any):
-    engine = FakeEngine()
+def run_loop(tmp_path, start_step: int = 0, hold: int = 0, config: TelescopeConfig | None = None, **kw: Any):
+    engine: Any = FakeEngine()
     engine.step = start_step  # batches taken so far: a resumed engine carries on from its state
-    config = loop_config(**kw)
-    runner = FakeRunner(engine, config.number_of_steps, hold)
-    console = FakeConsole()
+    config = config or loop_config(**kw)
+    runner: Any = FakeRunner(engine, config.number_of_steps, hold)
+    console: Any = FakeConsole()
     wandb = FakeWandb()
     trainers = [FakeTrainer()]
     groups = weight_groups(SERVERS, has_evals=bool(config.evals), eval_num_servers=config.eval_num_servers)
     run = RunDir(tmp_path / "run")
     ctx = LoopContext(
-        config=config, engine=engine, client=FakeClient(), trainers=trainers, dp_ranks=[0],
+        config=config, engine=engine, client=cast(Any, FakeClient()), trainers=trainers, dp_ranks=[0],
         dp_world_size=1, run=run, console=console, checkpoint_root=tmp_path / "ckpt",
         weights=WeightUpdates(groups, engine, send_to(trainers, groups)),
         lines=MetricsLines(run, wandb, start_step=start_step), start_step=start_step, evals=runner,
@@ -343,7 +344,7 @@ async def test_loop_runs_evals_on_the_policy_of_their_step_and_records_them(tmp_
 async def test_periodic_evals_run_on_drained_servers_while_training_goes_on(tmp_path):
     # quiz every 3 of 7 steps: periodic after 3 and 6, final after 7; each eval lasts 2 batches
     ctx, engine, runner, _, _ = run_loop(
-        tmp_path, number_of_steps=7, hold=2, evals=[SimpleNamespace(name="quiz", eval_every=3)]
+        tmp_path, number_of_steps=7, hold=2, evals=[{"name": "quiz", "eval_every": 3}]
     )
     await training_loop(ctx)
     assert runner.calls == [
@@ -378,7 +379,7 @@ async def test_periodic_evals_run_on_drained_servers_while_training_goes_on(tmp_
 
 async def test_a_failed_periodic_eval_is_recorded_and_training_goes_on(tmp_path):
     ctx, engine, runner, console, _ = run_loop(
-        tmp_path, number_of_steps=7, hold=2, evals=[SimpleNamespace(name="quiz", eval_every=3)]
+        tmp_path, number_of_steps=7, hold=2, evals=[{"name": "quiz", "eval_every": 3}]
     )
     runner.fail_at = 3
     await training_loop(ctx)  # no error: the run trains to the end
@@ -396,7 +397,7 @@ async def test_a_failed_periodic_eval_is_recorded_and_training_goes_on(tmp_path)
 
 async def test_a_failed_final_eval_keeps_the_last_step_and_its_checkpoint(tmp_path):
     ctx, _engine, runner, _, _ = run_loop(
-        tmp_path, eval_num_servers=0, evals=[SimpleNamespace(name="quiz", eval_every=100)], checkpoint_every=2
+        tmp_path, eval_num_servers=0, evals=[{"name": "quiz", "eval_every": 100}], checkpoint_every=2
     )
     saved = []
     ctx.trainers[0].save_checkpoint = _Remote(lambda directory, training_state: saved.append(directory) or {})
@@ -412,7 +413,7 @@ async def test_a_failed_final_eval_keeps_the_last_step_and_its_checkpoint(tmp_pa
 
 async def test_ctrl_c_during_the_final_eval_keeps_the_last_step_and_its_checkpoint(tmp_path):
     ctx, _engine, runner, _, _ = run_loop(
-        tmp_path, eval_num_servers=0, evals=[SimpleNamespace(name="quiz", eval_every=100)], checkpoint_every=2
+        tmp_path, eval_num_servers=0, evals=[{"name": "quiz", "eval_every": 100}], checkpoint_every=2
     )
     saved = []
     ctx.trainers[0].save_checkpoint = _Remote(lambda directory, training_state: saved.append(directory) or {})
@@ -437,7 +438,7 @@ async def test_ctrl_c_during_the_final_eval_keeps_the_last_step_and_its_checkpoi
 async def test_ctrl_c_while_waiting_for_a_periodic_eval_still_records_the_trained_step(tmp_path):
     # quiz every 2 of 4 steps; the eval at 2 never ends: step 4 (the last) waits for it
     ctx, _engine, runner, _, _ = run_loop(
-        tmp_path, eval_num_servers=1, evals=[SimpleNamespace(name="quiz", eval_every=2)]
+        tmp_path, eval_num_servers=1, evals=[{"name": "quiz", "eval_every": 2}]
     )
     trained = []
     ctx.trainers[0].train_step = _Remote(lambda shard, step: trained.append(step) or {"loss": 0.0})
@@ -469,7 +470,7 @@ def _eval_tasks() -> list[asyncio.Task[Any]]:
 async def test_a_failed_checkpoint_keeps_the_step_and_leaves_no_eval_running(tmp_path):
     # quiz every 3; the checkpoint of step 3 fails: its records are written first, its eval never starts
     ctx, _engine, runner, _, _ = run_loop(
-        tmp_path, number_of_steps=7, hold=100, evals=[SimpleNamespace(name="quiz", eval_every=3)],
+        tmp_path, number_of_steps=7, hold=100, evals=[{"name": "quiz", "eval_every": 3}],
         checkpoint_every=3,
     )  # fmt: skip
 
@@ -486,7 +487,7 @@ async def test_a_failed_checkpoint_keeps_the_step_and_leaves_no_eval_running(tmp
 
 async def test_a_step_that_fails_beside_a_periodic_eval_stops_it(tmp_path):
     ctx, _engine, runner, _, _ = run_loop(
-        tmp_path, number_of_steps=7, hold=100, evals=[SimpleNamespace(name="quiz", eval_every=3)]
+        tmp_path, number_of_steps=7, hold=100, evals=[{"name": "quiz", "eval_every": 3}]
     )
 
     def train(shard, step):
@@ -505,7 +506,8 @@ async def test_a_step_that_fails_beside_a_periodic_eval_stops_it(tmp_path):
 
 
 async def test_periodic_evals_need_a_server_left_for_training(tmp_path):
-    ctx, _, runner, _, _ = run_loop(tmp_path, eval_num_servers=3)
+    # the config's rules refuse this already (model_copy skips them); the loop checks the servers it has
+    ctx, _, runner, _, _ = run_loop(tmp_path, config=loop_config().model_copy(update={"eval_num_servers": 3}))
     with pytest.raises(ValueError, match="eval_num_servers is 3 with 3 server"):
         await training_loop(ctx)
     assert runner.calls == []

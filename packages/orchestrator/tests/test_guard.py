@@ -49,6 +49,7 @@ def test_guard_kills_marked_processes_after_the_driver_is_killed(tmp_path):
     driver = subprocess.Popen(
         [sys.executable, "-c", DRIVER], env={**os.environ, key: value}, stdout=subprocess.PIPE, text=True
     )
+    assert driver.stdout is not None
     bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)  # same user, no marker
     try:
         worker = int(driver.stdout.readline())
@@ -96,6 +97,7 @@ def test_sweep_logs_what_it_signalled_and_what_it_had_to_kill(tmp_path):
         ["sh", "-c", 'trap "" TERM; echo ready; sleep 300'], env={**os.environ, key: value},
         stdout=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
+    assert stubborn.stdout is not None
     try:
         assert stubborn.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 30

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
+from telescope_config.testing import make_config
 from telescope_orchestrator.run.loop import reward_metrics, to_train_samples
 from telescope_orchestrator.run.wiring import engine_math
 from telescope_rollout import DroppedGroup, RolloutBatch, ScoredGroup, ScoredSample
@@ -49,13 +48,15 @@ def _config(**kw):
         repetition_compression_threshold=10.0,
     )  # fmt: skip
     base.update(kw)
-    return SimpleNamespace(**base)
+    return make_config(**base)
 
 
 def test_overlong_filter_zeroes_the_loss_mask_and_is_counted():
     group = _group(0, "a", [1.0, 0.0], [1.0, -1.0])
     group.samples[1].finish_reason = "length"
     samples, stats = to_train_samples(RolloutBatch(step=1, groups=[group]), _config(filter_overlong=True))
+    assert samples[0].completion_mask is not None
+    assert samples[1].completion_mask is not None
     assert list(samples[0].completion_mask) == [1, 1, 1]
     assert list(samples[1].completion_mask) == [0, 0, 0]
     assert stats["filter/overlong_frac"] == pytest.approx(0.5)
@@ -91,6 +92,7 @@ def test_group_advantages_come_from_telescope_algos():
 def test_the_overlong_penalty_comes_from_telescope_algos():
     cfg = _config(overlong_penalty_factor=2.0, overlong_buffer_tokens=10, max_tokens=100)
     _, shaping = engine_math(cfg)
+    assert shaping is not None
     assert engine_math(_config(overlong_penalty_factor=0.0))[1] is None  # off: no shaping at all
 
     def sample(reward: float, model_tokens: int) -> ScoredSample:

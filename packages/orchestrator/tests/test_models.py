@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from telescope_orchestrator.run.models import SMOLLM2_ID, resolve_model, smollm2_gguf
@@ -31,7 +33,7 @@ def test_offline_smollm2_is_converted_once_and_answers(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ids = tok("The capital of France is", return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert "Paris" in tok.decode(out[0, ids.shape[1] :])

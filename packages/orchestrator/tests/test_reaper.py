@@ -93,6 +93,7 @@ def test_a_killed_command_reads_as_killed_at_once_never_as_unknown(tmp_path):
         seen.add(code)
         time.sleep(0.01)
     assert code == -signal.SIGKILL, (code, seen)
+    assert code is not None
     assert describe_exit(code) == "was killed by SIGKILL"
     assert _wait_dead([reaper, *group]) == []
     assert view.wait(timeout=30) == -signal.SIGKILL

@@ -3,6 +3,8 @@ orchestrator events, eval samples, resume (docs/records.md)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow.parquet as pq
 
 from telescope_orchestrator.record.rundir import RunDir
@@ -18,7 +20,8 @@ from telescope_rollout.engine import Turn
 
 
 def _turn(index, role, start, end, **kw):
-    base = dict(index=index, role=role, turn_type="generation" if role == "model" else "tool_result",
+    base: dict[str, Any] = dict(
+                index=index, role=role, turn_type="generation" if role == "model" else "tool_result",
                 text=f"t{index}", tokens=3, prompt_tokens=5 if role == "model" else -1, stop_reason=None,
                 server="http://a" if role == "model" else "", version_start=1, version_end=2, start=start,
                 end=end, request_id=f"sample-7-turn-{index}", timings={"e2e_s": end - start})  # fmt: skip
@@ -27,7 +30,7 @@ def _turn(index, role, start, end, **kw):
 
 
 def _sample(**kw):
-    base = dict(
+    base: dict[str, Any] = dict(
         env_name="tools", group_id=3, sample_id=7, sample_index=11, reward=1.0, advantage=0.5,
         prompt_text="Use the tool.", system_prompt="You are terse.", completion_text="call → 2",
         prompt_ids=[1, 2, 3], completion_ids=[4, 5, 6, 7], completion_mask=[1, 1, 0, 1], finish_reason="stop",

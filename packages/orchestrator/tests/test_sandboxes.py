@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from telescope_config.testing import make_config
 from telescope_orchestrator.run.sandboxes import (
     SandboxSetupError,
     attach_sandboxes,
@@ -14,14 +15,10 @@ from telescope_orchestrator.run.sandboxes import (
 )
 from telescope_orchestrator.run.wiring import build_training_environments
 from telescope_rollout import get_environment
+from telescope_rollout.envs.i3_code import I3CodeEnv
 from telescope_sandbox import SandboxPool
 
 SUM = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
-
-
-class _Config:
-    def __init__(self, environments):
-        self.environments = environments
 
 
 async def test_i3_code_gets_a_local_pool_and_its_rewards_run_in_bubblewrap():
@@ -32,9 +29,10 @@ async def test_i3_code_gets_a_local_pool_and_its_rewards_run_in_bubblewrap():
         "infra_retries": 1,
         "breaker_after": 4,
     }
-    cfg = _Config([{"name": "i3_code", "kwargs": kwargs}])
+    cfg = make_config(environments=[{"name": "i3_code", "kwargs": kwargs}])
     built, pools = build_training_environments(cfg)
     env = built[0].env
+    assert isinstance(env, I3CodeEnv)
     try:
         assert isinstance(env.sandbox, SandboxPool)
         assert pools == [env.sandbox]
@@ -55,6 +53,7 @@ async def test_i3_code_gets_a_local_pool_and_its_rewards_run_in_bubblewrap():
 
 async def test_the_default_provider_is_local():
     env = get_environment("i3_code", dataset="bundled")
+    assert isinstance(env, I3CodeEnv)
     assert needs_sandbox(env)
     pools = attach_sandboxes([("i3_code", env, {})])
     try:

@@ -114,7 +114,7 @@ class _Engine:
 
 def _supervisor(max_restarts: int = 3, servers=(A, B), health_timeout_s: float = 60.0):
     calls: list = []
-    engine = _Engine(calls)
+    engine: Any = _Engine(calls)
     actors = {u: _Server(u, calls) for u in servers}
     trainer = _Trainer(calls)
     events: list = []

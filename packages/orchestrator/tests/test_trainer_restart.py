@@ -40,7 +40,7 @@ def test_a_kept_step_packs_exactly_as_the_samples_it_was_trained_on():
     ((step, again, metrics),) = list(replay)
     assert step == 3
     assert metrics == {"loss": 0.5}  # only the checked metrics
-    kwargs = {"seq_len": 16, "pad_to_multiple_of": 4, "num_ranks": 2, "pad_token_id": 0}
+    kwargs: dict[str, Any] = {"seq_len": 16, "pad_to_multiple_of": 4, "num_ranks": 2, "pad_token_id": 0}
     for a, b in zip(pack_samples(_samples(), **kwargs), pack_samples(again, **kwargs), strict=True):
         for ma, mb in zip(a, b, strict=True):
             for name in ("input_ids", "position_ids", "loss_mask", "advantages", "rollout_logprobs"):

@@ -3,11 +3,10 @@ uploads take the files the config asks for."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import structlog.testing
 
+from telescope_config.testing import make_config
 from telescope_orchestrator.record.rundir import RunDir
 from telescope_orchestrator.record.wandb import code_files, log_files
 from telescope_orchestrator.run.startup import _finish_wandb, _start_wandb, _wandb_mode
@@ -87,14 +86,14 @@ def test_log_files_follow_the_upload_switches(tmp_path):
     for rel in ("telescope.jsonl", "guard.log", "ray.log", "inference/server_0.log", "trainer/rank_0.log"):
         (logs / rel).parent.mkdir(parents=True, exist_ok=True)
         (logs / rel).write_text("x")
-    cfg = SimpleNamespace(wandb_upload_logs=True, wandb_upload_logs_stdout=False)
+    cfg = make_config(wandb_upload_logs=True, wandb_upload_logs_stdout=False)
     got = [p.relative_to(logs).as_posix() for p in log_files(tmp_path, cfg)]
     assert got == ["telescope.jsonl", "guard.log"]
-    cfg = SimpleNamespace(wandb_upload_logs=False, wandb_upload_logs_stdout=True)
+    cfg = make_config(wandb_upload_logs=False, wandb_upload_logs_stdout=True)
     assert [p.relative_to(logs).as_posix() for p in log_files(tmp_path, cfg)] == [
         "inference/server_0.log",
         "trainer/rank_0.log",
         "ray.log",
     ]
-    cfg = SimpleNamespace(wandb_upload_logs=False, wandb_upload_logs_stdout=False)
+    cfg = make_config(wandb_upload_logs=False, wandb_upload_logs_stdout=False)
     assert log_files(tmp_path, cfg) == []

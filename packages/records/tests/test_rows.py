@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -26,10 +27,11 @@ def test_json_text_writes_what_json_cannot_hold_as_marked_repr():
 
 
 def test_values_are_coerced_to_the_column_types():
-    data = to_arrow(
+    table: Any = to_arrow(  # a pyarrow.Table: pyarrow ships no types
         TABLES["samples"],
         [{"step": "3", "reward": "abc", "truncated": 1, "metrics": {"acc": 1, "bad": "x"}, "tags": {"k": 2}}],
-    ).to_pylist()[0]
+    )
+    data = table.to_pylist()[0]
     assert data["step"] == 3
     assert data["reward"] is None  # not a number
     assert data["truncated"] is True
@@ -40,7 +42,9 @@ def test_values_are_coerced_to_the_column_types():
 
 def test_a_text_column_given_objects_stores_json_and_cuts_to_its_limit():
     info_limit = TABLES["samples"].column("info").max_chars
-    rows = to_arrow(TABLES["samples"], [{"info": [{"info_key": "k", "info_value": "v" * (info_limit + 10)}]}])
+    rows: Any = to_arrow(  # a pyarrow.Table: pyarrow ships no types
+        TABLES["samples"], [{"info": [{"info_key": "k", "info_value": "v" * (info_limit + 10)}]}]
+    )
     info = rows.to_pylist()[0]["info"]
     assert info.startswith('[{"info_key": "k"')
     text = json.dumps([{"info_key": "k", "info_value": "v" * (info_limit + 10)}], ensure_ascii=False)

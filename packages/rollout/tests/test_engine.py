@@ -34,6 +34,7 @@ async def test_full_batch_fields_and_advantages(tokenizer):
     # rewards [0, 1, 0, 1]: mean 0.5, sample std sqrt(4 * 0.25 / 3) = 0.57735, eps 1e-4
     expected = 0.5 / (math.sqrt(1 / 3) + 1e-4)
     env = engine.environments["echo"]
+    assert isinstance(env, EchoEnv)
     for g in batch.groups:
         assert [s.reward for s in g.samples] == [0.0, 1.0, 0.0, 1.0]
         assert [s.advantage for s in g.samples] == pytest.approx([-expected, expected, -expected, expected])
@@ -247,10 +248,9 @@ async def test_cancel_after_max_off_policy_steps(tokenizer):
 async def test_zero_advantage_groups_discarded(tokenizer):
     server = FakeInferenceServer()
     engine = make_engine(tokenizer, server, prompts_batch_size_for_trainer=3)
-    index_of = {
-        tuple(tokenizer.encode(engine.environments["echo"].format_prompt(f"q{i}", tokenizer))): i
-        for i in range(8)
-    }
+    echo = engine.environments["echo"]
+    assert isinstance(echo, EchoEnv)
+    index_of = {tuple(tokenizer.encode(echo.format_prompt(f"q{i}", tokenizer))): i for i in range(8)}
 
     def reply_by_prompt(req):  # constant reward for even prompts, spread for odd ones
         i = index_of[tuple(req.prompt)]
@@ -483,11 +483,12 @@ def test_from_config_names_a_missing_field():
                 raise AttributeError(name)
             return getattr(cfg, name)
 
+    without_policy: Any = WithoutPolicy()  # a config that lacks one field
     with pytest.raises(
         AttributeError, match=r"no field 'vllm_scheduling_policy' \(for EngineSettings\.scheduling_policy\)"
     ):
-        EngineSettings.from_config(WithoutPolicy())  # type: ignore[arg-type]
-    assert EngineSettings.from_config(WithoutPolicy(), scheduling_policy="fcfs").scheduling_policy == "fcfs"
+        EngineSettings.from_config(without_policy)
+    assert EngineSettings.from_config(without_policy, scheduling_policy="fcfs").scheduling_policy == "fcfs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -525,7 +526,7 @@ async def test_cancelling_next_batch_as_its_batch_arrives_cancels_and_keeps_the_
     async with engine:
         waiter = asyncio.create_task(engine.next_batch(timeout_s=60))
         await settle()
-        marker = object()
+        marker: Any = object()  # stands in for a RolloutBatch
         engine._batches.put_nowait(marker)  # the batch arrives ...
         waiter.cancel()  # ... and Ctrl-C, before the waiter runs again
         with pytest.raises(asyncio.CancelledError):

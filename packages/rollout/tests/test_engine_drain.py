@@ -35,7 +35,7 @@ async def test_drain_cancels_in_flight_groups_and_restore_refills_the_server(tok
         assert engine.pool.drained == {B}
         # b's requests were cancelled, its lanes are free, and nothing new went to it
         assert [r for r in server.pending if r.url == B] == []
-        assert all(r.future.cancelled() for r in server.requests if r.url == B)
+        assert all(r.future is not None and r.future.cancelled() for r in server.requests if r.url == B)
         assert engine.pool.lanes[B].busy == 0
         assert len(server.requests) == 8
         # a keeps training: its groups end, new groups take its freed lanes, still nothing on b

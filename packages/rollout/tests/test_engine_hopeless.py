@@ -155,6 +155,7 @@ async def test_prompts_that_do_not_fit_are_dropped_at_dispatch_and_recorded(toke
     server = FakeInferenceServer(reply=by_sample_parity)
     engine = make_engine(tokenizer, server, env=EveryThirdLong(), prompts_batch_size_for_trainer=2)
     env = engine.environments["echo"]
+    assert isinstance(env, EveryThirdLong)
     async with engine:
         batches = [await engine.next_batch(timeout_s=10) for _ in range(5)]
     kept = [g for b in batches for g in b.groups]
@@ -390,7 +391,7 @@ def test_the_start_up_check_names_an_environment_whose_first_prompts_never_fit(t
     for env in (long, mixed, short):
         env.load_dataset()
     lengths = [prompt_len(tokenizer, long, i) for i in range(5)]
-    kwargs = {"max_model_len": 256, "max_tokens": 16}
+    kwargs: dict[str, Any] = {"max_model_len": 256, "max_tokens": 16}
     msg = unfit_environment({"echo": short, "mixed": mixed, "long": long}, tokenizer, **kwargs)
     assert msg is not None
     assert msg.startswith("environment 'long' has no prompt that fits the context: none of its first 5")
@@ -400,4 +401,6 @@ def test_the_start_up_check_names_an_environment_whose_first_prompts_never_fit(t
     # a large dataset whose first `probe` prompts are all too long
     big = LongEnv(n=100)
     big.load_dataset()
-    assert "none of its first 8 prompts" in unfit_environment({"big": big}, tokenizer, probe=8, **kwargs)
+    msg = unfit_environment({"big": big}, tokenizer, probe=8, **kwargs)
+    assert msg is not None
+    assert "none of its first 8 prompts" in msg

@@ -26,7 +26,7 @@ async def test_a_lost_server_s_groups_are_cancelled_and_their_prompts_generated_
         assert await engine.server_lost(B) == 2
         await settle()
         assert engine.pool.lost == {B}
-        assert all(r.future.cancelled() for r in server.requests if r.url == B)
+        assert all(r.future is not None and r.future.cancelled() for r in server.requests if r.url == B)
         # b's prompts are handed out again, first, to a (the only server left), as new groups
         server.release(lambda r: r.url == A)
         await settle()

@@ -2,9 +2,10 @@ import pytest
 
 from telescope_rollout import Sample, get_environment
 from telescope_rollout.envs import TrajectoryStep
-from telescope_rollout.envs.countdown import equation_reward, format_reward, safe_eval
-from telescope_rollout.envs.quickstart_add import score_addition
-from telescope_rollout.envs.wordle import feedback, parse_guess, word_list
+from telescope_rollout.envs.boxed_math import MathEnv
+from telescope_rollout.envs.countdown import CountdownEnv, equation_reward, format_reward, safe_eval
+from telescope_rollout.envs.quickstart_add import QuickstartAddEnv, score_addition
+from telescope_rollout.envs.wordle import WordleEnv, feedback, parse_guess, word_list
 
 
 # --- countdown -----------------------------------------------------------------------------------
@@ -51,6 +52,7 @@ def test_safe_eval_total():
 
 async def test_countdown_env_bundled():
     env = get_environment("countdown", dataset="bundled")
+    assert isinstance(env, CountdownEnv)
     samples = env.load_dataset(num_samples=5)
     assert len(samples) == 5 == len(env)
     s = samples[0]
@@ -67,6 +69,7 @@ async def test_countdown_env_bundled():
 @pytest.mark.parametrize("name", ["hendrycks_math", "dapo_math", "deepscaler"])
 async def test_math_envs(name, tokenizer):
     env = get_environment(name, dataset="bundled")
+    assert isinstance(env, MathEnv)
     s = env.load_dataset()[0]
     assert s.answer == "39"
     prompt = env.format_prompt(s.prompt, tokenizer)
@@ -123,8 +126,10 @@ def test_quickstart_scores(completion, reward):
 async def test_quickstart_env_deterministic():
     a = get_environment("quickstart_add", num_samples=20, seed=3)
     b = get_environment("quickstart_add", num_samples=20, seed=3)
+    assert isinstance(a, QuickstartAddEnv)
     assert [s.prompt for s in a.load_dataset()] == [s.prompt for s in b.load_dataset()]
     s = a.get_sample(0)
+    assert isinstance(s.prompt, str)
     assert s.prompt.endswith("Reply with just the number.")
     r = await a.score(s.answer + "<|endoftext|>", s)
     assert r.total_reward == 1.0
@@ -162,6 +167,7 @@ def _say(state, text):
 
 async def test_wordle_game_solved():
     env = get_environment("wordle", num_samples=3)
+    assert isinstance(env, WordleEnv)
     s = env.load_dataset()[0]
     state = env.create_initial_state(s)
     assert env.get_initial_prompt(s)[0]["role"] == "system"
@@ -185,6 +191,7 @@ async def test_wordle_game_solved():
 
 async def test_wordle_invalid_moves_and_turn_limit():
     env = get_environment("wordle", num_samples=1, max_turns=3)
+    assert isinstance(env, WordleEnv)
     s = Sample("Make your first guess.", "crane")
     state = env.create_initial_state(s)
     reply, done, _ = await env.step(_say(state, "I think CRANE"), state)

@@ -4,11 +4,13 @@ their place in the registry."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from telescope_rollout import get_environment, list_environments
+from telescope_rollout import Sample, get_environment, list_environments
 from telescope_rollout.envs import evals
-from telescope_rollout.envs.evals import BOXED_SUFFIX, extract_choice
+from telescope_rollout.envs.evals import BOXED_SUFFIX, HubEval, extract_choice
 
 # Shapes of the hub rows (column names and types as the hub serves them)
 MATH500_ROW = {
@@ -38,9 +40,21 @@ GPQA_ROW = {
 }
 
 
+def _eval_env(name: str) -> HubEval:
+    env = get_environment(name)
+    assert isinstance(env, HubEval)
+    return env
+
+
+def _sample(env: HubEval, row: dict[str, Any]) -> Sample:
+    s = env.row_to_sample(row)
+    assert s is not None
+    return s
+
+
 async def test_math500_row_prompt_and_metrics():
-    env = get_environment("math500")
-    s = env.row_to_sample(MATH500_ROW)
+    env = _eval_env("math500")
+    s = _sample(env, MATH500_ROW)
     assert s.prompt == MATH500_ROW["problem"] + BOXED_SUFFIX
     assert s.answer == "\\frac{1}{2}"
     right = await env.compute_eval_metrics("<think>2/4</think> so \\boxed{\\frac{1}{2}}", s, "")
@@ -50,30 +64,31 @@ async def test_math500_row_prompt_and_metrics():
     wrong = await env.compute_eval_metrics("\\boxed{3}", s, "")
     assert wrong.metrics["correct"] == 0.0
     # "Level 4" strings also give the level
-    assert env.row_to_sample({**MATH500_ROW, "level": "Level 4"}).metadata["level"] == 4.0
+    assert _sample(env, {**MATH500_ROW, "level": "Level 4"}).metadata["level"] == 4.0
     assert env.row_to_sample({"problem": "x"}) is None
 
 
 async def test_aime_rows():
-    s24 = get_environment("aime_2024").row_to_sample(AIME24_ROW)
+    s24 = _sample(_eval_env("aime_2024"), AIME24_ROW)
     assert (s24.prompt, s24.answer) == ("Find the remainder." + BOXED_SUFFIX, "204")
-    env25 = get_environment("aime_2025")
-    s25 = env25.row_to_sample(AIME25_ROW)
+    env25 = _eval_env("aime_2025")
+    s25 = _sample(env25, AIME25_ROW)
     assert (s25.prompt, s25.answer) == ("Find the sum of all bases." + BOXED_SUFFIX, "70")
     assert (await env25.compute_eval_metrics("\\boxed{70}", s25, "")).metrics == {"correct": 1.0}
-    assert get_environment("aime_2024").row_to_sample({**AIME24_ROW, "answer": 204}).answer == "204"
+    assert _sample(_eval_env("aime_2024"), {**AIME24_ROW, "answer": 204}).answer == "204"
 
 
 async def test_gpqa_row_shuffles_choices_and_reads_the_last_answer_line():
-    env = get_environment("gpqa_diamond")
-    s = env.row_to_sample(GPQA_ROW)
+    env = _eval_env("gpqa_diamond")
+    s = _sample(env, GPQA_ROW)
+    assert isinstance(s.prompt, str)
     assert s.prompt.startswith(evals.GPQA_INSTRUCTION + "Which particle is a lepton?\n\n")
     lines = s.prompt.splitlines()[-4:]
     assert [line[:3] for line in lines] == ["A) ", "B) ", "C) ", "D) "]
     assert sorted(line[3:] for line in lines) == ["Electron", "Neutron", "Pion", "Proton"]
     # the answer letter points at the correct choice
     assert f"{s.answer}) Electron" in lines
-    assert env.row_to_sample(GPQA_ROW).answer == s.answer  # same seed, same order
+    assert _sample(env, GPQA_ROW).answer == s.answer  # same seed, same order
     right = await env.compute_eval_metrics(f"<think>Answer: X</think>so... Answer: {s.answer}", s, "")
     assert right.metrics == {"correct": 1.0}
     other = "A" if s.answer != "A" else "B"

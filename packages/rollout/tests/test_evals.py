@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -55,7 +56,9 @@ def quiz_server(tokenizer, right: dict[int, int], boom: tuple[int, int] | None =
     seen: Counter[int] = Counter()
 
     def reply(req: FakeRequest) -> tuple[str, list[int]]:
-        i = int(re.search(r"q(\d)", tokenizer.decode(req.prompt)).group(1))
+        m = re.search(r"q(\d)", tokenizer.decode(req.prompt))
+        assert m is not None
+        i = int(m.group(1))
         n = seen[i]
         seen[i] += 1
         if boom == (i, n):
@@ -125,6 +128,7 @@ async def test_prompts_use_the_chat_template_and_the_eval_sampling_overrides(tok
     r = runner(tokenizer, server, {"name": "quiz", "num_samples": 2, "temperature": 0.5, "max_tokens": 8})
     [res] = await r.run(step=3)
     env = r.environments["quiz"]
+    assert isinstance(env, QuizEnv)
     expected = env.format_prompt("q0", tokenizer)
     assert "<|im_start|>user" in expected  # the ChatML template of the test tokenizer
     assert res.rows[0]["prompt"] == expected
@@ -262,7 +266,7 @@ def test_separate_eval_samples_holds_out_the_same_dataset_under_any_name(tokeniz
 
 
 # ---------------------------------------------------------------------------- failures, warnings
-def _warnings(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+def _warnings(logs: Sequence[Mapping[str, Any]], event: str) -> list[Mapping[str, Any]]:
     return [e for e in logs if e["log_level"] == "warning" and e["event"] == event]
 
 
@@ -405,7 +409,7 @@ async def test_an_eval_that_raises_comes_back_failed(tokenizer):
 
 
 def test_timeout_defaults_to_a_multiple_of_the_client_timeout(tokenizer):
-    client = SimpleNamespace(server_urls=["http://x"], timeout_s=1200.0)
+    client: Any = SimpleNamespace(server_urls=["http://x"], timeout_s=1200.0)  # a client with a timeout
     assert EvalRunner([], tokenizer=tokenizer, client=client, settings=settings()).timeout_s == 4800.0
     fake = FakeInferenceServer()  # no per-request timeout
     assert (

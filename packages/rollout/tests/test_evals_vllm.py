@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from telescope_rollout import EngineSettings, EvalRunner, InferenceClient, Tokenizer, get_environment
+from telescope_rollout import EngineSettings, EvalRunner, InferenceClient, Sample, Tokenizer, get_environment
+from telescope_rollout.envs.evals import Math500Eval
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
@@ -21,7 +22,13 @@ ROWS = [
 async def test_eval_runner_on_vllm(vllm_server, tiny_model_dir):
     tok = Tokenizer.from_pretrained(tiny_model_dir)
     math500 = get_environment("math500")
-    math500._set_samples([math500.row_to_sample(r) for r in ROWS], -1)
+    assert isinstance(math500, Math500Eval)
+    samples: list[Sample] = []
+    for r in ROWS:
+        s = math500.row_to_sample(r)
+        assert s is not None
+        samples.append(s)
+    math500._set_samples(samples, -1)
     add = get_environment("quickstart_add")
     add.load_dataset(2)
     settings = EngineSettings(max_tokens=32, max_model_len=512, temperature=1.0, scheduling_policy="fcfs",

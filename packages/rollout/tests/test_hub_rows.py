@@ -7,17 +7,31 @@ hendrycks_math ``prompt`` + JSON-string ``verification_info.ground_truth``; dapo
 """
 
 import json
+from typing import Any
 
 import pytest
 
-from telescope_rollout import get_environment
+from telescope_rollout import Sample, get_environment
 from telescope_rollout.envs import _data
+from telescope_rollout.envs._data import HubDatasetEnv
+
+
+def _hub_env(name: str, **kwargs: Any) -> HubDatasetEnv:
+    env = get_environment(name, **kwargs)
+    assert isinstance(env, HubDatasetEnv)
+    return env
+
+
+def _sample(env: HubDatasetEnv, row: dict[str, Any]) -> Sample:
+    s = env.row_to_sample(row)
+    assert s is not None
+    return s
 
 
 # --- countdown -----------------------------------------------------------------------------------
 def test_countdown_row():
-    env = get_environment("countdown")
-    s = env.row_to_sample({"target": 98, "nums": [44, 19, 35]})
+    env = _hub_env("countdown")
+    s = _sample(env, {"target": 98, "nums": [44, 19, 35]})
     assert s.answer == "98"
     assert s.metadata == {"question": s.prompt, "nums": [44, 19, 35], "target": 98}
     assert "[44, 19, 35]" in s.prompt
@@ -25,7 +39,7 @@ def test_countdown_row():
     for bad in [{"nums": [1, 2]}, {"nums": "1 2", "target": 3}, {"nums": [1, None], "target": 3}, {}]:
         assert env.row_to_sample(bad) is None
     # The alias kwarg names (as INTELLECT-3 configs spell them) select the dataset.
-    named = get_environment("countdown", dataset_name="me/cd", dataset_subset="default", dataset_split="test")
+    named = _hub_env("countdown", dataset_name="me/cd", dataset_subset="default", dataset_split="test")
     assert (named.dataset, named.subset, named.split) == ("me/cd", "default", "test")
 
 
@@ -55,8 +69,8 @@ DEEPSCALER_ROW = {"problem": "What is 3/4 of 1?", "answer": "\\frac{3}{4}", "sol
     ],
 )
 async def test_math_rows(name, row, question, answer):
-    env = get_environment(name)
-    s = env.row_to_sample(row)
+    env = _hub_env(name)
+    s = _sample(env, row)
     assert (s.prompt, s.answer) == (question, answer)
     assert s.metadata["question"] == question
     good = await env.score(f"<think>...</think> The answer is $\\boxed{{{answer}}}$.", s)
@@ -65,12 +79,12 @@ async def test_math_rows(name, row, question, answer):
 
 
 def test_math_row_variants_and_rejects():
-    h, d, ds = (get_environment(n) for n in ("hendrycks_math", "dapo_math", "deepscaler"))
+    h, d, ds = (_hub_env(n) for n in ("hendrycks_math", "dapo_math", "deepscaler"))
     # verification_info / reward_model may also come parsed, or as JSON text.
-    assert h.row_to_sample({**HENDRYCKS_ROW, "verification_info": {"ground_truth": "7"}}).answer == "7"
+    assert _sample(h, {**HENDRYCKS_ROW, "verification_info": {"ground_truth": "7"}}).answer == "7"
     as_text = {**DAPO_ROW, "reward_model": json.dumps(DAPO_ROW["reward_model"])}
-    assert d.row_to_sample(as_text).answer == "34"
-    assert d.row_to_sample(DAPO_ROW).metadata["data_source"] == "math_dapo"
+    assert _sample(d, as_text).answer == "34"
+    assert _sample(d, DAPO_ROW).metadata["data_source"] == "math_dapo"
     # Rows without a usable question or answer are skipped.
     rejects = [
         (h, {**HENDRYCKS_ROW, "verification_info": "{broken"}),

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import sys
+from typing import Any
 
 import pytest
 
@@ -10,6 +11,19 @@ from telescope_rollout import Sample, SandboxLike, get_environment
 from telescope_rollout.envs import RunResult
 from telescope_rollout.envs._code_tests import call_result_matches, outputs_match
 from telescope_rollout.envs._code_tests import tests_from_row as read_tests
+from telescope_rollout.envs.i3_code import I3CodeEnv
+
+
+def _i3(**kwargs: Any) -> I3CodeEnv:
+    env = get_environment("i3_code", **kwargs)
+    assert isinstance(env, I3CodeEnv)
+    return env
+
+
+def _sample(env: I3CodeEnv, row: dict[str, Any]) -> Sample:
+    s = env.row_to_sample(row)
+    assert s is not None
+    return s
 
 
 class FakeSandbox:
@@ -51,6 +65,7 @@ class LocalSandbox:
             proc.kill()
             await proc.wait()
             return RunResult("", "", -9, True, timeout_s)
+        assert proc.returncode is not None  # set once communicate() has returned
         return RunResult(out.decode(), err.decode(), proc.returncode, False, 0.0)
 
 
@@ -61,7 +76,7 @@ def _one_test_sample(output):
 async def test_i3_code_with_fake_sandbox():
     sb = FakeSandbox()
     assert isinstance(sb, SandboxLike)
-    env = get_environment("i3_code", dataset="bundled", sandbox=sb)
+    env = _i3(dataset="bundled", sandbox=sb)
     assert len(env.load_dataset()) >= 10
     ok = await env.score("```python\nprint(7)\n```", _one_test_sample("7"))
     assert ok.total_reward == 1.0
@@ -81,11 +96,11 @@ async def test_i3_code_with_fake_sandbox():
 
 
 async def test_i3_code_sandbox_errors_and_missing_sandbox():
-    env = get_environment("i3_code", dataset="bundled", sandbox=FakeSandbox(fail_times=100), max_retries=2)
+    env = _i3(dataset="bundled", sandbox=FakeSandbox(fail_times=100), max_retries=2)
     r = await env.score("```python\nprint(7)\n```", _one_test_sample("7"))
     assert r.total_reward == 0.0
     assert r.sample_metrics["sandbox_error"] == 1.0
-    flaky = get_environment("i3_code", sandbox=FakeSandbox(fail_times=1), max_concurrent_tests=1)
+    flaky = _i3(sandbox=FakeSandbox(fail_times=1), max_concurrent_tests=1)
     r = await flaky.score("```python\nprint(7)\n```", _one_test_sample("7"))
     assert r.total_reward == 1.0
     assert r.sample_metrics["retry_count"] == 1
@@ -94,27 +109,28 @@ async def test_i3_code_sandbox_errors_and_missing_sandbox():
 
 
 # --- the hub row layout (docs/rollout.md, "The i3 code-test format") ----------------------------
-def _hub_row(tests, question="Write f.", **extra):
+def _hub_row(tests, question: object = "Write f.", **extra):
     # INTELLECT-3-RL code rows: `info` is a JSON string whose `tests` is a JSON string again.
     return {"question": question, "info": json.dumps({"tests": json.dumps(tests), "source": "lc"}), **extra}
 
 
 def test_hub_rows_map_to_samples():
-    env = get_environment("i3_code", dataset_name="PrimeIntellect/INTELLECT-3-RL", dataset_subset="code")
+    env = _i3(dataset_name="PrimeIntellect/INTELLECT-3-RL", dataset_subset="code")
     assert (env.dataset, env.subset, env.split) == ("PrimeIntellect/INTELLECT-3-RL", "code", "train")
-    stdin = env.row_to_sample(_hub_row({"inputs": ["1 2\n", ["3", "4"]], "outputs": ["3\n", ["7"]]}))
+    stdin = _sample(env, _hub_row({"inputs": ["1 2\n", ["3", "4"]], "outputs": ["3\n", ["7"]]}))
     assert stdin.prompt == "Write f."
     assert stdin.answer == ""
     assert stdin.metadata["tests"] == [{"input": "1 2\n", "output": "3\n"}, {"input": "3\n4", "output": "7"}]
     assert stdin.metadata["source"] == "lc"
-    fn = env.row_to_sample(
+    fn = _sample(
+        env,
         _hub_row(
             {
                 "fn_name": "twoSum",
                 "inputs": ["[2, 7, 11, 15]\n9", [[3, 3], 6]],
                 "outputs": ["[0, 1]", [[0, 1]]],
             }
-        )
+        ),
     )
     assert fn.metadata["tests"] == [
         {"input": "[2, 7, 11, 15]\n9", "output": "[0, 1]", "fn_name": "twoSum"},
@@ -129,13 +145,13 @@ def test_hub_rows_map_to_samples():
 
 
 def test_difficulty_filter_counts_a_missing_value_as_zero():
-    env = get_environment("i3_code", min_difficulty=0.2, max_difficulty=0.8)
+    env = _i3(min_difficulty=0.2, max_difficulty=0.8)
     tests = {"inputs": ["1"], "outputs": ["1"]}
     key = "avg@8_qwen3_4b_instruct_2507"
     assert env.row_to_sample(_hub_row(tests, **{key: 0.5})) is not None
     assert env.row_to_sample(_hub_row(tests, **{key: 0.9})) is None
     assert env.row_to_sample(_hub_row(tests)) is None  # missing counts as 0, below the minimum
-    other = get_environment("i3_code", difficulty_key="pass_rate", max_difficulty=0.5)
+    other = _i3(difficulty_key="pass_rate", max_difficulty=0.5)
     assert other.row_to_sample(_hub_row(tests, pass_rate=0.7, **{key: 0.1})) is None
 
 
@@ -223,7 +239,7 @@ FN_CASES = [
 
 @pytest.mark.parametrize(("solution", "fn_name", "cases", "reward"), FN_CASES, ids=[c[1] for c in FN_CASES])
 async def test_function_call_tests_are_graded(solution, fn_name, cases, reward):
-    env = get_environment("i3_code", sandbox=LocalSandbox(), timeout_per_test=5.0)
+    env = _i3(sandbox=LocalSandbox(), timeout_per_test=5.0)
     if fn_name == "slow":
         env.timeout_per_test = 0.5
     r = await env.score(f"<think>easy</think>\n```python\n{solution}```", _fn_sample(fn_name, cases))
@@ -233,15 +249,15 @@ async def test_function_call_tests_are_graded(solution, fn_name, cases, reward):
 
 
 async def test_function_call_from_a_hub_row_end_to_end():
-    env = get_environment("i3_code", sandbox=LocalSandbox())
+    env = _i3(sandbox=LocalSandbox())
     row = _hub_row({"fn_name": "add", "inputs": ["1\n2", [3, 4]], "outputs": ["3", [7]]})
-    sample = env.row_to_sample(row)
+    sample = _sample(env, row)
     good = await env.score("```python\ndef add(a, b):\n    return a + b\n```", sample)
     assert good.total_reward == 1.0
     bad = await env.score("```python\ndef add(a, b):\n    return a - b\n```", sample)
     assert bad.total_reward == 0.0
     assert bad.sample_metrics["pass_rate"] == 0.0
-    stdin = env.row_to_sample(_hub_row({"inputs": ["2 3\n"], "outputs": ["5\n"]}))
+    stdin = _sample(env, _hub_row({"inputs": ["2 3\n"], "outputs": ["5\n"]}))
     ok = await env.score("```python\na, b = map(int, input().split())\nprint(a + b)\n```", stdin)
     assert ok.total_reward == 1.0
     # `from __future__` must stay first: no prelude then, and the code still runs.

@@ -92,6 +92,9 @@ async def test_turn_times_lie_within_the_sample_and_the_tool_call_inside_its_env
     async with engine:
         batch = await engine.next_batch(timeout_s=10)
     for s in batch.samples:
+        assert s.dispatched_at is not None
+        assert s.reward_start is not None
+        assert s.reward_end is not None
         times = [s.dispatched_at]
         for t in s.turns:
             times += [t.start, t.end]
@@ -279,6 +282,9 @@ async def test_an_eval_style_play_records_one_turn_with_unknown_versions(tokeniz
         stop_reason="stop", server="http://fake-0", version_start=-1, version_end=-1, start=turn.start,
         end=turn.end, request_id="eval-x-0", timings=turn.timings,
     )  # fmt: skip
+    assert out.dispatched_at is not None
+    assert out.reward_start is not None
+    assert out.reward_end is not None
     assert out.dispatched_at <= turn.start <= turn.end <= out.reward_start <= out.reward_end
     assert out.finished_at == out.reward_end
 

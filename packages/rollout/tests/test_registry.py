@@ -5,7 +5,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from telescope_rollout import UnknownEnvironmentError, build_environments, get_environment, list_environments
+from telescope_rollout.envs.boxed_math import HendrycksMathEnv
 from telescope_rollout.envs.countdown import CountdownEnv
+from telescope_rollout.envs.i3_code import I3CodeEnv
+from telescope_rollout.envs.wordle import WordleEnv
 
 INTELLECT3_BLOCK = [
     {"name": "countdown", "weight": 1.0, "kwargs": {}, "reward_min": 0.0, "reward_max": 2.0},
@@ -33,10 +36,13 @@ def test_an_intellect3_style_environments_block_builds():
     assert isinstance(built[0].env, CountdownEnv)
     assert built[0].env.reward_max == 2.0
     assert built[1].weight == 2.0
+    assert isinstance(built[1].env, HendrycksMathEnv)
     assert built[1].env.system_prompt == "Be careful."
+    assert isinstance(built[2].env, WordleEnv)
     assert built[2].env.max_turns == 4
     assert built[2].env.is_multi_turn
-    assert built[3].env.provider == "prime"
+    assert isinstance(built[3].env, I3CodeEnv)
+    assert vars(built[3].env)["provider"] == "prime"  # an undeclared kwarg: set as an attribute
     assert built[3].env.timeout_per_test == 5
     assert built[3].weight == 1.0
     objs = build_environments([Entry("countdown", 0.3, reward_min=-1.0)])
@@ -77,7 +83,7 @@ def test_module_path_environment(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         env = get_environment("my_envs_pkg.echo:EchoEnv", greeting="x")
-        assert env.greeting == "x"
+        assert vars(env)["greeting"] == "x"
         assert env.name == "my_envs_pkg.echo:EchoEnv"
         assert type(get_environment("my_envs_pkg.echo")).__name__ == "EchoEnv"  # first concrete class
         built = build_environments([{"name": "my_envs_pkg.echo:EchoEnv", "weight": 2}])

@@ -8,10 +8,10 @@ import pytest
 from telescope_rollout import RolloutState, Sample, get_environment
 from telescope_rollout.envs import TrajectoryStep, verify_math_answer
 from telescope_rollout.envs._math import braces_balanced
-from telescope_rollout.envs.boxed_math import score_math
-from telescope_rollout.envs.countdown import equation_reward, format_reward
-from telescope_rollout.envs.quickstart_add import score_addition
-from telescope_rollout.envs.wordle import _format_one, feedback, parse_guess
+from telescope_rollout.envs.boxed_math import MathEnv, score_math
+from telescope_rollout.envs.countdown import CountdownEnv, equation_reward, format_reward
+from telescope_rollout.envs.quickstart_add import QuickstartAddEnv, score_addition
+from telescope_rollout.envs.wordle import WordleEnv, _format_one, feedback, parse_guess
 from telescope_rollout.parsers import (
     extract_answer_tags,
     extract_boxed_answer,
@@ -37,18 +37,23 @@ GARBAGE = [
 @pytest.mark.parametrize("text", GARBAGE, ids=range(len(GARBAGE)))
 async def test_every_single_turn_reward_is_total_and_in_range(text):
     countdown = get_environment("countdown", dataset="bundled")
+    assert isinstance(countdown, CountdownEnv)
     cd_sample = countdown.load_dataset(num_samples=1)[0]
     r = await countdown.score(text, cd_sample, eos_token="<|im_end|>")
     assert r.total_reward in (0.0, 0.5)  # garbage can at most look like a half-right format
     math_sample = Sample("q", "42")
     for name in ("hendrycks_math", "dapo_math", "deepscaler"):
-        assert (await get_environment(name).score(text, math_sample)).total_reward == 0.0
+        math_env = get_environment(name)
+        assert isinstance(math_env, MathEnv)
+        assert (await math_env.score(text, math_sample)).total_reward == 0.0
     q = get_environment("quickstart_add")
+    assert isinstance(q, QuickstartAddEnv)
     assert (await q.score(text, Sample("What is 40 + 2?", "42"))).total_reward == 0.0
 
 
 async def test_wordle_rewards_on_garbage_turns():
     env = get_environment("wordle", num_samples=1)
+    assert isinstance(env, WordleEnv)
     sample = Sample("Make your first guess.", "crane")
     state = env.create_initial_state(sample)
     for text in GARBAGE[:4]:

@@ -53,7 +53,7 @@ def test_same_error_run_counts_all_failed_groups_of_one_kind():
 
 def test_same_error_run_starts_over_on_progress_another_kind_or_a_partial_failure():
     w = FailureWatch(max_unfit=32, max_same_error=2)
-    both = ["sample_error", "sample_error"]
+    both: list[str | None] = ["sample_error", "sample_error"]
     assert w.group_failed(both, "a", "x") is None
     w.group_ok()  # a kept (or zero_advantage / max_async) group
     assert w.group_failed(both, "a", "x") is None

@@ -25,8 +25,9 @@ def _code(source: str) -> str:
     return textwrap.dedent(source).strip() + "\n"
 
 
-def _processes_of(uid: int) -> list[int]:
-    """Host PIDs running as ``uid`` (a run's user id: none may be left once the run is over)."""
+def _processes_of(uid: int) -> list[tuple[int, str]]:
+    """Host processes running as ``uid`` (a run's user id: none may be left once the run is over),
+    as (PID, start of its /proc status) so that a failure shows what is left."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

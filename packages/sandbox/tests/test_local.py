@@ -115,7 +115,7 @@ async def test_bad_requests(sandbox: LocalSandbox):
     with pytest.raises(SandboxRequestError, match="timeout_s must be > 0"):
         await sandbox.run("x", timeout_s=0)
     with pytest.raises(SandboxRequestError, match="one string"):
-        await sandbox.run_command("ls -l")  # type: ignore[arg-type]
+        await sandbox.run_command("ls -l")
     with pytest.raises(SandboxRequestError, match="disk_mb"):
         await sandbox.run("x", files={"a": b"x" * (2 << 20)}, limits=Limits(disk_mb=1))
     with pytest.raises(SandboxRequestError, match="must be str or bytes"):

@@ -81,7 +81,7 @@ class FakeE2B:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_bytes(data)
 
-    async def _read(self, path: str, format: str = "text") -> bytes:
+    async def _read(self, path: str, format: str = "text") -> bytearray:  # E2B's bytes come as a bytearray
         assert format == "bytes"
         return bytearray(Path(path).read_bytes())
 
@@ -314,7 +314,7 @@ async def test_pool_rejects_sharing_a_stateful_sandbox(tmp_path: Path):
 @pytest.mark.parametrize(
     ("cls", "module", "extra"), [(E2BSandbox, "e2b", "e2b"), (ModalSandbox, "modal", "modal")]
 )
-def test_missing_sdk_names_the_extra(cls: type[RemoteSandbox], module: str, extra: str):
+def test_missing_sdk_names_the_extra(cls: type[E2BSandbox] | type[ModalSandbox], module: str, extra: str):
     if importlib.util.find_spec(module) is not None:
         pytest.skip(f"{module} is installed")
     with pytest.raises(ImportError, match=rf"pip install 'telescope-sandbox\[{extra}\]'"):

@@ -10,6 +10,8 @@ refusals.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from fsdp_spawn import one_rank_order, run_ranks
@@ -121,7 +123,7 @@ def test_cp_attention_refuses_outside_the_trainer_and_unsupported_attention():
         _cp_attention(torch.nn.Module(), q, kv, kv, None)
     _ACTIVE["batch"] = _Active(cu_seqlens=[0, 8], layout=CPLayout(2, 0, 0, 1, None))
     try:
-        windowed = torch.nn.Module()
+        windowed: Any = torch.nn.Module()
         windowed.sliding_window = 4
         with pytest.raises(NotImplementedError, match="set fsdp_context_parallel_size: 1"):
             _cp_attention(windowed, q, kv, kv, None)

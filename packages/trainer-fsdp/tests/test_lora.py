@@ -5,6 +5,8 @@ with the layer and the fix. Tied and untied embeddings."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 import torch
 
@@ -103,10 +105,12 @@ def test_merged_weights_of_a_hand_made_adapter():
     model = One()
     with torch.no_grad():
         model.proj.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
-    peft = get_peft_model(model, LoraConfig(r=1, lora_alpha=2.0, target_modules=["proj"]))  # pyright: ignore[reportArgumentType]
+    # a plain module standing in for a transformers model
+    peft = get_peft_model(cast(Any, model), LoraConfig(r=1, lora_alpha=2, target_modules=["proj"]))
+    lora: Any = cast(Any, peft.base_model).model.proj  # the LoRA layer PEFT put in place of the Linear
     with torch.no_grad():
-        peft.base_model.model.proj.lora_A["default"].weight.copy_(torch.tensor([[1.0, -1.0]]))
-        peft.base_model.model.proj.lora_B["default"].weight.copy_(torch.tensor([[0.5], [2.0]]))
+        lora.lora_A["default"].weight.copy_(torch.tensor([[1.0, -1.0]]))
+        lora.lora_B["default"].weight.copy_(torch.tensor([[0.5], [2.0]]))
     merged = dict(merged_hf_weights(peft, {"rank": 1, "alpha": 2.0}))
     # scale 2; B A = [[0.5, -0.5], [2, -2]] -> W + 2 B A = [[2, 1], [7, 0]]
     assert list(merged) == ["proj.weight"]
@@ -133,7 +137,7 @@ def test_bad_lora_settings_name_the_layer_and_the_fix(helpers, tiny_model_dir, o
 def test_a_lora_checkpoint_converts_to_a_merged_model_or_a_peft_adapter(
     helpers, tiny_model_dir, tiny_tied_model_dir, tmp_path, tied
 ):
-    from peft import PeftModel
+    from peft import LoraConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
     from telescope_trainer_fsdp import convert_checkpoint
@@ -156,7 +160,9 @@ def test_a_lora_checkpoint_converts_to_a_merged_model_or_a_peft_adapter(
     # the adapter alone, in PEFT's format, on the base model gives the merged model's logits
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     adapted = PeftModel.from_pretrained(base, str(adapter))
-    assert adapted.peft_config["default"].r == 4
+    adapter_config = adapted.peft_config["default"]
+    assert isinstance(adapter_config, LoraConfig)
+    assert adapter_config.r == 4
     ids = torch.tensor([[5, 17, 250, 33, 9, 101]])
     with torch.no_grad():
         torch.testing.assert_close(

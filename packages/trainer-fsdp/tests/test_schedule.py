@@ -1,11 +1,11 @@
 """LR schedules against hand-worked values (docs/algorithms.md#learning-rate-schedules)."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from telescope_config.testing import make_config
 from telescope_trainer_fsdp import lr_multiplier
 from telescope_trainer_fsdp._schedule import build_lr_scheduler
 
@@ -84,7 +84,7 @@ def test_bad_arguments_raise_clear_errors(kwargs, match):
 
 def test_scheduler_sets_the_optimizer_lr_once_per_step():
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.2)
-    config = SimpleNamespace(lr_scheduler="linear", warmup_steps=2, number_of_steps=10, min_lr_ratio=0.1)
+    config = make_config(lr_scheduler="linear", warmup_steps=2, number_of_steps=10, min_lr_ratio=0.1)
     sched = build_lr_scheduler(opt, config)
     seen = []
     for _ in range(7):

@@ -48,7 +48,11 @@ def reference_step(model_dir, groups, *, lr=1e-3, wd=0.01, clip=1.0, temperature
             kl += float((torch.expm1(d) - d).sum())
         loss = loss / count
         loss.backward()
-        norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params))
+        squares = 0.0
+        for p in params:
+            assert p.grad is not None
+            squares += float(p.grad.double().pow(2).sum())
+        norm = math.sqrt(squares)
         torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
         out.append(

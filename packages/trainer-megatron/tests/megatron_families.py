@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 
@@ -10,7 +11,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 def family_config(name: str, *, tied: bool = False):
     import transformers as tf
 
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=200,
         hidden_size=64,
         intermediate_size=96,
@@ -20,7 +21,7 @@ def family_config(name: str, *, tied: bool = False):
         max_position_embeddings=128,
         tie_word_embeddings=tied,
     )
-    moe = dict(num_experts_per_tok=2, moe_intermediate_size=48)
+    moe: dict[str, Any] = dict(num_experts_per_tok=2, moe_intermediate_size=48)
     if name == "llama":
         return tf.LlamaConfig(**common, head_dim=16)
     if name == "qwen2":
@@ -32,7 +33,14 @@ def family_config(name: str, *, tied: bool = False):
             **common, **moe, num_experts=4, shared_expert_intermediate_size=80, norm_topk_prob=False
         )
     if name == "qwen3_moe":
-        return tf.Qwen3MoeConfig(**common, **moe, num_experts=4, head_dim=16, norm_topk_prob=True)
+        # head_dim is not a declared field of Qwen3MoeConfig; it is kept as an extra attribute.
+        return tf.Qwen3MoeConfig(
+            **common,
+            **moe,
+            num_experts=4,
+            head_dim=16,  # pyright: ignore[reportCallIssue]
+            norm_topk_prob=True,
+        )
     if name == "mixtral":
         common["intermediate_size"] = 48
         return tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)

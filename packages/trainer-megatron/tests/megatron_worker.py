@@ -24,6 +24,7 @@ import shutil
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 warnings.simplefilter("ignore")
 
@@ -126,7 +127,7 @@ def main() -> None:
             directory.mkdir(parents=True)
         dist.barrier()
         facts = tr.save_checkpoint(directory, **kw)
-        everyone = [None] * dist.get_world_size()
+        everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, facts)
         return everyone
 

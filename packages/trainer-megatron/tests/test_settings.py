@@ -4,6 +4,7 @@ the CPU shim is reversible. (The config-only rules are tested in packages/config
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -126,7 +127,7 @@ def test_world_must_match_trainer_num_workers():
 
 
 def test_with_cuda_and_te_the_machine_problems_go_away():
-    values = {
+    values: dict[str, Any] = {
         "megatron_fp8": True,
         "megatron_use_transformer_engine": True,
         "megatron_overlap_grad_reduce": True,
@@ -161,7 +162,8 @@ def test_params_dtype_follows_the_config(values, expected):
 
 
 def test_params_dtype_refuses_float16():
-    cfg = SimpleNamespace(mixed_precision_dtype="float16", model_dtype="float32")
+    # The Megatron config rules reject float16 already; a default-backend config reaches the function.
+    cfg = make_config(model="m", mixed_precision_dtype="float16", model_dtype="float32")
     with pytest.raises(ValueError, match="bfloat16 or float32"):
         params_dtype_name(cfg)
 
@@ -210,7 +212,7 @@ def test_cpu_shim_runs_the_alltoall_dispatchers_host_copy_without_streams():
         install_cpu_shim()
         assert Dispatcher.cuda_dtoh_stream is not None  # so __init__ makes no torch.cuda.Stream
         tokens = torch.tensor([4, 0])
-        fake = SimpleNamespace(
+        fake: Any = SimpleNamespace(
             drop_and_pad=False,
             cuda_dtoh_point="before_permutation_1",
             input_splits=torch.tensor([3, 1]),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 import torch
 
@@ -82,7 +84,7 @@ def test_settings_reject_bad_values(kwargs, message):
 
 def test_bad_input_is_explained():
     with pytest.raises(TypeError, match="'w' is a list"):
-        list(plan_buckets([("w", [1.0])], mode="per_tensor", bucket_bytes=1))
+        list(plan_buckets(cast(Any, [("w", [1.0])]), mode="per_tensor", bucket_bytes=1))
     with pytest.raises(ValueError, match="unknown dtype"):
         dtype_from_name("float7")
     assert PublisherSettings(bucket_mb=2).bucket_bytes == 2 * 1024 * 1024

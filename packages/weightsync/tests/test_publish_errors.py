@@ -7,6 +7,7 @@ sender's stream are replaced, so every path of the decision runs in milliseconds
 from __future__ import annotations
 
 import threading
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -44,7 +45,7 @@ def pub(monkeypatch):
     pub = WeightPublisher([A, B], PublisherSettings(backend="gloo", timeout_s=0.5))
     leave = httpx.MockTransport(lambda request: httpx.Response(200, json={"results": [{}]}))
     pub._client = httpx.Client(transport=leave)
-    pub._groups["full"] = _FakeGroup()
+    pub._groups["full"] = cast(Any, _FakeGroup())
     pub._members["full"] = [A, B]
     pub._layouts["full"] = []
     yield pub

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from torch._C._distributed_c10d import TCPStore
 
 from telescope_weightsync import WeightSyncError, plan_buckets
 from telescope_weightsync._stream import send_update
@@ -51,7 +52,9 @@ def _weights(seed: int) -> list[tuple[str, torch.Tensor]]:
 
 def _start(updates: int, receivers: int = 2):
     store = open_store("127.0.0.1", 0, is_master=True, timeout_s=30, prefix="telescope/")
-    port = store.underlying_store.port
+    tcp = store.underlying_store
+    assert isinstance(tcp, TCPStore)
+    port = tcp.port
     world = receivers + 1
     procs = [
         subprocess.Popen(

@@ -155,6 +155,8 @@ def test_receiver_killed_mid_update_fails_within_timeout(vllm_launcher, tiny_mod
 def _tiny_tp_model(out: Path) -> Path:
     """A tiny tied Llama whose head counts divide by two (4 query, 2 KV heads of size 32)."""
     spec = importlib.util.spec_from_file_location("_tiny_model_ws", ROOT / "tools" / "tiny_model.py")
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.build_tiny_model(out, tied=True, heads=4, kv_heads=2, hidden=128, seed=4)
