@@ -18,7 +18,9 @@ checkpointing (the batch is small), float32.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
+import inspect
 import itertools
 import json
 import time
@@ -90,6 +92,19 @@ def _eos_ids(model: Any) -> list[int]:
     return list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
 
+def reward_of(env: Any, text: str, sample: Any) -> float:
+    """``env.compute_reward(text, sample).total_reward``, awaited when the environment's is async
+    (countdown's, i3_code's)."""
+    result = env.compute_reward(text, sample)
+    if inspect.isawaitable(result):
+
+        async def wait() -> Any:
+            return await result
+
+        result = asyncio.run(wait())
+    return float(result.total_reward)
+
+
 def run_plain(cfg: dict[str, Any], *, env_name: str = "quickstart_add", seed: int = 0) -> PlainRun:
     """``cfg`` holds model, steps, batch, group_size, max_tokens, temperature, learning_rate, grad_clip."""
     import torch
@@ -115,7 +130,7 @@ def run_plain(cfg: dict[str, Any], *, env_name: str = "quickstart_add", seed: in
         mask = _completion_mask(out[:, width:], eos)
         texts = [tok.decode(row[: int(n)]) for row, n in zip(out[:, width:], mask.sum(1), strict=True)]
         owners = [s for s in batch for _ in range(cfg["group_size"])]
-        rewards = [env.compute_reward(t, s).total_reward for t, s in zip(texts, owners, strict=True)]
+        rewards = [reward_of(env, t, s) for t, s in zip(texts, owners, strict=True)]
         adv = compute_advantages(torch.tensor(rewards).view(len(batch), cfg["group_size"])).flatten()
         _train(model, opt, out, (prompt_mask, mask), adv, cfg)
         run.step_ends.append(time.time())
