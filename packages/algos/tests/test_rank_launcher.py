@@ -4,6 +4,7 @@ hung rank is an error that shows each rank's log, and no rank outlives it."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -17,7 +18,7 @@ json.dump({k: os.environ.get(k) for k in keys}, open(out, "w"))
 print("rank", os.environ["RANK"], "says", sys.argv[2])
 if sys.argv[2] == "fail" and os.environ["RANK"] == "1":
     sys.exit(3)
-if sys.argv[2] == "hang":
+if sys.argv[2] in ("hang", "fail"):
     time.sleep(60)
 """
 
@@ -34,11 +35,14 @@ def test_each_rank_knows_its_place_and_writes_its_log(tmp_path):
     assert (tmp_path / "logs" / "rank_1.log").read_text() == "rank 1 says ok\n"
 
 
-def test_a_failing_rank_is_an_error_with_every_ranks_log(tmp_path):
+def test_a_failing_rank_stops_the_others_at_once_with_every_ranks_log(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(SCRIPT)
-    with pytest.raises(AssertionError, match=r"worker\.py on 2 rank\(s\) failed: exit codes \[0, 3\]") as err:
-        run_ranks(script, [str(tmp_path), "fail"], world=2, log_dir=tmp_path)
+    t0 = time.monotonic()
+    failed = r"worker\.py on 2 rank\(s\) failed: exit codes \[-9, 3\]"
+    with pytest.raises(AssertionError, match=failed) as err:
+        run_ranks(script, [str(tmp_path), "fail"], world=2, log_dir=tmp_path, timeout_s=50)
+    assert time.monotonic() - t0 < 40  # rank 0 would have slept 60 s
     assert "--- rank 1 (exit 3)\nrank 1 says fail" in str(err.value)
 
 

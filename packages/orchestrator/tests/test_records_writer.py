@@ -239,4 +239,5 @@ def test_an_eval_row_with_no_sample_behind_it_is_written_from_its_own_columns(tm
     assert (got["eval"], got["sample_index"], got["completion_idx"], got["prompt"]) == ("quiz", 4, 1, "2+2?")
     assert (got["stop_reason"], got["error"], got["sample_id"]) == ("stop", None, None)
     assert dict(got["metrics"]) == {"correct": 1.0, "pass@1/correct": 1.0}
+    assert (dict(got["golden_answers"]), dict(got["tags"]), got["info"]) == ({}, {}, "[]")
     assert not list((run.path / "records").glob("turns/*.parquet"))

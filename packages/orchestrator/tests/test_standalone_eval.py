@@ -55,6 +55,8 @@ def test_the_runs_own_config_is_taken_and_one_without_evals_is_refused_before_an
     (run / "config.yaml").write_text("environments: [{name: countdown}]\n")
     with pytest.raises(EvalError, match="lists no evals: add `evals` to it"):
         evaluate([run / "checkpoints"])
+    with pytest.raises(EvalError, match="lists no evals"):  # one path alone: the same
+        evaluate(str(run / "checkpoints"))
     (run / "config.yaml").write_text("environments: [{name: countdown}]\nnumber_of_stepz: 3\n")
     with pytest.raises(ConfigError, match="number_of_stepz"):  # it was read
         evaluate([run / "checkpoints"])

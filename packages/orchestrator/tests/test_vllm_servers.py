@@ -242,3 +242,12 @@ def test_free_port_run_is_free_and_below_the_ephemeral_range():
     assert port >= 20000
     assert port + 4 <= min(low, 32768)
     assert not any(port_in_use("0.0.0.0", p) for p in range(port, port + 4))
+
+
+def test_a_host_whose_ephemeral_range_starts_low_still_gets_a_free_run(monkeypatch):
+    from telescope_orchestrator.cluster import vllm_server
+
+    monkeypatch.setattr(vllm_server, "_ephemeral_start", lambda: 1024)  # net.ipv4.ip_local_port_range
+    port = vllm_server.free_port_run(span=4)
+    assert not any(vllm_server.port_in_use("0.0.0.0", p) for p in range(port, port + 4))
+    assert 0 < vllm_server.free_port() < 65536

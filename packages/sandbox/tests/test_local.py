@@ -170,3 +170,17 @@ async def test_root_runs_as_a_fresh_unprivileged_user(sandbox: LocalSandbox):
     assert int(uid) >= 1_600_000_000
     assert uid == gid
     assert groups.strip() == "[]"
+
+
+def test_the_shim_runs_on_the_oldest_python_a_user_may_give():
+    """The shim runs under ``LocalSandbox(python=...)``, which may be older than ours: its syntax
+    is 3.8's and its annotations are never evaluated (``int | None`` fails before 3.10)."""
+    import ast
+    from pathlib import Path
+
+    import telescope_sandbox
+
+    source = (Path(telescope_sandbox.__file__).parent / "_shim.py").read_text()
+    tree = ast.parse(source, feature_version=(3, 8))
+    futures = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    assert [a.name for n in futures for a in n.names] == ["annotations"]

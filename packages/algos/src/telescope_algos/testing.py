@@ -11,10 +11,12 @@ choosing. The trainer backends' tests and the cross-backend tests use it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -41,6 +43,18 @@ def _rank_env(rank: int, world: int, port: int, env: Mapping[str, str] | None) -
     }
 
 
+def _wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> bool:
+    """Wait until every rank exited, one failed, or ``timeout_s`` passed; True on the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while None in (codes := [p.poll() for p in procs]):
+        if any(code not in (None, 0) for code in codes):
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def run_ranks(
     script: str | os.PathLike[str],
     args: Sequence[str] = (),
@@ -63,17 +77,14 @@ def run_ranks(
                     command, env=_rank_env(rank, world, port, env), stdout=log, stderr=subprocess.STDOUT
                 )
             )
-    timed_out = False
     try:
-        for p in procs:
-            p.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
+        timed_out = _wait_all(procs, timeout_s)
+    finally:  # a rank failed, the time ran out or Ctrl-C: the others may wait in a collective forever
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait(timeout=30)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=30)
     codes = [p.returncode for p in procs]
     if timed_out or any(codes):
         why = f"did not finish within {timeout_s:.0f} s" if timed_out else "failed"

@@ -22,6 +22,8 @@ and peak memory), reads the output files (regular files only, at most ``max_file
 each) and exits with the program's status.
 """
 
+from __future__ import annotations  # the annotations below are not evaluated: the user's Python may be older
+
 import marshal
 import os
 import resource
@@ -61,7 +63,7 @@ def _drop_privileges(uid: int | None, gid: int | None) -> None:
     os.setresuid(uid, uid, uid)
 
 
-def _child(spec: "_Spec", blob: memoryview) -> None:
+def _child(spec: _Spec, blob: memoryview) -> None:
     _drop_privileges(spec["uid"], spec["gid"])
     os.umask(0o022)
     os.chdir(spec["workdir"])

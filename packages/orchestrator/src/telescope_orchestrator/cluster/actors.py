@@ -283,9 +283,9 @@ class TrainerActor:
         configure_logging(debug=bool(self.config.debug), file=fh)  # debug: true reaches the ranks too
 
     def master_address(self) -> tuple[str, int]:
-        from telescope_orchestrator.cluster.vllm_server import free_port_run
+        from telescope_orchestrator.cluster.vllm_server import free_port
 
-        return _node_ip(), free_port_run(span=1)
+        return _node_ip(), free_port()
 
     def set_master(self, addr: str, port: int) -> None:
         self.master = (addr, port)

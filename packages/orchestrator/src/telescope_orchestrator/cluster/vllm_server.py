@@ -49,6 +49,8 @@ __all__ = [
     "ServerSettings",
     "ServerStartError",
     "classify_failure",
+    "free_port",
+    "free_port_run",
     "launch_server",
     "port_in_use",
     "server_command",
@@ -280,23 +282,37 @@ def server_env(settings: ServerSettings, *, extension_cls: str | None) -> dict[s
     return env
 
 
+def free_port() -> int:
+    """A TCP port the kernel says is free now (``bind(0)``): for a rendezvous that binds it at
+    once (torch's ``MASTER_PORT``)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (32768 when it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_run(span: int = 8) -> int:
     """The first of ``span`` consecutive ports free on this machine, below the kernel's ephemeral range
-    (for tests and tools that start servers). A port the kernel hands out for ``bind(0)`` is soon taken
+    when it leaves room there (from 20000). A port the kernel hands out for ``bind(0)`` is soon taken
     again by some outgoing connection (Ray opens many): a vLLM server that bound one a few seconds
-    after it was picked found it in use."""
+    after it was picked found it in use. A host whose ephemeral range starts below 20000 + ``span``
+    gets runs that start at ``bind(0)`` ports instead."""
     import random
 
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
+    top = min(_ephemeral_start(), 32768) - span
     rng = random.SystemRandom()
     for _ in range(200):
-        port = rng.randrange(20000, min(low, 32768) - span)
-        if not any(port_in_use("0.0.0.0", p) for p in range(port, port + span)):
+        port = rng.randrange(20000, top) if top > 20000 else free_port()
+        if port + span <= 65536 and not any(port_in_use("0.0.0.0", p) for p in range(port, port + span)):
             return port
-    raise RuntimeError("no free run of ports below the ephemeral range")
+    raise RuntimeError(f"no run of {span} free ports found in 200 tries")
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -467,6 +467,9 @@ def _from_eval_row(step: int, eval_name: str, sample_index: int, completion_idx:
         "server": row.get("server"),
         "error": row.get("error") or None,
         "metrics": _json_numbers(row.get("metrics_json")),
+        "golden_answers": {},
+        "tags": {},
+        "info": [],
     }
 
 

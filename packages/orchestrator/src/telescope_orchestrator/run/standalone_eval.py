@@ -197,7 +197,7 @@ class EvalResult:
 
 
 def evaluate(
-    checkpoints: Sequence[str | os.PathLike[str]],
+    checkpoints: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     config: TelescopeConfig | ResolvedConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     *,
     overrides: Sequence[str] = (),
@@ -207,7 +207,8 @@ def evaluate(
 ) -> EvalResult:
     """Evaluate checkpoints into their run's record (module docstring), what ``telescope eval`` runs.
 
-    ``checkpoints``: ``step_N`` folders, folders of them, or Hugging Face folders; ``config`` (as
+    ``checkpoints``: ``step_N`` folders, folders of them, or Hugging Face folders (one path or a
+    list); ``config`` (as
     for ``train``), else the ``config.yaml`` of the run they belong to, else ``default_config``;
     ``overrides``: command-line style flags on top (e.g. ``["--evals", '[{"name": "gsm8k"}]']``);
     ``run_dir``: where the results go (default: the checkpoints' run). Errors: ``EvalError`` (the
@@ -218,6 +219,8 @@ def evaluate(
     from telescope_orchestrator.run.report import SilentReporter
     from telescope_orchestrator.run.startup import sigterm_as_interrupt
 
+    if isinstance(checkpoints, str | os.PathLike):  # one path, not its characters
+        checkpoints = [checkpoints]
     found = find_checkpoints(checkpoints)
     target = run_dir_of(found, run_dir)
     if config is None:
