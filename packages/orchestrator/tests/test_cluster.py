@@ -53,13 +53,14 @@ def test_the_users_runtime_env_wins():
 def test_a_cpu_node_is_split_between_servers_and_trainer_ranks_without_oversubscribing():
     from telescope_orchestrator.cluster.actors import CpuPlan, cpu_plan
 
-    # the quickstart on 2 cores: the server computes on core 0, the trainer on core 1
-    assert cpu_plan([0, 1], 1, 1, 1) == CpuPlan(["0"], 1)
-    assert cpu_plan([0, 1, 2, 3], 1, 1, 1) == CpuPlan(["0,1"], 2)  # half each
-    assert cpu_plan([0, 1, 2, 3, 4, 5, 6, 7], 2, 1, 2) == CpuPlan(["0,1", "2,3"], 2)
-    assert cpu_plan([0, 1, 2, 3, 4, 5, 6, 7], 1, 2, 1) == CpuPlan(["0,1|2,3"], 4)  # a run per TP rank
-    assert cpu_plan([0, 1], 2, 1, 1) == CpuPlan(["0", "0"], 1)  # too few cores: servers share core 0
-    assert cpu_plan([0, 1], 1, 1, 2) == CpuPlan(["0"], 1)  # at least one thread per rank
-    assert cpu_plan([4, 5, 6], 1, 1, 1) == CpuPlan(["4"], 2)  # the affinity's own core ids
-    assert cpu_plan([0, 1], 0, 1, 2) == CpuPlan([], 1)  # no server: the ranks share every core
+    # the quickstart on 2 cores: the server computes on core 0, the trainer on core 1 (both while
+    # the server is idle)
+    assert cpu_plan([0, 1], 1, 1, 1) == CpuPlan(["0"], 1, 2)
+    assert cpu_plan([0, 1, 2, 3], 1, 1, 1) == CpuPlan(["0,1"], 2, 4)  # half each
+    assert cpu_plan([0, 1, 2, 3, 4, 5, 6, 7], 2, 1, 2) == CpuPlan(["0,1", "2,3"], 2, 4)
+    assert cpu_plan([0, 1, 2, 3, 4, 5, 6, 7], 1, 2, 1) == CpuPlan(["0,1|2,3"], 4, 8)  # a run per TP rank
+    assert cpu_plan([0, 1], 2, 1, 1) == CpuPlan(["0", "0"], 1, 2)  # too few cores: servers share core 0
+    assert cpu_plan([0, 1], 1, 1, 2) == CpuPlan(["0"], 1, 1)  # at least one thread per rank
+    assert cpu_plan([4, 5, 6], 1, 1, 1) == CpuPlan(["4"], 2, 3)  # the affinity's own core ids
+    assert cpu_plan([0, 1], 0, 1, 2) == CpuPlan([], 1, 1)  # no server: the ranks share every core
     assert cpu_plan([0, 1, 2, 3], 2, 1, 0).server_binds == ["0,1", "2,3"]  # no trainer: servers take all

@@ -101,3 +101,26 @@ def test_the_overlong_penalty_comes_from_telescope_algos():
     # L = 95, Lmax = 100, B = 10: excess 5 -> -5/10 * 2 = -1
     assert shaping(sample(1.0, 95)) == pytest.approx(0.0)
     assert shaping(sample(1.0, 90)) == 1.0
+
+
+async def test_a_step_is_lent_the_servers_cores_once_nothing_generates_until_its_update(tmp_path):
+    import asyncio
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from telescope_orchestrator.cluster.cores import CoreLease
+    from telescope_orchestrator.run.loop import LEND_POLL_S, _lend_cores
+
+    lease = CoreLease(tmp_path / "lease")
+    engine = SimpleNamespace(idle=False)
+    evals = SimpleNamespace(idle=False)
+    ctx = cast(Any, SimpleNamespace(engine=engine, eval_schedule=evals, cores=lease))
+    task = asyncio.create_task(_lend_cores(ctx, 4))
+    await asyncio.sleep(LEND_POLL_S * 2)
+    engine.idle = True  # the engine waits for the update, but an eval still generates
+    await asyncio.sleep(LEND_POLL_S * 2)
+    assert lease.granted == 0
+    evals.idle = True
+    await asyncio.wait_for(task, timeout=5)
+    assert lease.granted == 4
+    lease.close()

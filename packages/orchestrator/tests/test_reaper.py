@@ -139,3 +139,27 @@ def test_kill_group_reaps_its_own_leader():
         proc.wait()
     assert finished, "kill_group waited for a zombie group leader"
     assert proc.returncode == -signal.SIGTERM
+
+
+def test_cpus_confine_the_command_and_its_children_to_those_cores(tmp_path):
+    core = min(os.sched_getaffinity(0))
+    out = tmp_path / "affinity"
+    script = f"import os; open({str(out)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))"
+    child = ["--", "sh", "-c", f'{sys.executable} -c "{script}" & wait']  # a grandchild reports
+    pid_file = tmp_path / "server.pid"
+    cmd = [*REAPER, "--pid-file", str(pid_file), "--cpus", str(core), *child]
+    subprocess.run(cmd, check=True, timeout=60)
+    deadline = time.monotonic() + 30
+    while len(pid_file.read_text().splitlines()) < 2 and time.monotonic() < deadline:  # the command's exit
+        time.sleep(0.1)
+    assert pid_file.read_text().splitlines()[1] == "0"
+    assert out.read_text() == repr([core])
+
+
+def test_a_servers_tree_runs_on_every_core_of_its_bind():
+    from telescope_orchestrator.cluster.actors import server_cores
+
+    assert server_cores("0") == "0"
+    assert server_cores("2,3") == "2,3"
+    assert server_cores("0,1|2,3") == "0,1,2,3"  # tensor parallel: one run per rank
+    assert server_cores("0|0") == "0"  # ranks sharing a core

@@ -170,7 +170,7 @@ def _ctx(tmp_path, log: list, ranks: list[_Rank], new: list[_Rank]) -> Any:
     cfg = make_config(seq_len=16, max_model_len=16, max_tokens=8, pad_to_multiple_of=1)
     return SimpleNamespace(
         config=cfg, trainers=list(ranks), dp_ranks=[0, 1], dp_world_size=2, pad_token_id=0, row_multiple=1,
-        share_prompts=False, supervisor=None, trainer_restarts=rt, events=events,
+        share_prompts=False, supervisor=None, trainer_restarts=rt, events=events, cores=None,
     )  # fmt: skip
 
 

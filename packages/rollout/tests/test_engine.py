@@ -153,6 +153,7 @@ async def test_pause_at_async_limit_and_resume_on_weights(tokenizer):
     async with engine:
         await settle()
         assert sample_ids(server.pending) == [0, 1, 2, 3]  # groups 0 and 1, both under version 0
+        assert not engine.idle
         server.release(lambda r: sample_ids([r])[0] < 2)
         b0 = await engine.next_batch(timeout_s=10)
         await settle()
@@ -161,10 +162,12 @@ async def test_pause_at_async_limit_and_resume_on_weights(tokenizer):
         # group 1 started under version 0 and can land in step 1 at the earliest: it could never be
         # kept, so batch 0 cancelled it instead of letting it finish
         assert not engine.in_flight_groups
+        assert engine.idle  # nothing generates before the next update: the servers' cores are free
         server.release()
         await settle()
         assert len(server.requests) == 4  # nothing new while step - version > max_async_rollout
         engine.weights_updated(1)
+        assert not engine.idle
         b1 = await engine.next_batch(timeout_s=10)
     assert (b0.step, b1.step) == (0, 1)
     assert [g.group_id for g in b0.groups] == [0]

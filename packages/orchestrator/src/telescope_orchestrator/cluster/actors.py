@@ -23,6 +23,7 @@ import ray
 
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
+    from telescope_orchestrator.cluster.cores import LentCores
     from telescope_weightsync import PublisherSettings, PublishSpan, ServerUpdate, WeightPublisher
 
 CPU_KV_CACHE_GIB = 2
@@ -104,11 +105,14 @@ def _span_row(row: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class CpuPlan:
-    """How a CPU node's cores are shared: each server's ``VLLM_CPU_OMP_THREADS_BIND`` and each trainer
-    rank's OpenMP threads (docs/architecture.md#threads)."""
+    """How a CPU node's cores are shared: each server's ``VLLM_CPU_OMP_THREADS_BIND``, each trainer
+    rank's OpenMP threads, and its threads while the servers have nothing to generate and lend
+    their cores (``cluster.cores``; docs/architecture.md#threads)."""
 
     server_binds: list[str]
     trainer_threads: int
+    lent_threads: int
+    """Each rank's threads on the servers' cores too (``trainer_threads`` when there is none to lend)."""
 
 
 def cpu_plan(cores: list[int], servers: int, tensor_parallel: int, trainer_ranks: int) -> CpuPlan:
@@ -119,11 +123,13 @@ def cpu_plan(cores: list[int], servers: int, tensor_parallel: int, trainer_ranks
     and measured on 2 cores, generation and training each on their own core beat both on both
     cores by 1.5-2x (bound OpenMP threads that share a core stall each other). Each server's cores
     are split between its tensor-parallel ranks (``|``-separated); too few cores: shared
-    round-robin. vLLM's default would bind every server on a node to the same cores.
+    round-robin. vLLM's default would bind every server on a node to the same cores. While the
+    servers are idle, the ranks share every core (``lent_threads``).
     """
     ranks = servers * tensor_parallel
+    every = max(1, len(cores) // max(1, trainer_ranks))
     if ranks == 0:
-        return CpuPlan([], max(1, len(cores) // max(1, trainer_ranks)))
+        return CpuPlan([], every, every)
     share = len(cores) if trainer_ranks == 0 else min(max(ranks, len(cores) // 2), max(1, len(cores) - 1))
     mine, rest = cores[:share], cores[share:] or cores[-1:]
     if len(mine) >= ranks:
@@ -133,7 +139,16 @@ def cpu_plan(cores: list[int], servers: int, tensor_parallel: int, trainer_ranks
         slices = [[mine[i % len(mine)]] for i in range(ranks)]
     spans = [",".join(map(str, s)) for s in slices]
     binds = ["|".join(spans[i * tensor_parallel : (i + 1) * tensor_parallel]) for i in range(servers)]
-    return CpuPlan(binds, max(1, len(rest) // max(1, trainer_ranks)))
+    threads = max(1, len(rest) // max(1, trainer_ranks))
+    return CpuPlan(binds, threads, max(threads, every))
+
+
+def server_cores(bind: str) -> str:
+    """Every core of a ``CpuPlan.server_binds`` entry (``"0,1|2,3"`` -> ``"0,1,2,3"``): the server's
+    whole process tree runs there. vLLM's engine core otherwise spins on another core while its
+    worker computes (its shared-memory queue busy-waits a second after each read): on 2 cores it
+    took 97% of the trainer's core; confined to the server's core it yields, at the same tokens/s."""
+    return ",".join(str(c) for c in sorted({int(c) for part in bind.split("|") for c in part.split(",")}))
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -178,11 +193,13 @@ class InferenceServerActor:
             )
         cmd = server_command(self.settings, self.port, extension_cls=self.extension_cls)
         env = {**os.environ, **server_env(self.settings, extension_cls=self.extension_cls)}
+        cpus: list[str] = []
         if self.settings.device == "cpu":
             # vllm-cpu otherwise reserves gpu_memory_utilization of the machine's RAM for its KV cache
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
-            if self.cpu_bind:
-                env.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cpu_bind)
+            if self.cpu_bind and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind
+                cpus = ["--cpus", server_cores(self.cpu_bind)]
         # vLLM compiles its sampler with torch inductor on first use: keep the compiled code across
         # runs (the default lives under $TMPDIR, which test runs and CI make fresh each time)
         from telescope_orchestrator.cluster.cache import cache_dir
@@ -190,9 +207,18 @@ class InferenceServerActor:
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         pid_file = self.log_path.with_suffix(".pid")
-        reaper = [sys.executable, "-m", "telescope_orchestrator.cluster.reaper", "--watch", str(os.getpid())]
+        reaper = [
+            sys.executable,
+            "-m",
+            "telescope_orchestrator.cluster.reaper",
+            "--watch",
+            str(os.getpid()),
+            *cpus,
+        ]
         with self.log_path.open("ab") as fh:
             fh.write(f"$ {' '.join(cmd)}\n".encode())
+            if cpus:
+                fh.write(f"# the server's processes run on cores {cpus[1]}\n".encode())
             fh.flush()
             subprocess.run(  # returns once the detached reaper has started vLLM
                 [*reaper, "--pid-file", str(pid_file), "--", *cmd],
@@ -261,10 +287,18 @@ class TrainerActor:
     """One trainer rank: backend from the ``telescope.trainers`` entry point, plus weight publishing."""
 
     def __init__(
-        self, rank: int, world_size: int, config: TelescopeConfig, model_path: str, log_dir: str
+        self,
+        rank: int,
+        world_size: int,
+        config: TelescopeConfig,
+        model_path: str,
+        log_dir: str,
+        cores: LentCores | None = None,
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.config, self.model_path = config, model_path
+        self.cores = cores
+        """The servers' cores this rank may use while they idle (``cluster.cores``); None: never."""
         self.log_dir = Path(log_dir)
         self.master: tuple[str, int] | None = None
         self.trainer: Any = None
@@ -364,7 +398,14 @@ class TrainerActor:
             self.publisher.disconnect(group)
 
     def train_step(self, micro_batches: list[Any], step: int) -> dict[str, float]:
-        return self.trainer.train_step(micro_batches, step=step)
+        """The backend's step, on the servers' cores too once the driver lends them (``cluster.cores``)."""
+        if self.cores is None:
+            return self.trainer.train_step(micro_batches, step=step)
+        from telescope_orchestrator.cluster.cores import lent_threads
+
+        with lent_threads(self.cores, step) as used:
+            metrics = self.trainer.train_step(micro_batches, step=step)
+        return {**metrics, "timing/cores_lent_s": used.seconds}
 
     def publish(self, version: int, group: str = "full") -> dict[str, float]:
         """Send the current weights to the servers (collective: every rank walks ``hf_weights``, or with

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import structlog
 
 from telescope_orchestrator.cluster.actors import CpuPlan, InferenceServerActor, TrainerActor, cpu_plan
+from telescope_orchestrator.cluster.cores import CoreLease, LentCores
 
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
@@ -131,6 +132,9 @@ class Cluster:
     groups: list[Any] = field(default_factory=list[Any])
     trainer_group: Any = None
     """The trainer ranks' placement group (also in ``groups``)."""
+    core_lease: CoreLease | None = None
+    """The servers' cores lent to the trainer ranks while they idle (``cluster.cores``): a CPU plan
+    with cores to lend; None otherwise."""
 
     def start(self, *, run_env: dict[str, str]) -> None:
         ray = _ray()
@@ -244,6 +248,7 @@ class Cluster:
         )
         gpus = 1.0 if self.gpu else 0.0
         plan = self._cpu_plan()
+        cores = self._lent_cores(plan)
 
         def options(r: int) -> dict[str, Any]:
             opts = self._options(pg, r, cfg.ray_trainer_cpus_per_worker, gpus)
@@ -252,7 +257,7 @@ class Cluster:
             return opts
 
         first: Any = TrainerActor.options(**options(0)).remote(
-            rank=0, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir
+            rank=0, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir, cores=cores
         )
         addr, port = ray.get(first.master_address.remote())
         self.trainer_actors = [first]
@@ -260,12 +265,25 @@ class Cluster:
             opts = options(r)
             self.trainer_actors.append(
                 TrainerActor.options(**opts).remote(
-                    rank=r, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir
+                    rank=r,
+                    world_size=n,
+                    config=config_ref,
+                    model_path=model_path,
+                    log_dir=log_dir,
+                    cores=cores,
                 )
             )
         for actor in self.trainer_actors:
             actor.set_master.remote(addr, port)
         return self.trainer_actors
+
+    def _lent_cores(self, plan: CpuPlan | None) -> LentCores | None:
+        """What the trainer ranks need to borrow the servers' idle cores (None: nothing to lend)."""
+        if plan is None or plan.lent_threads <= plan.trainer_threads:
+            return None
+        if self.core_lease is None:
+            self.core_lease = CoreLease()
+        return LentCores(self.core_lease.path, plan.trainer_threads, plan.lent_threads)
 
     def stop_trainers(self) -> None:
         """Kill every trainer rank and free their placement group (a rank died: they are placed
@@ -285,6 +303,8 @@ class Cluster:
 
     def close(self) -> None:
         """Stop trainers first (a collective may hang), then servers, then Ray if we started it."""
+        if self.core_lease is not None:
+            self.core_lease.close()
         ray = _ray()
         if not ray.is_initialized():
             return

@@ -1,6 +1,6 @@
 """Run a command so that it can never outlive the process that asked for it.
 
-    python -m telescope_orchestrator.cluster.reaper --watch PID --pid-file FILE -- COMMAND [ARGS...]
+    python -m telescope_orchestrator.cluster.reaper --watch PID --pid-file FILE [--cpus 0,1] -- CMD [ARGS...]
 
 The launcher forks a *reaper* into a session of its own and returns at once (exit 0 once the
 reaper has written ``FILE``), so whoever kills the launcher's parent and its direct children
@@ -12,6 +12,9 @@ there) and kills that whole group when any of these happens:
   actor or Ray node leaves nothing behind);
 - the reaper receives SIGTERM or SIGINT (a normal stop);
 - the command exits (stray children included).
+
+``--cpus`` confines the reaper, and so the command and every process it starts, to those cores
+(a vLLM server's whole tree on its share of a CPU node, ``cluster.actors.cpu_plan``).
 
 ``FILE`` holds ``<reaper pid> <command pid>`` and, once the command has exited, a second line
 with its exit code (``-N``: killed by signal N; ``128 + N``: stopped by the reaper on signal N),
@@ -123,6 +126,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m telescope_orchestrator.cluster.reaper")
     parser.add_argument("--watch", type=int, help="stop the command when this process is gone")
     parser.add_argument("--pid-file", type=Path, required=True)
+    parser.add_argument("--cpus", help="comma-separated cores the command and its children run on")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -135,6 +139,8 @@ def main(argv: list[str]) -> int:
             time.sleep(0.05)
         return 0 if args.pid_file.exists() else 1
     os.setsid()
+    if args.cpus:  # inherited by the command and everything it starts
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     os._exit(_reap(cmd, args.watch, args.pid_file))
 
 

@@ -267,6 +267,11 @@ class InTrainingEvals:
                 "eval_num_servers or add inference workers"
             )
 
+    @property
+    def idle(self) -> bool:
+        """No eval is using a server (periodic evals run in the background)."""
+        return self.running is None or self.running.done()
+
     def due(self, step: int) -> list[str]:
         return self.plan.after_step(step) if self.plan is not None else []
 

@@ -7,6 +7,9 @@
     weights.publish(step, group)                     # run.weights: telescope-weightsync, servers keep
                                                      # generating; then engine.weights_updated(version)
     write the step's metrics line and records (docs/records.md), then its checkpoint (when due)
+
+On a CPU node the servers' cores are lent to the training once nothing generates until the step's
+weights are published (``_lend_cores``, ``cluster.cores``).
     evals due after this step                        # telescope-rollout EvalRunner, see run.evals
 
 Periodic evals run in the background on drained eval servers while training goes on; meanwhile
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
 
     from telescope_algos import TrainingSample
     from telescope_config import TelescopeConfig
+    from telescope_orchestrator.cluster.cores import CoreLease
     from telescope_orchestrator.record.lines import MetricsLines
     from telescope_orchestrator.run.report import Reporter
     from telescope_orchestrator.run.weights import WeightUpdates
@@ -57,6 +61,9 @@ if TYPE_CHECKING:
 __all__ = ["LoopContext", "to_train_samples", "training_loop"]
 
 log = structlog.get_logger()
+
+LEND_POLL_S = 0.1
+"""How often a training step asks whether the servers' cores can be lent (``_lend_cores``)."""
 
 
 @dataclass
@@ -102,6 +109,8 @@ class LoopContext:
     checkpoints are on; the evals under way are cancelled and no final eval runs)."""
     stopped: bool = False
     """Set when ``stop_requested`` stopped the run before its last step."""
+    cores: CoreLease | None = None
+    """The servers' cores, lent to the trainer ranks while nothing generates (``cluster.cores``)."""
 
 
 def _filtered(s: Any, config: TelescopeConfig) -> dict[str, bool]:
@@ -279,7 +288,22 @@ async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[s
         share_prompts=ctx.share_prompts,
     )
     pairs = zip(ctx.trainers, ctx.dp_ranks, strict=True)
-    return await _gather([a.train_step.remote(shards[dp], step) for a, dp in pairs])
+    lend = asyncio.create_task(_lend_cores(ctx, step)) if ctx.cores is not None else None
+    try:
+        return await _gather([a.train_step.remote(shards[dp], step) for a, dp in pairs])
+    finally:
+        if lend is not None:
+            lend.cancel()
+
+
+async def _lend_cores(ctx: LoopContext, step: int) -> None:
+    """Lend the servers' cores to step ``step``'s training once nothing generates before its weights
+    are published: the engine idle until the next update, no eval on a server (``cluster.cores``)."""
+    evals = ctx.eval_schedule
+    while not (ctx.engine.idle and (evals is None or evals.idle)):
+        await asyncio.sleep(LEND_POLL_S)
+    assert ctx.cores is not None
+    ctx.cores.grant(step)
 
 
 async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:

@@ -304,6 +304,7 @@ def _start(state: _Run) -> Any:
         sandboxes=state.sandboxes,
         supervisor=supervisor,
         trainer_restarts=restarts,
+        cores=state.cluster.core_lease,
     )
 
 

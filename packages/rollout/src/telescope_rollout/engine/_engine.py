@@ -408,6 +408,12 @@ class RolloutEngine:
     def in_flight_groups(self) -> int:
         return len(self._groups)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing under way, and nothing starts before the next ``weights_updated`` (the async limit
+        pauses dispatch): the servers generate nothing for this engine until then."""
+        return not self._groups and self._should_pause()
+
     def progress(self) -> BatchProgress:
         """The batch being filled as it stands (module docstring, "Progress")."""
         return self.bucket.progress(self.step, len(self._groups))
