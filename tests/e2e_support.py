@@ -213,7 +213,7 @@ def _check_trainer_threads(run_dir: Path) -> None:
     first = sorted(os.sched_getaffinity(0))[: max(1, for_servers // servers)]
     assert f"core ids={first}" in log, f"server 0 should compute on cores {first}"
     mine = ",".join(map(str, sorted(os.sched_getaffinity(0))[:for_servers]))
-    assert f"the server's processes run on cores {mine}" in log, "server 0's whole tree is confined to its cores"
+    assert f"the server's processes run on cores {mine}" in log, "server 0's tree is not on its cores"
     # while the servers idle, the ranks borrow their cores (cluster.cores): every step says how long
     lends = max(1, cores // ranks) > ready["torch_threads"][0]
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
