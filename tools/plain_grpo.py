@@ -10,7 +10,9 @@ the same formula Telescope trains with), then one forward and backward over the 
 Telescope's default normalisation), gradient clipping and one AdamW update. No gradient
 checkpointing (the batch is small), float32.
 
-``tools/bench_e2e.py`` times it against ``telescope train`` with the same settings; alone:
+``tools/plain_vllm.py`` is the same loop generating with vLLM in the same process; it imports the
+loading, scoring and training from here (``load_loop``, ``learn``). ``tools/bench_e2e.py`` times
+both against ``telescope train`` with the same settings; alone:
 
     python tools/plain_grpo.py --model PATH [--steps 15] [--batch 4] [--group-size 8] [--max-tokens 32]
 """
@@ -31,11 +33,13 @@ from typing import Any
 @dataclass
 class PlainRun:
     """What a run did: the start (before the model loads), each step's end, and per step the
-    completion tokens generated and the mean reward."""
+    completion tokens generated, the tokens trained (prompt and completion tokens of every row of the
+    loss batch, padding not counted) and the mean reward."""
 
     started: float
     step_ends: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    trained_tokens: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
 
 
@@ -105,62 +109,120 @@ def reward_of(env: Any, text: str, sample: Any) -> float:
     return float(result.total_reward)
 
 
-def run_plain(cfg: dict[str, Any], *, env_name: str = "quickstart_add", seed: int = 0) -> PlainRun:
-    """``cfg`` holds model, steps, batch, group_size, max_tokens, temperature, learning_rate, grad_clip."""
+@dataclass
+class Loop:
+    """What every step of a plain loop uses: the model it trains, its tokenizer, optimizer, environment,
+    the run's prompts and the token ids that end a completion."""
+
+    model: Any
+    tok: Any
+    opt: Any
+    env: Any
+    samples: list[Any]
+    eos: list[int]
+
+    def prompts(self, step: int, batch: int) -> tuple[list[Any], list[str]]:
+        """Step ``step``'s ``batch`` samples and their prompts rendered with the chat template."""
+        chosen = self.samples[step * batch : (step + 1) * batch]
+        return chosen, [self.env.format_prompt(s.prompt, self.tok) for s in chosen]
+
+
+def load_loop(cfg: dict[str, Any], *, env_name: str = "quickstart_add", seed: int = 0) -> Loop:
+    """The model (float32), tokenizer (left padding), AdamW and ``steps x batch`` prompts of ``env_name``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from telescope_algos import compute_advantages
     from telescope_rollout import SingleTurnEnvironment, get_environment
 
-    run = PlainRun(started=time.time())
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(cfg["model"], padding_side="left")
     tok.pad_token = tok.pad_token or tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
-    eos = _eos_ids(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["learning_rate"], weight_decay=0.0)
     env = get_environment(env_name)
     assert isinstance(env, SingleTurnEnvironment), f"{env_name}: plain GRPO takes single-turn environments"
     samples = env.load_dataset(cfg["steps"] * cfg["batch"])
+    return Loop(model, tok, opt, env, samples, _eos_ids(model))
+
+
+def learn(
+    loop: Loop, batch: list[Any], out: Any, masks: tuple[Any, Any], cfg: dict[str, Any], run: PlainRun
+) -> None:
+    """Score the completions in ``out`` (``[prompt | completion]`` rows, ``group_size`` per sample of
+    ``batch``; ``masks``: prompt, completion), take GRPO's group advantages, train one step, and add
+    the step's tokens generated and trained and its mean reward to ``run`` (the caller adds its end)."""
+    import torch
+
+    from telescope_algos import compute_advantages
+
+    prompt_mask, mask = masks
+    width = prompt_mask.shape[1]
+    texts = [loop.tok.decode(row[: int(n)]) for row, n in zip(out[:, width:], mask.sum(1), strict=True)]
+    owners = [s for s in batch for _ in range(cfg["group_size"])]
+    rewards = [reward_of(loop.env, t, s) for t, s in zip(texts, owners, strict=True)]
+    adv = compute_advantages(torch.tensor(rewards).view(len(batch), cfg["group_size"])).flatten()
+    _train(loop.model, loop.opt, out, masks, adv, cfg)
+    run.tokens.append(int(mask.sum()))
+    run.trained_tokens.append(int(prompt_mask.sum()) + int(mask.sum()))
+    run.rewards.append(sum(rewards) / len(rewards))
+
+
+def run_plain(cfg: dict[str, Any], *, env_name: str = "quickstart_add", seed: int = 0) -> PlainRun:
+    """``cfg`` holds model, steps, batch, group_size, max_tokens, temperature, learning_rate, grad_clip."""
+    run = PlainRun(started=time.time())
+    loop = load_loop(cfg, env_name=env_name, seed=seed)
     for step in range(cfg["steps"]):
-        batch = samples[step * cfg["batch"] : (step + 1) * cfg["batch"]]
-        prompts = [env.format_prompt(s.prompt, tok) for s in batch]
-        out, prompt_mask, width = _generate(model, tok, prompts, cfg)
-        mask = _completion_mask(out[:, width:], eos)
-        texts = [tok.decode(row[: int(n)]) for row, n in zip(out[:, width:], mask.sum(1), strict=True)]
-        owners = [s for s in batch for _ in range(cfg["group_size"])]
-        rewards = [reward_of(env, t, s) for t, s in zip(texts, owners, strict=True)]
-        adv = compute_advantages(torch.tensor(rewards).view(len(batch), cfg["group_size"])).flatten()
-        _train(model, opt, out, (prompt_mask, mask), adv, cfg)
+        batch, prompts = loop.prompts(step, cfg["batch"])
+        out, prompt_mask, width = _generate(loop.model, loop.tok, prompts, cfg)
+        learn(loop, batch, out, (prompt_mask, _completion_mask(out[:, width:], loop.eos)), cfg, run)
         run.step_ends.append(time.time())
-        run.tokens.append(int(mask.sum()))
-        run.rewards.append(sum(rewards) / len(rewards))
     return run
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+def arg_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of a plain loop (``tools/plain_vllm.py`` adds its own)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", required=True)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=3e-5)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the run as one JSON line")
-    args = parser.parse_args()
-    cfg = {
-        "model": args.model, "steps": args.steps, "batch": args.batch, "group_size": args.group_size,
-        "max_tokens": args.max_tokens, "temperature": 1.0, "learning_rate": args.learning_rate,
+    return parser
+
+
+def config(args: argparse.Namespace) -> dict[str, Any]:
+    """The loop's ``cfg`` from the flags; temperature 1 and gradient clipping 1, as Telescope's quickstart."""
+    return {
+        "model": args.model,
+        "steps": args.steps,
+        "batch": args.batch,
+        "group_size": args.group_size,
+        "max_tokens": args.max_tokens,
+        "temperature": 1.0,
+        "learning_rate": args.learning_rate,
         "grad_clip": 1.0,
-    }  # fmt: skip
-    run = run_plain(cfg)
-    if args.json:
-        print(json.dumps(dataclasses.asdict(run)))
+    }
+
+
+def report(run: PlainRun, *, as_json: bool) -> None:
+    """The run as one JSON line (what ``tools/bench_e2e.py`` reads), or one line per step."""
+    if as_json:
+        print(json.dumps(dataclasses.asdict(run)), flush=True)
         return
     ends = [run.started, *run.step_ends]
     for i, (a, b) in enumerate(itertools.pairwise(ends)):
-        print(f"step {i + 1}: {b - a:.1f} s, {run.tokens[i]} tokens, reward {run.rewards[i]:.3f}")
+        print(
+            f"step {i + 1}: {b - a:.1f} s, {run.tokens[i]} tokens generated, "
+            f"{run.trained_tokens[i]} trained, reward {run.rewards[i]:.3f}"
+        )
+
+
+def main() -> None:
+    args = arg_parser((__doc__ or "").partition("\n")[0]).parse_args()
+    report(run_plain(config(args), seed=args.seed), as_json=args.json)
 
 
 if __name__ == "__main__":
