@@ -355,7 +355,9 @@ TRANSPORT_RECEIVER = r"""
 import sys, torch
 from telescope_weightsync.wire import StreamStats, make_group, open_store, receive_update
 port, backend, repeats = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+# a GPU of its own where there is a second one (NCCL refuses two ranks on one device)
+gpus = torch.cuda.device_count()
+device = torch.device("cuda", min(1, gpus - 1)) if gpus else torch.device("cpu")
 store = open_store("127.0.0.1", port, is_master=False, timeout_s=120, prefix="telescope/b/")
 group = make_group(store, rank=1, world_size=2, backend=backend, timeout_s=120, name="b",
                    iface_host="127.0.0.1", device=device)
