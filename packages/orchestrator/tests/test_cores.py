@@ -40,6 +40,8 @@ def test_the_lease_file_holds_the_last_step_granted_and_goes_with_close(tmp_path
         assert read_lease(fd) == 7
         lease.grant(12)
         assert read_lease(fd) == 12
+        lease.revoke()
+        assert read_lease(fd) == 0
     finally:
         os.close(fd)
     lease.close()
@@ -81,3 +83,13 @@ def test_a_lease_of_another_step_lends_nothing(tmp_path, one_thread):
     assert used.since is None
     assert used.seconds == 0.0
     lease.close()
+
+
+def test_a_rank_whose_lease_file_is_gone_lends_nothing(tmp_path, one_thread):
+    lease = CoreLease(tmp_path / "lease")
+    lease.close()  # the driver removed it (the run ends)
+    probe = _Probe()
+    with lent_threads(LentCores(lease.path, 1, 2), step=1) as used:
+        probe(torch.zeros(1))
+    assert probe.seen == [1]
+    assert used.since is None

@@ -103,24 +103,36 @@ def test_the_overlong_penalty_comes_from_telescope_algos():
     assert shaping(sample(1.0, 90)) == 1.0
 
 
-async def test_a_step_is_lent_the_servers_cores_once_nothing_generates_until_its_update(tmp_path):
+async def test_a_step_is_lent_the_servers_cores_once_they_stay_quiet_until_its_update(tmp_path):
     import asyncio
+    import time
     from types import SimpleNamespace
     from typing import Any, cast
 
     from telescope_orchestrator.cluster.cores import CoreLease
-    from telescope_orchestrator.run.loop import LEND_POLL_S, _lend_cores
+    from telescope_orchestrator.run.loop import LEND_POLL_S, LEND_SETTLE_S, _lend_cores
 
     lease = CoreLease(tmp_path / "lease")
     engine = SimpleNamespace(idle=False)
     evals = SimpleNamespace(idle=False)
-    ctx = cast(Any, SimpleNamespace(engine=engine, eval_schedule=evals, cores=lease))
+    supervisor = SimpleNamespace(restarting=True)
+    ctx = cast(Any, SimpleNamespace(engine=engine, eval_schedule=evals, supervisor=supervisor, cores=lease))
     task = asyncio.create_task(_lend_cores(ctx, 4))
-    await asyncio.sleep(LEND_POLL_S * 2)
-    engine.idle = True  # the engine waits for the update, but an eval still generates
-    await asyncio.sleep(LEND_POLL_S * 2)
+    for quiet in (engine, evals):  # the engine waits for the update, an eval and a restart go on
+        await asyncio.sleep(LEND_POLL_S * 2)
+        quiet.idle = True
+    await asyncio.sleep(LEND_SETTLE_S + LEND_POLL_S * 2)
     assert lease.granted == 0
-    evals.idle = True
+    supervisor.restarting = False
+    await asyncio.sleep(LEND_POLL_S * 3)
+    engine.idle = False  # a moment of quiet shorter than LEND_SETTLE_S lends nothing
+    await asyncio.sleep(LEND_SETTLE_S)
+    assert lease.granted == 0
+    engine.idle = True
+    t0 = time.monotonic()
     await asyncio.wait_for(task, timeout=5)
+    assert time.monotonic() - t0 >= LEND_SETTLE_S - LEND_POLL_S
     assert lease.granted == 4
+    lease.revoke()  # the step's training ended: a step trained again finds no grant
+    assert lease.granted == 0
     lease.close()

@@ -9,13 +9,19 @@ step, then waits for the new weights, and its cores idle.
 
 The lease: the run's loop (``run.loop``) grants step ``s`` once the rollout engine is idle until
 the next weight update (``RolloutEngine.idle``: nothing under way and dispatch paused by the async
-limit) and no eval uses a server; nothing generates again before step ``s``'s weights are
-published, which comes after its training. :class:`CoreLease` is the grant, a small file of the
-node (the plan exists only on one node, a Ray this run started). Each trainer rank, in
+limit), no eval uses a server and no server is being restarted, for a second (``LEND_SETTLE_S``);
+nothing generates again before step ``s``'s weights are published, which comes after its training,
+and the grant is revoked when the step's training ends. :class:`CoreLease` is the grant, a small
+file of the node (the plan exists only on one node, a Ray this run started). Each trainer rank, in
 :func:`lent_threads` around its ``train_step``, reads it at module forwards (a global forward
 pre-hook, checked every ``CHECK_EVERY_S``) and, once its step is granted, raises its OpenMP threads
-to ``CpuPlan.lent_threads``; at the step's end it goes back. ``timing/cores_lent_s`` in the step's
-metrics says how long a rank trained on the lent cores. docs/architecture.md#threads.
+to ``CpuPlan.lent_threads`` (the backward of that forward runs on them too); at the step's end it
+goes back. ``timing/cores_lent_s`` in the step's metrics says how long a rank trained on the lent
+cores. docs/architecture.md#threads.
+
+The thread count changes where float sums are split, so a step's numbers depend on when the grant
+came: a run that may train steps again on replacement ranks (``trainer_max_restarts`` with
+checkpoints, ``recovery.trainers``), whose replays must match their records exactly, lends nothing.
 """
 
 from __future__ import annotations
@@ -70,7 +76,12 @@ class CoreLease:
             self._write(step)
             self.granted = step
 
+    def revoke(self) -> None:
+        """No step holds the cores (a step's training ended)."""
+        self.grant(0)
+
     def close(self) -> None:
+        """Remove the file (a rank that cannot open it lends nothing)."""
         with contextlib.suppress(OSError):
             os.unlink(self.path)
 
@@ -101,7 +112,11 @@ def lent_threads(cores: LentCores, step: int) -> Generator[LentTime]:
     from torch.nn.modules.module import register_module_forward_pre_hook
 
     used = LentTime()
-    fd = os.open(cores.path, os.O_RDONLY)
+    try:
+        fd = os.open(cores.path, os.O_RDONLY)
+    except OSError:  # the driver is gone or removed it: nothing is lent
+        yield used
+        return
     next_check = 0.0
 
     def check(_module: Any, _args: Any) -> None:

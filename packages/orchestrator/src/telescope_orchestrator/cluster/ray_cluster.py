@@ -303,14 +303,15 @@ class Cluster:
 
     def close(self) -> None:
         """Stop trainers first (a collective may hang), then servers, then Ray if we started it."""
+        ray = _ray()
+        if ray.is_initialized():
+            for actor in self.trainer_actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
         if self.core_lease is not None:
             self.core_lease.close()
-        ray = _ray()
         if not ray.is_initialized():
             return
-        for actor in self.trainer_actors:
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
         for actor in self.server_actors:
             with contextlib.suppress(Exception):
                 ray.get(actor.stop.remote(), timeout=30)

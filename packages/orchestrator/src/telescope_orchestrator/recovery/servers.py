@@ -157,6 +157,11 @@ class ServerSupervisor:
         if self._http is not None:
             await self._http.aclose()
 
+    @property
+    def restarting(self) -> bool:
+        """A dead server is being started again (it loads and warms up its model on its cores)."""
+        return any(s.state == "out" for s in self.servers.values())
+
     def metrics(self) -> dict[str, float]:
         out = sum(s.state != "up" for s in self.servers.values())
         return {"restarts/inference": float(self.restarts), "servers/out": float(out)}

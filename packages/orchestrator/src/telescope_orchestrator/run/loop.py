@@ -7,9 +7,6 @@
     weights.publish(step, group)                     # run.weights: telescope-weightsync, servers keep
                                                      # generating; then engine.weights_updated(version)
     write the step's metrics line and records (docs/records.md), then its checkpoint (when due)
-
-On a CPU node the servers' cores are lent to the training once nothing generates until the step's
-weights are published (``_lend_cores``, ``cluster.cores``).
     evals due after this step                        # telescope-rollout EvalRunner, see run.evals
 
 Periodic evals run in the background on drained eval servers while training goes on; meanwhile
@@ -17,6 +14,9 @@ weights go to the ``training_only`` group (see ``run.evals``). A step's records 
 written before any eval of it runs, and once its trainers have stepped its records are written
 whatever happens next (a failed publish, Ctrl-C while waiting for a running eval): an eval never
 costs a trained step. Eval failures are recorded and training goes on (see ``run.evals``).
+
+On a CPU node the servers' cores are lent to a step's training once nothing will generate before its
+weights are published (``_lend_cores``, ``cluster.cores``).
 
 A trainer rank that dies is replaced: the step's training, weight update or checkpoint goes again
 on new ranks that loaded the last checkpoint and trained again on the steps since
@@ -64,6 +64,9 @@ log = structlog.get_logger()
 
 LEND_POLL_S = 0.1
 """How often a training step asks whether the servers' cores can be lent (``_lend_cores``)."""
+LEND_SETTLE_S = 1.0
+"""How long nothing must generate before the cores are lent: vLLM aborts a cancelled request an
+engine step later, and its engine core busy-waits for a second after its last read."""
 
 
 @dataclass
@@ -294,16 +297,33 @@ async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[s
     finally:
         if lend is not None:
             lend.cancel()
+        if ctx.cores is not None:
+            ctx.cores.revoke()  # a step trained again (a replay, a retry) never finds an old grant
+
+
+def _servers_quiet(ctx: LoopContext) -> bool:
+    """Nothing computes on the servers' cores until the next weight update: the engine is idle until
+    then, no eval uses a server and no server is being restarted."""
+    evals, supervisor = ctx.eval_schedule, ctx.supervisor
+    return (
+        ctx.engine.idle
+        and (evals is None or evals.idle)
+        and (supervisor is None or not supervisor.restarting)
+    )
 
 
 async def _lend_cores(ctx: LoopContext, step: int) -> None:
-    """Lend the servers' cores to step ``step``'s training once nothing generates before its weights
-    are published: the engine idle until the next update, no eval on a server (``cluster.cores``)."""
-    evals = ctx.eval_schedule
-    while not (ctx.engine.idle and (evals is None or evals.idle)):
-        await asyncio.sleep(LEND_POLL_S)
+    """Lend the servers' cores to step ``step``'s training once they have been quiet for
+    ``LEND_SETTLE_S`` (``_servers_quiet``; ``cluster.cores``)."""
     assert ctx.cores is not None
-    ctx.cores.grant(step)
+    quiet_since: float | None = None
+    while True:
+        now = time.monotonic()
+        quiet_since = (quiet_since or now) if _servers_quiet(ctx) else None
+        if quiet_since is not None and now - quiet_since >= LEND_SETTLE_S:
+            ctx.cores.grant(step)
+            return
+        await asyncio.sleep(LEND_POLL_S)
 
 
 async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:

@@ -33,6 +33,7 @@ from telescope_orchestrator.run.weights import WeightUpdates, weight_groups
 
 if TYPE_CHECKING:
     from telescope_config import ResolvedConfig, TelescopeConfig
+    from telescope_orchestrator.cluster.cores import CoreLease
     from telescope_orchestrator.run.report import Reporter
     from telescope_orchestrator.run.wiring import EngineParts
     from telescope_rollout import Tokenizer
@@ -304,8 +305,22 @@ def _start(state: _Run) -> Any:
         sandboxes=state.sandboxes,
         supervisor=supervisor,
         trainer_restarts=restarts,
-        cores=state.cluster.core_lease,
+        cores=_lent_cores(state, restarts),
     )
+
+
+def _lent_cores(state: _Run, restarts: Any) -> CoreLease | None:
+    """The servers' cores lent to training while they idle (``cluster.cores``), unless trainer ranks
+    may be restarted: a replayed step must reproduce its record exactly, and lending changes the
+    thread count mid-step (and so how float sums are split)."""
+    lease: CoreLease | None = state.cluster.core_lease
+    if lease is None:
+        return None
+    if restarts is not None and restarts.why_not is None:
+        log.info("the servers' idle cores are not lent: trainer restarts replay steps exactly")
+        return None
+    log.info("the servers' cores are lent to training while they idle", lease=lease.path)
+    return lease
 
 
 def _actor_env(cfg: TelescopeConfig, run: RunDir) -> dict[str, str]:

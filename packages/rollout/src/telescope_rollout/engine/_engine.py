@@ -410,8 +410,9 @@ class RolloutEngine:
 
     @property
     def idle(self) -> bool:
-        """Nothing under way, and nothing starts before the next ``weights_updated`` (the async limit
-        pauses dispatch): the servers generate nothing for this engine until then."""
+        """No group under way, and none starts before the next ``weights_updated`` (the async limit
+        pauses dispatch). A server may still be finishing a request the engine just cancelled (it
+        aborts it at its next engine step)."""
         return not self._groups and self._should_pause()
 
     def progress(self) -> BatchProgress:
