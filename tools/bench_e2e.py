@@ -424,16 +424,8 @@ def main() -> None:
     runs: dict[str, list[Timed]] = {s: [] for s in sides}
     with tempfile.TemporaryDirectory(prefix="bench_e2e_") as tmp:
         work = Path(tmp)
-        cfg = {
-            "model": _model(args.model, work),
-            "steps": args.steps,
-            "batch": args.batch,
-            "group_size": args.group_size,
-            "max_tokens": args.max_tokens,
-            "temperature": 1.0,
-            "learning_rate": args.learning_rate,
-            "grad_clip": 1.0,
-        }
+        # the plain loop's settings from the same flags (temperature 1, gradient clipping 1)
+        cfg = {**_tool("plain_grpo").config(args), "model": _model(args.model, work)}
         for r in range(args.repeats):
             for side in sides if r % 2 == 0 else sides[::-1]:
                 timed = _run_side(side, cfg, work)
