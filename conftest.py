@@ -29,7 +29,7 @@ import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -154,3 +154,31 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     require("vllm", VLLM_HINT)
     with start_vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm_logs")) as server:
         yield server
+
+
+# Where the time of a parallel run went: each xdist worker's busy seconds and each xdist_group's
+# (printed after the slowest durations), to keep the groups balanced between the workers.
+_busy: dict[str, float] = {}
+_groups: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds a finished phase's seconds to its worker's (on the xdist controller) and group's."""
+    node = getattr(report, "node", None)
+    gateway = getattr(node, "gateway", None)
+    if gateway is None:
+        return
+    _busy[gateway.id] = _busy.get(gateway.id, 0.0) + report.duration
+    group = report.nodeid.rpartition("@")[2] if "@" in report.nodeid else "(none)"
+    _groups[group] = _groups.get(group, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The per-worker and per-group seconds of a parallel run (nothing when run without xdist)."""
+    if not _busy:
+        return
+    workers = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(_busy.items()))
+    groups = ", ".join(f"{g} {s:.0f} s" for g, s in sorted(_groups.items(), key=lambda kv: -kv[1]))
+    terminalreporter.write_sep("=", "time per worker and per xdist_group")
+    terminalreporter.write_line(f"workers: {workers}")
+    terminalreporter.write_line(f"groups: {groups}")

@@ -163,3 +163,20 @@ def test_a_servers_tree_runs_on_every_core_of_its_bind():
     assert server_cores("2,3") == "2,3"
     assert server_cores("0,1|2,3") == "0,1,2,3"  # tensor parallel: one run per rank
     assert server_cores("0|0") == "0"  # ranks sharing a core
+
+
+def test_cores_the_machine_lacks_fail_at_once_and_start_nothing(tmp_path):
+    pid_file = tmp_path / "pids"
+    missing = max(os.sched_getaffinity(0)) + 1000
+    cmd = [*REAPER, "--pid-file", str(pid_file), "--cpus", str(missing), "--", "sh", "-c", "touch started"]
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert time.monotonic() - t0 < 30  # not the minute the launcher waits for a started command
+    assert f"cannot run on cores {missing}" in done.stderr
+    assert not pid_file.exists()
+    assert not (tmp_path / "started").exists()
+    bad_cmd = [*REAPER, "--pid-file", str(pid_file), "--cpus", "0,x", "--", "true"]
+    bad = subprocess.run(bad_cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2
+    assert "--cpus takes comma-separated core numbers, not '0,x'" in bad.stderr

@@ -177,6 +177,7 @@ class InferenceServerActor:
         from telescope_orchestrator.cluster.vllm_server import (
             ServerHandle,
             ServerStartError,
+            failure_report,
             port_in_use,
             server_command,
             server_env,
@@ -220,13 +221,22 @@ class InferenceServerActor:
             if cpus:
                 fh.write(f"# the server's processes run on cores {cpus[1]}\n".encode())
             fh.flush()
-            subprocess.run(  # returns once the detached reaper has started vLLM
+            started = subprocess.run(  # returns once the detached reaper has started vLLM
                 [*reaper, "--pid-file", str(pid_file), "--", *cmd],
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 env=env,
-                check=True,
+                check=False,
                 timeout=120,
+            )
+        if started.returncode != 0:
+            raise ServerStartError(
+                failure_report(
+                    f"vLLM server {self.index} was not started (its reaper exited {started.returncode})",
+                    self.log_path,
+                ),
+                "reaper failed",
+                self.log_path,
             )
         url = f"http://{host}:{self.port}"
         self.handle = ServerHandle(self.index, self.port, url, _Detached(pid_file), self.log_path, cmd)

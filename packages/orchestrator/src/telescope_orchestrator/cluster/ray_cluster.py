@@ -230,11 +230,12 @@ class Cluster:
         tp = cfg.inference_tensor_parallel_size
         return cpu_plan(cores, cfg.num_inference_servers, tp, cfg.trainer_num_workers)
 
-    def place_trainers(self, model_path: str, log_dir: str) -> list[Any]:
+    def place_trainers(self, model_path: str, log_dir: str, *, lend: bool = True) -> list[Any]:
         """One TrainerActor per rank, forming one torch.distributed world.
 
         The validated config goes into Ray's object store once and every rank receives that object
-        (no rank validates it again).
+        (no rank validates it again). ``lend``: the ranks may borrow the servers' idle cores
+        (``cluster.cores``; :attr:`core_lease` is set when the CPU plan leaves any to lend).
         """
         ray = _ray()
         cfg = self.config
@@ -248,7 +249,7 @@ class Cluster:
         )
         gpus = 1.0 if self.gpu else 0.0
         plan = self._cpu_plan()
-        cores = self._lent_cores(plan)
+        cores = self._lent_cores(plan) if lend else None
 
         def options(r: int) -> dict[str, Any]:
             opts = self._options(pg, r, cfg.ray_trainer_cpus_per_worker, gpus)
@@ -276,6 +277,12 @@ class Cluster:
         for actor in self.trainer_actors:
             actor.set_master.remote(addr, port)
         return self.trainer_actors
+
+    def lendable(self) -> bool:
+        """Whether the CPU plan leaves the servers' cores to lend to the trainer ranks while the
+        servers idle (a CPU node whose ranks have fewer threads than cores)."""
+        plan = self._cpu_plan()
+        return plan is not None and plan.lent_threads > plan.trainer_threads
 
     def _lent_cores(self, plan: CpuPlan | None) -> LentCores | None:
         """What the trainer ranks need to borrow the servers' idle cores (None: nothing to lend)."""

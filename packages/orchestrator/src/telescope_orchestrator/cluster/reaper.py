@@ -121,6 +121,14 @@ def _reap(cmd: list[str], watch: int | None, pid_file: Path) -> int:
         time.sleep(POLL_S)
 
 
+def _cores(parser: argparse.ArgumentParser, cpus: str) -> set[int]:
+    """The cores of ``--cpus`` (``"0,1"``); anything else is a usage error (exit 2)."""
+    try:
+        return {int(c) for c in cpus.split(",")}
+    except ValueError:
+        parser.error(f"--cpus takes comma-separated core numbers, not {cpus!r}")
+
+
 def main(argv: list[str]) -> int:
     """The command line (module docstring): start the command, then watch; returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m telescope_orchestrator.cluster.reaper")
@@ -133,14 +141,22 @@ def main(argv: list[str]) -> int:
     if not cmd:
         parser.error("a command is needed after --")
     args.pid_file.unlink(missing_ok=True)
+    if args.cpus:  # set before the fork: the reaper, the command and everything it starts inherit it
+        try:
+            os.sched_setaffinity(0, _cores(parser, args.cpus))
+        except OSError as err:
+            mine = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+            print(
+                f"reaper: cannot run on cores {args.cpus} ({err.strerror}); this process may use {mine}",
+                file=sys.stderr,
+            )
+            return 2
     if os.fork() > 0:  # the launcher: wait until the reaper has started the command, then leave
         deadline = time.monotonic() + 60
         while not args.pid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         return 0 if args.pid_file.exists() else 1
     os.setsid()
-    if args.cpus:  # inherited by the command and everything it starts
-        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     os._exit(_reap(cmd, args.watch, args.pid_file))
 
 

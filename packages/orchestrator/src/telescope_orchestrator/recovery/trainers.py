@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from telescope_config import TelescopeConfig
 
-__all__ = ["Replay", "TrainerRestarts", "TrainersGone", "dead_ranks"]
+__all__ = ["Replay", "TrainerRestarts", "TrainersGone", "dead_ranks", "why_no_restarts"]
 
 log = structlog.get_logger()
 
@@ -182,20 +182,7 @@ class TrainerRestarts:
     @property
     def why_not(self) -> str | None:
         """Why this run cannot restart its ranks (None: it can)."""
-        cfg = self.config
-        if int(cfg.trainer_max_restarts) <= 0:
-            return "trainer_max_restarts is 0"
-        if not cfg.checkpoint_every:
-            return (
-                "this run saves no checkpoint to restart them from (checkpoint_every: false): set "
-                "checkpoint_every for a run to survive a trainer rank"
-            )
-        if not cfg.checkpoint_save_training_state:
-            return (
-                "its checkpoints hold no training state (checkpoint_save_training_state: false): set it "
-                "true for a run to survive a trainer rank"
-            )
-        return None
+        return why_no_restarts(self.config)
 
     def trained(self, step: int, samples: Sequence[Any], metrics: dict[str, float]) -> None:
         """Step ``step`` was trained: keep its samples for a replay (when the ranks can restart)."""
@@ -281,3 +268,21 @@ class TrainerRestarts:
         )
         lines.append(f"The ranks are not restarted: {stop}.\n{then}")
         return "\n".join(lines)
+
+
+def why_no_restarts(cfg: Any) -> str | None:
+    """Why a run with config ``cfg`` cannot restart dead trainer ranks (None: it can; decided by the
+    config alone, so before any rank is placed)."""
+    if int(cfg.trainer_max_restarts) <= 0:
+        return "trainer_max_restarts is 0"
+    if not cfg.checkpoint_every:
+        return (
+            "this run saves no checkpoint to restart them from (checkpoint_every: false): set "
+            "checkpoint_every for a run to survive a trainer rank"
+        )
+    if not cfg.checkpoint_save_training_state:
+        return (
+            "its checkpoints hold no training state (checkpoint_save_training_state: false): set it "
+            "true for a run to survive a trainer rank"
+        )
+    return None

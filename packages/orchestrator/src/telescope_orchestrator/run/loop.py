@@ -199,7 +199,9 @@ def reward_metrics(batch: Any) -> dict[str, float]:
 
 
 def _mean_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """The trainer's metrics (identical on every rank by contract; rank 0's copy is used)."""
+    """The trainer's metrics, rank 0's copy: the loss, token counts and norms are identical on every
+    rank by contract (reduced over the world); the ``timing/*`` ones, ``timing/cores_lent_s``
+    included, are rank 0's own."""
     return dict(per_rank[0]) if per_rank else {}
 
 

@@ -27,7 +27,7 @@ from telescope_orchestrator.cluster.calls import ActorCallError, call_all, setup
 from telescope_orchestrator.cluster.guard import start_guard
 from telescope_orchestrator.record.lines import MetricsLines
 from telescope_orchestrator.record.rundir import RunDir, choose_run_dir
-from telescope_orchestrator.recovery.trainers import dead_ranks
+from telescope_orchestrator.recovery.trainers import dead_ranks, why_no_restarts
 from telescope_orchestrator.run.waiting import on_engine_event
 from telescope_orchestrator.run.weights import WeightUpdates, weight_groups
 
@@ -305,19 +305,20 @@ def _start(state: _Run) -> Any:
         sandboxes=state.sandboxes,
         supervisor=supervisor,
         trainer_restarts=restarts,
-        cores=_lent_cores(state, restarts),
+        cores=_lent_cores(state),
     )
 
 
-def _lent_cores(state: _Run, restarts: Any) -> CoreLease | None:
-    """The servers' cores lent to training while they idle (``cluster.cores``), unless trainer ranks
-    may be restarted: a replayed step must reproduce its record exactly, and lending changes the
-    thread count mid-step (and so how float sums are split)."""
+def _lent_cores(state: _Run) -> CoreLease | None:
+    """The servers' cores lent to training while they idle (``cluster.cores``): the cluster holds a
+    lease when the ranks were placed to borrow (``place_trainers(lend=...)``, never where trainer
+    ranks may be restarted: a replayed step must reproduce its record exactly, and lending changes
+    the thread count mid-step, and so how float sums are split)."""
     lease: CoreLease | None = state.cluster.core_lease
+    cfg = state.resolved.config
     if lease is None:
-        return None
-    if restarts is not None and restarts.why_not is None:
-        log.info("the servers' idle cores are not lent: trainer restarts replay steps exactly")
+        if why_no_restarts(cfg) is None and state.cluster.lendable():
+            log.info("the servers' idle cores are not lent: trainer restarts replay steps exactly")
         return None
     log.info("the servers' cores are lent to training while they idle", lease=lease.path)
     return lease
@@ -375,7 +376,7 @@ def _trainer_restarts(
 
     def place() -> list[Any]:
         cluster.stop_trainers()
-        trainers = cluster.place_trainers(inputs.model_path, str(log_dir))
+        trainers = cluster.place_trainers(inputs.model_path, str(log_dir), lend=False)
         call_all(trainers, "setup", timeout=float(cfg.ray_placement_timeout_s))
         from telescope_orchestrator.record.observe import local_pids
 
@@ -600,7 +601,10 @@ def _start_workers(
         try:
             actors = cluster.place_servers(launches)
             urls = call_all(actors, "start")
-            trainers = cluster.place_trainers(model_path, str(run.path / "logs" / "trainer"))
+            # lending changes a step's thread count (and how float sums split): never where a
+            # restarted rank must replay a step exactly
+            lend = why_no_restarts(cfg) is not None
+            trainers = cluster.place_trainers(model_path, str(run.path / "logs" / "trainer"), lend=lend)
             setting_up = start_all(trainers, "setup")  # loads the model while vLLM boots
             call_all(actors, "wait_healthy", float(cfg.ray_placement_timeout_s))
             infos = wait_all(setting_up)
