@@ -17,7 +17,7 @@ time. ``overhead_vs_bare`` is the sandbox's p50 latency over the bare p50 latenc
 free).
 
 Usage: ``python tools/bench_sandbox.py [--runs 200] [--concurrency 4] [--warmup 8] [--rounds 4]``.
-The last line is ``RESULT runs_per_s=<sandbox runs/s> p99_ms=<sandbox p99 latency> overhead_vs_bare=<ratio>``.
+The last line is ``RESULT overhead_vs_bare=<ratio> runs_per_s=<sandbox runs/s> p99_ms=<sandbox p99 latency>``.
 """
 
 from __future__ import annotations
@@ -116,8 +116,8 @@ async def main() -> None:
     print(f"pool     runs={metrics['runs']:.0f} failures={metrics['failures']:.0f}")
     overhead = boxed["p50_ms"] / bare["p50_ms"]
     print(
-        f"RESULT runs_per_s={boxed['runs_per_s']:.1f} p99_ms={boxed['p99_ms']:.1f} "
-        f"overhead_vs_bare={overhead:.2f}"
+        f"RESULT overhead_vs_bare={overhead:.2f} runs_per_s={boxed['runs_per_s']:.1f} "
+        f"p99_ms={boxed['p99_ms']:.1f}"
     )
 
 
