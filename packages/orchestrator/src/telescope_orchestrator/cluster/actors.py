@@ -177,7 +177,6 @@ class InferenceServerActor:
         from telescope_orchestrator.cluster.vllm_server import (
             ServerHandle,
             ServerStartError,
-            failure_report,
             port_in_use,
             server_command,
             server_env,
@@ -206,6 +205,16 @@ class InferenceServerActor:
         from telescope_orchestrator.cluster.cache import cache_dir
 
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+        pid_file = self._launch(cmd, env, cpus)
+        url = f"http://{host}:{self.port}"
+        self.handle = ServerHandle(self.index, self.port, url, _Detached(pid_file), self.log_path, cmd)
+        return url
+
+    def _launch(self, cmd: list[str], env: dict[str, str], cpus: list[str]) -> Path:
+        """Start ``cmd`` under the detached reaper (on the cores of ``cpus``, its ``--cpus`` option, if
+        any); returns the reaper's pid file. A reaper that could not start it: ServerStartError."""
+        from telescope_orchestrator.cluster.vllm_server import ServerStartError, failure_report
+
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         pid_file = self.log_path.with_suffix(".pid")
         reaper = [
@@ -238,9 +247,7 @@ class InferenceServerActor:
                 "reaper failed",
                 self.log_path,
             )
-        url = f"http://{host}:{self.port}"
-        self.handle = ServerHandle(self.index, self.port, url, _Detached(pid_file), self.log_path, cmd)
-        return url
+        return pid_file
 
     def wait_healthy(self, timeout_s: float) -> str:
         """Block until /health answers; a crash or timeout raises a classified ServerStartError."""
