@@ -270,7 +270,7 @@ class TrainerRestarts:
         return "\n".join(lines)
 
 
-def why_no_restarts(cfg: Any) -> str | None:
+def why_no_restarts(cfg: TelescopeConfig) -> str | None:
     """Why a run with config ``cfg`` cannot restart dead trainer ranks (None: it can; decided by the
     config alone, so before any rank is placed)."""
     if int(cfg.trainer_max_restarts) <= 0:
