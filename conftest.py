@@ -156,29 +156,22 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         yield server
 
 
-# Where the time of a parallel run went: each xdist worker's busy seconds and each xdist_group's
-# (printed after the slowest durations), to keep the groups balanced between the workers.
+# Where the time of a parallel run went: each xdist worker's busy seconds (printed before the slowest
+# durations); far apart, the xdist_group marks leave one worker idle while the other finishes.
 _busy: dict[str, float] = {}
-_groups: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Adds a finished phase's seconds to its worker's (on the xdist controller) and group's."""
+    """Adds a finished phase's seconds to its worker's (on the xdist controller, which sees each)."""
     node = getattr(report, "node", None)
     gateway = getattr(node, "gateway", None)
-    if gateway is None:
-        return
-    _busy[gateway.id] = _busy.get(gateway.id, 0.0) + report.duration
-    group = report.nodeid.rpartition("@")[2] if "@" in report.nodeid else "(none)"
-    _groups[group] = _groups.get(group, 0.0) + report.duration
+    if gateway is not None:
+        _busy[gateway.id] = _busy.get(gateway.id, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The per-worker and per-group seconds of a parallel run (nothing when run without xdist)."""
-    if not _busy:
-        return
-    workers = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(_busy.items()))
-    groups = ", ".join(f"{g} {s:.0f} s" for g, s in sorted(_groups.items(), key=lambda kv: -kv[1]))
-    terminalreporter.write_sep("=", "time per worker and per xdist_group")
-    terminalreporter.write_line(f"workers: {workers}")
-    terminalreporter.write_line(f"groups: {groups}")
+    """Each worker's busy seconds in a parallel run (nothing when run without xdist)."""
+    if _busy:
+        workers = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(_busy.items()))
+        terminalreporter.write_sep("=", "time per xdist worker")
+        terminalreporter.write_line(f"workers: {workers}")
