@@ -36,7 +36,11 @@ updates and with ``max_off_policy_steps=-1``, so no group is cancelled and no ge
 wasted. Only generation is timed (start-ups and one warm-up round excluded); every timed
 measurement is repeated ``--repeats`` times and the best kept, since the 2-core machine is
 shared. The server is stopped before the offline engine starts, and the offline engine runs in
-its own process group, which is killed afterwards: nothing is left running.
+its own process group, which is killed afterwards: nothing is left running. On two or more cores the
+server's processes run on the first core and this process (the engine or the raw loop) on the others,
+as ``telescope train`` places a server and its trainer (``--no-pin``: every process on every core,
+where vLLM's busy-waiting engine core and the client take each other's time); the offline engine, one
+process tree, keeps every core.
 
 Two more lines show where time goes (same server, same prompts, no engine):
 ``raw HTTP``: a plain asyncio + aiohttp loop with ``concurrency`` requests in flight, the engine's
@@ -240,6 +244,27 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _on_cores(cores: set[int]):
+    """This process, and whatever it starts meanwhile, on ``cores``; its own cores again after."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _split_cores(pin: bool) -> tuple[set[int], set[int], dict[str, str]]:
+    """(the server's cores, the client's, the server's extra env): with ``pin`` and two or more cores,
+    the server's whole tree on the first core (vLLM's OpenMP threads bound there) and this process on
+    the rest, as ``telescope train`` places a server and its trainer; else every core for both."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not pin or len(cores) < 2:
+        return set(cores), set(cores), {}
+    return {cores[0]}, set(cores[1:]), {"VLLM_CPU_OMP_THREADS_BIND": str(cores[0])}
+
+
 def bench_server(model_dir: Path, tokenizer, args, log_dir: Path) -> tuple[float, list[list[int]]]:
     """Engine and raw-HTTP completions/s on one server; returns (best engine rate, prompt ids)."""
     from telescope_orchestrator.cluster.vllm_server import ServerSettings, launch_server
@@ -260,8 +285,15 @@ def bench_server(model_dir: Path, tokenizer, args, log_dir: Path) -> tuple[float
     )  # fmt: skip
     legacy = dataclasses.replace(settings, max_off_policy_steps=8)
 
+    server_cores, client_cores, pin_env = _split_cores(args.pin)
+    print(f"  server on cores {sorted(server_cores)}, client on {sorted(client_cores)}", flush=True)
+
     async def run() -> tuple[float, list[list[int]]]:
-        with launch_server(cfg, port=port, log_path=log_dir / "vllm_0.log", env=CPU_ENV) as server:
+        with _on_cores(server_cores):  # the server's processes inherit these cores
+            launched = launch_server(
+                cfg, port=port, log_path=log_dir / "vllm_0.log", env={**CPU_ENV, **pin_env}
+            )
+        with launched as server, _on_cores(client_cores):
             await asyncio.to_thread(server.wait_healthy, 900)
             url = server.url
             async with InferenceClient([url], model="tiny", timeout_s=1800) as client:
@@ -450,6 +482,12 @@ def main() -> None:
     parser.add_argument("--skip-vllm", action="store_true", help="only the overhead measurement")
     parser.add_argument("--skip-offline", action="store_true", help="no offline side (server still timed)")
     parser.add_argument("--httpx", action="store_true", help="also time the raw loop through httpx")
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="server on the first core, client on the rest (engine vs offline)",
+    )
     parser.add_argument(
         "--legacy", action="store_true", help="also time the engine as the old bench drove it"
     )
