@@ -246,7 +246,8 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def _on_cores(cores: set[int]):
-    """This process, and whatever it starts meanwhile, on ``cores``; its own cores again after."""
+    """The calling thread (the main one: the event loop and the processes it starts meanwhile) on
+    ``cores``; its own cores again after (Linux sets affinity per thread; new threads inherit it)."""
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, cores)
     try:

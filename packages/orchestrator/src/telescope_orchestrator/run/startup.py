@@ -310,17 +310,11 @@ def _start(state: _Run) -> Any:
 
 
 def _lent_cores(state: _Run) -> CoreLease | None:
-    """The servers' cores lent to training while they idle (``cluster.cores``): the cluster holds a
-    lease when the ranks were placed to borrow (``place_trainers(lend=...)``, never where trainer
-    ranks may be restarted: a replayed step must reproduce its record exactly, and lending changes
-    the thread count mid-step, and so how float sums are split)."""
+    """The servers' cores lent to training while they idle (``cluster.cores``): the lease the
+    cluster holds when the ranks were placed to borrow them (``_start_workers`` decides)."""
     lease: CoreLease | None = state.cluster.core_lease
-    cfg = state.resolved.config
-    if lease is None:
-        if why_no_restarts(cfg) is None and state.cluster.lendable():
-            log.info("the servers' idle cores are not lent: trainer restarts replay steps exactly")
-        return None
-    log.info("the servers' cores are lent to training while they idle", lease=lease.path)
+    if lease is not None:
+        log.info("the servers' cores are lent to training while they idle", lease=lease.path)
     return lease
 
 
@@ -604,6 +598,8 @@ def _start_workers(
             # lending changes a step's thread count (and how float sums split): never where a
             # restarted rank must replay a step exactly
             lend = why_no_restarts(cfg) is not None
+            if not lend and cluster.lendable():
+                log.info("the servers' idle cores are not lent: trainer restarts replay steps exactly")
             trainers = cluster.place_trainers(model_path, str(run.path / "logs" / "trainer"), lend=lend)
             setting_up = start_all(trainers, "setup")  # loads the model while vLLM boots
             call_all(actors, "wait_healthy", float(cfg.ray_placement_timeout_s))
