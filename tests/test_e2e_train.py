@@ -194,6 +194,10 @@ def check_standalone_eval(run: Path) -> None:
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     standalone = [m for m in lines if m.get("eval/standalone")]
     assert [m["eval/step"] for m in standalone] == [2, 4]
+    # one server for both: started on step 2, step 4 loaded into it in place
+    served = sorted(p.name for p in (run / "logs" / "inference").glob("eval_step_*.log"))
+    assert served == ["eval_step_2.log"]
+    assert "weightsync.loaded" in (run / "logs" / "inference" / "eval_step_2.log").read_text()
     assert all(0.0 <= m[f"eval/{ENV}/pass@2/digits"] <= 1.0 for m in standalone)
     bad = subprocess.run([sys.executable, "-m", "telescope_cli", "eval", str(run / "logs")], env=run_env(),
                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip

@@ -75,3 +75,24 @@ def test_a_config_given_or_by_default_is_taken_when_the_run_has_none(tmp_path):
         evaluate([hf], run_dir=out, default_config=default)
     with pytest.raises(EvalError, match="lists no evals"):  # the given config wins over the default
         evaluate([hf], {"environments": [{"name": "countdown"}]}, run_dir=out, default_config=default)
+
+
+def test_checkpoints_share_a_server_when_their_config_differs_only_in_name_and_dtype(tmp_path):
+    from telescope_orchestrator.run.standalone_eval import _architecture
+
+    def folder(name: str, **config: object):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(config))
+        return path
+
+    base = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2}
+    a = folder("a", **base, _name_or_path="/x", torch_dtype="float32", transformers_version="4.57")
+    b = folder("b", **base, _name_or_path="/y", dtype="bfloat16", transformers_version="5.0")
+    wider = folder("c", **{**base, "hidden_size": 128})
+    assert _architecture(a) == _architecture(b) == base
+    assert _architecture(wider) != _architecture(a)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text("[1]")
+    with pytest.raises(EvalError, match="not a JSON object"):
+        _architecture(tmp_path / "d")

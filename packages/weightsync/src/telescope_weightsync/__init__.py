@@ -2,7 +2,8 @@
 
 Trainer side: ``WeightPublisher`` with ``PublisherSettings`` (``PublisherSettings.from_config``
 maps a run's config onto them); it sends the whole model, or a LoRA adapter alone
-(``write_adapter`` is the adapter's folder format). Inference side: the vLLM worker extension
+(``write_adapter`` is the adapter's folder format); ``load_folder`` serves a model folder in
+place of a running server's weights. Inference side: the vLLM worker extension
 ``telescope_weightsync.vllm_worker.WeightReceiver`` (import it only where vLLM is installed; this
 package's top level never imports vLLM). docs/weightsync.md describes the protocol.
 """
@@ -18,7 +19,7 @@ from telescope_weightsync._errors import (
     UpdateError,
     WeightSyncError,
 )
-from telescope_weightsync._http import probe_version, server_version
+from telescope_weightsync._http import load_folder, probe_version, server_version
 from telescope_weightsync._protocol import plan_buckets
 from telescope_weightsync._publisher import PublishSpan, ServerUpdate, WeightPublisher
 from telescope_weightsync._settings import PublisherConfig, PublisherSettings
@@ -35,6 +36,8 @@ __all__ = [
     # LoRA adapters (PEFT's folder format; the name servers serve one under)
     "ADAPTER_NAME",
     "write_adapter",
+    # A Hugging Face folder served in place of a server's weights (``telescope eval``)
+    "load_folder",
     # Versions
     "BASE_VERSION",
     "WeightVersion",

@@ -14,7 +14,14 @@ import httpx
 
 from telescope_weightsync._errors import ReceiverMissing, ServerError, ServerTimeout
 
-__all__ = ["collective_rpc", "load_adapter", "probe_version", "served_models", "server_version"]
+__all__ = [
+    "collective_rpc",
+    "load_adapter",
+    "load_folder",
+    "probe_version",
+    "served_models",
+    "server_version",
+]
 
 
 def collective_rpc(
@@ -77,6 +84,30 @@ def load_adapter(
             f"server {url} refused LoRA adapter {name} from {path}: HTTP {response.status_code}: "
             f"{response.text[:500]}",
         )
+
+
+def load_folder(url: str, folder: str, *, version: int, timeout_s: float = 600.0) -> float:
+    """Serve the Hugging Face folder ``folder`` (a path on the server's node, of the architecture
+    the server was started with) at ``url`` as weight version ``version``, in place of its weights,
+    then drop its prefix cache (blocks computed with the old weights); returns the seconds the load
+    took. Call it with no request in flight. Raises the errors of :func:`collective_rpc` (a folder
+    the server cannot load: ``ServerError`` with the server's reason)."""
+    base = url.rstrip("/")
+    payload = {"path": folder, "version": version}
+    with httpx.Client() as client:
+        results = collective_rpc(client, base, "telescope_load", payload, timeout_s=timeout_s)
+        try:
+            reset = client.post(f"{base}/reset_prefix_cache", timeout=timeout_s)
+            done = reset.status_code == 200 and reset.json().get("success") is True
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            raise ServerError(base, f"server {base} did not drop its prefix cache: {exc}") from exc
+    if not done:
+        raise ServerError(
+            base,
+            f"server {base} did not drop its prefix cache after the load (requests in flight?): "
+            f"HTTP {reset.status_code}: {reset.text[:200]}",
+        )
+    return max(float(r["seconds"]) for r in results)
 
 
 def server_version(url: str, *, timeout_s: float = 10.0) -> int:

@@ -16,6 +16,9 @@ tensor-parallel worker of the server:
   the server's folder on this node (PEFT's format) and loaded in place of the served adapter with the worker's
   ``add_lora`` (``load_inplace``); the answer adds ``adapter_path`` and ``adapter_loaded`` (false:
   the worker held no adapter, the publisher registers this one over HTTP).
+- ``telescope_load(json)`` loads the Hugging Face folder ``{"path", "version"}`` (on this node)
+  in place of the served weights with ``model_runner.reload_weights``, as a server started on it
+  would; returns ``{"version", "seconds"}``. ``telescope eval`` serves its checkpoints this way.
 - ``telescope_version()`` -> the version of the weights this worker serves (-1: base model).
 - ``telescope_leave(json)`` leaves one group (``{"group": name}``) or all (``{}``).
 - ``telescope_raw_receive(json)`` receives one plain broadcast of ``{"group", "nbytes"}`` bytes and
@@ -172,6 +175,20 @@ class WeightReceiver:
             "wait_s": stats.wait_seconds,
             "seconds": seconds,
         }
+
+    def telescope_load(self, payload: str) -> dict[str, Any]:
+        args = _parse(payload)
+        path = Path(str(args["path"])).expanduser()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a Hugging Face model folder (no config.json) here")
+        version = int(args["version"])
+        start = time.perf_counter()
+        self.model_runner.reload_weights(weights_path=str(path))
+        self._telescope_repack_tied_lm_head()
+        self._telescope_state().version = version
+        seconds = time.perf_counter() - start
+        log.info("weightsync.loaded", path=str(path), version=version, seconds=round(seconds, 3))
+        return {"version": version, "seconds": seconds}
 
     def _telescope_swap_adapter(
         self, adapter: dict[str, Any], tensors: dict[str, torch.Tensor]

@@ -3,8 +3,11 @@
 Each checkpoint (a ``step_N`` folder with ``meta.json`` of either backend, a folder of them such
 as ``runs/<name>/checkpoints``, or a Hugging Face folder with ``config.json``) is converted to a
 Hugging Face folder when needed (``convert_checkpoint`` of its backend, into a temporary folder
-deleted afterwards), served by one vLLM server of its own, and evaluated with the config's
-``evals`` (the same runner, sampling and pass@k as in-training evals). Results go where a run's
+deleted afterwards), served, and evaluated with the config's ``evals`` (the same runner, sampling
+and pass@k as in-training evals). One vLLM server serves them in turn: it starts on the first, and
+each later checkpoint of the same architecture (``config.json``) is loaded into it in place
+(``telescope_weightsync.load_folder``); another architecture, or a load that fails, gets a server
+of its own. Results go where a run's
 evals go: ``eval_samples`` (with turns, tool calls, rollout events) of the record, tagged with
 this attempt so an in-training eval of the same step is kept, and one ``metrics.jsonl`` line per
 checkpoint with ``eval/step`` and ``eval/standalone: 1``. The run directory is ``--run-dir``, else
@@ -14,6 +17,7 @@ the run the checkpoints belong to (the parent of their ``checkpoints`` folder). 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -21,7 +25,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
@@ -64,8 +68,6 @@ class Checkpoint:
 def _one(path: Path) -> Checkpoint | None:
     match = _STEP.search(path.name)
     if (path / "meta.json").is_file():
-        import json
-
         meta = json.loads((path / "meta.json").read_text())
         return Checkpoint(path, int(meta.get("step", match.group(1) if match else 0)), True)
     if (path / "config.json").is_file():
@@ -139,20 +141,71 @@ async def _evaluate(
 def _serve(cfg: TelescopeConfig, model: Path, run: RunDir, step: int) -> ServerHandle:
     from telescope_orchestrator.cluster.ray_cluster import has_cuda
     from telescope_orchestrator.cluster.vllm_server import ServerSettings, free_port_run, launch_server
+    from telescope_orchestrator.run.startup import WEIGHTSYNC_EXTENSION
 
     device = "cuda" if has_cuda() else "cpu"
     settings = ServerSettings.from_config(  # a LoRA run's checkpoint is served merged: no adapter here
         cfg, model=str(model), device=device, seed=cfg.seed, host="127.0.0.1", lora_rank=0
     )
     log_path = run.path / "logs" / "inference" / f"eval_step_{step}.log"
-    # its own port: beside a training run too
-    handle = launch_server(settings, port=free_port_run(span=1), log_path=log_path)
+    # its own port: beside a training run too; the receiver loads the later checkpoints
+    port = free_port_run(span=1)
+    handle = launch_server(settings, port=port, log_path=log_path, extension_cls=WEIGHTSYNC_EXTENSION)
     try:
         handle.wait_healthy(float(cfg.ray_placement_timeout_s))
     except BaseException:
         handle.stop()
         raise
     return handle
+
+
+_NOT_ARCHITECTURE = frozenset({"_name_or_path", "transformers_version", "torch_dtype", "dtype"})
+"""``config.json`` keys two checkpoints of one model may differ in."""
+
+
+def _architecture(model: Path) -> dict[str, Any]:
+    """What of ``model``'s ``config.json`` a server started on it is bound to."""
+    try:
+        config: object = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise EvalError(f"{model}/config.json cannot be read: {err}") from None
+    if not isinstance(config, dict):
+        raise EvalError(f"{model}/config.json is not a JSON object")
+    return {str(k): v for k, v in cast(dict[Any, Any], config).items() if k not in _NOT_ARCHITECTURE}
+
+
+@dataclass
+class _Serving:
+    """The server of ``telescope eval`` and the architecture it serves; ``serve`` has it serve the
+    next checkpoint, loaded in place when it can be (module docstring)."""
+
+    cfg: TelescopeConfig
+    run: RunDir
+    handle: ServerHandle | None = None
+    architecture: dict[str, Any] | None = None
+
+    def serve(self, model: Path, step: int) -> str:
+        """The URL of a server holding ``model`` as version ``step``."""
+        from telescope_weightsync import WeightSyncError, load_folder
+
+        architecture = _architecture(model)
+        if self.handle is not None and architecture == self.architecture:
+            try:
+                seconds = load_folder(self.handle.url, str(model), version=step)
+            except WeightSyncError as err:
+                log.warning("eval.load_failed", step=step, error=str(err), then="a server of its own")
+            else:
+                log.info("eval.loaded", step=step, seconds=round(seconds, 2), url=self.handle.url)
+                return self.handle.url
+        self.stop()
+        self.handle = _serve(self.cfg, model, self.run, step)
+        self.architecture = architecture
+        return self.handle.url
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.stop()
+            self.handle = None
 
 
 def standalone_eval(
@@ -166,21 +219,22 @@ def standalone_eval(
     records.eval_tag = f"a{records.attempt:03d}"
     lines: list[dict[str, float]] = []
     scratch = Path(tempfile.mkdtemp(prefix="telescope-eval-"))
+    serving = _Serving(cfg, run)
     try:
         for ckpt in checkpoints:
             with console.phase(f"step {ckpt.step}: convert and serve {ckpt.path}"):
                 model = _hf_folder(ckpt, scratch)
-                handle = _serve(cfg, model, run, ckpt.step)
+                url = serving.serve(model, ckpt.step)
             try:
-                metrics = asyncio.run(_evaluate(cfg, run, console, model, ckpt.step, handle.url))
+                metrics = asyncio.run(_evaluate(cfg, run, console, model, ckpt.step, url))
             finally:
-                handle.stop()
                 if ckpt.native:
                     shutil.rmtree(model, ignore_errors=True)
             line = {"step": ckpt.step, **metrics, "eval/step": ckpt.step, "eval/standalone": 1}
             run.append_metrics(line)
             lines.append(line)
     finally:
+        serving.stop()
         shutil.rmtree(scratch, ignore_errors=True)
         records.close()
     return lines
