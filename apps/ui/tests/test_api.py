@@ -346,3 +346,16 @@ def test_eval_samples_by_source_and_eval_lines_by_step(client: TestClient, runs:
         {"step": 2, "a": 0.5},
         {"step": 5, "a": 1.0, "b": 2.0, "standalone": 1},
     ]
+
+
+def test_a_damaged_manifest_is_named_on_its_run_and_hides_no_other_run(tmp_path: Path) -> None:
+    synthetic_run(tmp_path / "good", steps=1, samples=8, group_size=4)
+    synthetic_run(tmp_path / "bad", steps=1, samples=8, group_size=4)
+    (tmp_path / "bad" / "records" / "manifest.json").write_text('{"attempts": [')
+    with TestClient(create_app([tmp_path]), base_url=LOCAL) as c:
+        assert {r["name"] for r in get(c, "/api/runs")} == {"good", "bad"}
+        bad = c.get("/api/overview", params={"run": "bad"})
+        assert bad.status_code == 422
+        assert "manifest.json cannot be read" in bad.json()["detail"]
+        assert "records/ folder aside" in bad.json()["detail"]
+        assert get(c, "/api/overview", run="good")["manifest"]["attempts"][0]["attempt"] == 0

@@ -70,6 +70,12 @@ def test_a_record_of_another_format_or_table_version_is_refused_with_the_fix(tmp
     path.write_text(json.dumps({**manifest, "format": 99}))
     with pytest.raises(RecordError, match="format 99"):
         RecordWriter(tmp_path, resume_from=0)
+    for damaged, why in (('{"format": ', "cannot be read"), ("[1, 2]", "is not a JSON object")):
+        path.write_text(damaged)
+        with pytest.raises(RecordError, match=why + r".*move the run's records/ folder aside"):
+            read_manifest(tmp_path)
+        with pytest.raises(RecordError, match=why):
+            RecordWriter(tmp_path, resume_from=0)
 
 
 def test_time_tables_flush_when_due_or_full_and_on_close(tmp_path):

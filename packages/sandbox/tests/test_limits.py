@@ -30,6 +30,7 @@ def test_defaults_and_rlimits():
         ({"max_processes": 0}, "max_processes must be >= 1"),
         ({"disk_mb": True}, "disk_mb must be a number"),
         ({"cpu_time_s": -1}, "cpu_time_s must be > 0 or None"),
+        ({"cpu_time_s": True}, "cpu_time_s must be > 0 or None"),
         ({"max_output_bytes": "1"}, "max_output_bytes must be a number"),
     ],
 )

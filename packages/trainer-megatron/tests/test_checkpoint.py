@@ -97,6 +97,10 @@ def test_convert_refuses_what_is_not_a_megatron_checkpoint(tmp_path: Path):
     (broken / "hf" / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match=r"lacks config\.json or model safetensors"):
         convert_checkpoint(broken, tmp_path / "out")
+    for damaged in ('{"backend": "mega', '["megatron"]'):
+        (broken / "layout.json").write_text(damaged)
+        with pytest.raises(ValueError, match=r"layout\.json is damaged .*another step"):
+            convert_checkpoint(broken, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

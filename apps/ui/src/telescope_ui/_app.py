@@ -24,7 +24,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from telescope_records import read_manifest
+from telescope_records import RecordError, read_manifest
 from telescope_ui import _queries as qry
 from telescope_ui._files import TimeIndex
 from telescope_ui._metrics import MetricsCache, discarded_by_reason, is_dict, metric_columns
@@ -87,6 +87,17 @@ def _summary(state: _State, name: str, path: Path, manifest: dict[str, Any]) -> 
         "started": attempts[0].get("started") or next((m["time"] for m in metrics if m.get("time")), None),
         "updated": next((m["time"] for m in reversed(metrics) if m.get("time")), None),
     }
+
+
+def _manifest(path: Path, *, strict: bool) -> dict[str, Any]:
+    """The run's manifest; a damaged one is an HTTP 422 naming the fix (``strict``, one run's
+    page) or no manifest (the runs list, where the other runs still show)."""
+    try:
+        return read_manifest(path)
+    except RecordError as err:
+        if strict:
+            raise HTTPException(422, str(err)) from None
+        return {}
 
 
 def _stop_events(state: _State, path: Path) -> dict[int, dict[str, Any]]:
@@ -180,13 +191,13 @@ def create_app(
 def _run_routes(app: FastAPI, state: _State) -> None:
     @app.get("/api/runs")
     def runs() -> list[dict[str, Any]]:
-        return [_summary(state, r.name, r.path, read_manifest(r.path)) for r in state.index.runs()]
+        return [_summary(state, r.name, r.path, _manifest(r.path, strict=False)) for r in state.index.runs()]
 
     @app.get("/api/overview")
     def overview(run: str) -> dict[str, Any]:
         path = state.run(run)
         config, user_keys = read_config(path)
-        manifest = read_manifest(path)
+        manifest = _manifest(path, strict=True)
         return {
             **_summary(state, run, path, manifest),
             "config": config,

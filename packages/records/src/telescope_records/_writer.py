@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -54,10 +54,22 @@ def records_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "records"
 
 
+_MANIFEST_FIX = "restore it, or move the run's records/ folder aside to start a new record"
+
+
 def read_manifest(run_dir: str | Path) -> dict[str, Any]:
-    """``records/manifest.json`` of a run ({} when it has none)."""
+    """``records/manifest.json`` of a run ({} when it has none); a ``RecordError`` when it is not
+    a JSON object (edited or damaged by hand: the writer replaces it atomically)."""
     path = records_dir(run_dir) / "manifest.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        manifest: object = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise RecordError(f"{path} cannot be read ({err}): {_MANIFEST_FIX}") from None
+    if not isinstance(manifest, dict):
+        raise RecordError(f"{path} is not a JSON object: {_MANIFEST_FIX}")
+    return cast(dict[str, Any], manifest)
 
 
 def _safe(text: str) -> str:

@@ -99,5 +99,8 @@ class Limits:
 
 
 def _positive_number(value: object) -> bool:
-    """Whether ``value`` is a finite number > 0 (a caller, or a config file, may pass anything)."""
-    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+    """Whether ``value`` is a finite number > 0 (a caller, or a config file, may pass anything;
+    ``True`` is not a number of seconds)."""
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )

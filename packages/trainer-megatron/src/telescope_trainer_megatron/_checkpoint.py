@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -147,6 +147,17 @@ def write_layout(directory: Path, facts: dict[str, Any]) -> None:
     (directory / LAYOUT_FILE).write_text(text, encoding="utf-8")
 
 
+def _json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; a ``ValueError`` naming the file when it holds anything else."""
+    try:
+        facts: object = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path} is damaged ({err}): evaluate, convert or resume another step") from None
+    if not isinstance(facts, dict):
+        raise ValueError(f"{path} is damaged (not a JSON object): evaluate, convert or resume another step")
+    return cast(dict[str, Any], facts)
+
+
 def read_layout(directory: Path) -> dict[str, Any]:
     """The facts of a folder written by ``save_checkpoint``; a clear error for anything else.
 
@@ -156,10 +167,10 @@ def read_layout(directory: Path) -> dict[str, Any]:
     directory = Path(directory)
     path = directory / LAYOUT_FILE
     if path.is_file():
-        facts: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        facts = _json_object(path)
     else:
         legacy = directory / _LEGACY_META
-        facts = json.loads(legacy.read_text(encoding="utf-8")) if legacy.is_file() else {}
+        facts = _json_object(legacy) if legacy.is_file() else {}
         if facts.get("backend") == BACKEND and "tp_size" in facts:
             facts = {**facts, "format": 1, "training_state": True}
         else:
@@ -195,6 +206,7 @@ def convert_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
     Raises:
         FileNotFoundError: ``directory`` is not a Megatron checkpoint, or its ``hf/`` folder lacks
             ``config.json`` or the safetensors weights.
+        ValueError: its ``layout.json`` (or ``meta.json``) is damaged.
     """
     src = Path(directory)
     read_layout(src)
