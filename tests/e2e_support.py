@@ -211,9 +211,14 @@ def _check_trainer_threads(run_dir: Path) -> None:
     assert ready["torch_threads"] == [max(1, (cores - for_servers) // ranks)] * ranks, ready
     log = (run_dir / "logs" / "inference" / "server_0.log").read_text()
     first = sorted(os.sched_getaffinity(0))[: max(1, for_servers // servers)]
-    assert f"core ids={first}" in log, f"server 0 should compute on cores {first}"
     mine = ",".join(map(str, first))
     assert f"the server's processes run on cores {mine}" in log, "server 0's tree is not on its cores"
+    # said by the process that runs the model (its weight receiver), each time it joins weight sync
+    joined = [line for line in log.splitlines() if "weightsync.joined" in line]
+    assert joined, "server 0 never joined weight sync"
+    for line in joined:
+        assert f"cores={first}" in line, (first, line)
+        assert f"threads={len(first)}" in line, (first, line)
     # while the servers idle, the ranks borrow their cores (cluster.cores): every step says how long;
     # never with trainer restarts, whose replays must match exactly
     restarts = bool(

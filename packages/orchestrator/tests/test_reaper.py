@@ -99,6 +99,27 @@ def test_a_killed_command_reads_as_killed_at_once_never_as_unknown(tmp_path):
     assert view.wait(timeout=30) == -signal.SIGKILL
 
 
+def test_kill_stops_a_group_that_ignores_sigterm_at_once(tmp_path):
+    """A hung server (its API process ignoring SIGTERM, like one waiting on a stopped engine) is
+    killed whole by ``_Detached.kill`` for a restart, with no grace period to sit through."""
+    from telescope_orchestrator.cluster.actors import _Detached
+
+    pid_file = tmp_path / "server.pid"
+    cmd = ["--", "sh", "-c", "trap '' TERM; sleep 300 & wait"]
+    subprocess.run([*REAPER, "--pid-file", str(pid_file), *cmd], check=True, timeout=60)
+    view = _Detached(pid_file)
+    deadline = time.monotonic() + 10
+    while len(_group(view.server_pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    group = _group(view.server_pid)
+    assert len(group) >= 2
+    t0 = time.monotonic()
+    view.kill()
+    assert view.wait(timeout=10) == -signal.SIGKILL
+    assert _wait_dead([view.pid, *group], timeout_s=5) == []
+    assert time.monotonic() - t0 < 5  # not the reaper's grace period (15 s)
+
+
 def test_exit_codes_are_described_as_a_user_reads_them():
     from telescope_orchestrator.cluster.reaper import UNKNOWN_EXIT, describe_exit
 

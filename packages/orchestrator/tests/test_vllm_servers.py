@@ -59,6 +59,19 @@ def test_server_command_carries_the_config_options():
     assert "--gpu-memory-utilization" not in cpu
 
 
+def test_a_pinned_cpu_server_of_one_rank_runs_its_model_in_the_engine_process():
+    cpu = ServerSettings(model="/m", device="cpu")
+    cmd = server_command(cpu, 1, pinned_cores=2)
+    assert cmd[cmd.index("--distributed-executor-backend") + 1] == "uni"
+    env = server_env(cpu, extension_cls=None, pinned_cores=2)
+    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "2"}
+    # unpinned, tensor parallel or on a GPU: vLLM's own executor and thread settings
+    for settings, pinned in ((cpu, 0), (ServerSettings(model="/m", device="cpu", tensor_parallel_size=2), 2),
+                             (ServerSettings(model="/m"), 2)):  # fmt: skip
+        assert "--distributed-executor-backend" not in server_command(settings, 1, pinned_cores=pinned)
+        assert server_env(settings, extension_cls=None, pinned_cores=pinned) == {}
+
+
 def test_a_lora_run_serves_one_adapter_of_the_smallest_rank_vllm_accepts():
     assert "--enable-lora" not in server_command(ServerSettings(model="/m"), 1)
     assert server_env(ServerSettings(model="/m"), extension_cls=None) == {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -67,6 +68,13 @@ class _Detached:
                 self.returncode = UNKNOWN_EXIT
             # else: the reaper has not collected the code yet (within POLL_S): still running
         return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group at once (the reaper started it as a group of
+        its own); the reaper records the code and exits. For a server found dead or hung: a hung
+        engine can keep its API server from ever stopping on SIGTERM."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.server_pid, signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
         from telescope_orchestrator.cluster.reaper import pid_alive
@@ -171,6 +179,7 @@ class InferenceServerActor:
         self.settings = ServerSettings(**settings)
         self.extension_cls = extension_cls
         self.handle: Any = None
+        self.process: _Detached | None = None
 
     def start(self) -> str:
         """Launch vLLM (no wait); return its URL. Busy port or missing model: ServerStartError."""
@@ -191,23 +200,28 @@ class InferenceServerActor:
                 "listening there.",
                 "port in use",
             )
-        cmd = server_command(self.settings, self.port, extension_cls=self.extension_cls)
-        env = {**os.environ, **server_env(self.settings, extension_cls=self.extension_cls)}
-        cpus: list[str] = []
-        if self.settings.device == "cpu":
+        cpu = self.settings.device == "cpu"
+        # the node's plan pins the server's process tree to its cores (a user's bind is left alone)
+        omp_bind = self.cpu_bind if cpu and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ else None
+        cores = server_cores(omp_bind) if omp_bind else ""
+        pinned = len(cores.split(",")) if cores else 0
+        cmd = server_command(self.settings, self.port, extension_cls=self.extension_cls, pinned_cores=pinned)
+        own = server_env(self.settings, extension_cls=self.extension_cls, pinned_cores=pinned)
+        env = {**os.environ, **own}
+        if cpu:
             # vllm-cpu otherwise reserves gpu_memory_utilization of the machine's RAM for its KV cache
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
-            if self.cpu_bind and "VLLM_CPU_OMP_THREADS_BIND" not in env:
-                env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_bind
-                cpus = ["--cpus", server_cores(self.cpu_bind)]
+        if omp_bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind  # read by vLLM's mp executor (tensor parallel)
         # vLLM compiles its sampler with torch inductor on first use: keep the compiled code across
         # runs (the default lives under $TMPDIR, which test runs and CI make fresh each time)
         from telescope_orchestrator.cluster.cache import cache_dir
 
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
-        pid_file = self._launch(cmd, env, cpus)
+        pid_file = self._launch(cmd, env, ["--cpus", cores] if cores else [])
         url = f"http://{host}:{self.port}"
-        self.handle = ServerHandle(self.index, self.port, url, _Detached(pid_file), self.log_path, cmd)
+        self.process = _Detached(pid_file)
+        self.handle = ServerHandle(self.index, self.port, url, self.process, self.log_path, cmd)
         return url
 
     def _launch(self, cmd: list[str], env: dict[str, str], cpus: list[str]) -> Path:
@@ -278,11 +292,12 @@ class InferenceServerActor:
         port and wait until ``/health`` answers; returns its URL. A failure raises ServerStartError."""
         from telescope_orchestrator.cluster.vllm_server import port_in_use
 
-        if self.handle is not None:
+        if self.process is not None:
+            # no grace: a hung server's API process outlived SIGTERM and a 10 s wait (the reaper,
+            # killed then, never sent its SIGKILL), and the restart waited 57 s in all for it
+            self.process.kill()
             with contextlib.suppress(Exception):
-                self.handle.stop(timeout_s=10.0)
-            with contextlib.suppress(Exception):
-                self.handle.process.wait(timeout=30.0)  # the reaper is done with the old process group
+                self.process.wait(timeout=30.0)  # the reaper is done with the old process group
         deadline = time.monotonic() + 30.0
         while port_in_use(self.settings.host or "0.0.0.0", self.port) and time.monotonic() < deadline:
             time.sleep(0.5)
