@@ -328,6 +328,25 @@ async def test_the_watcher_restarts_a_server_whose_engine_is_stuck_behind_a_heal
     assert down[0]["reason"].startswith("its engine did not answer for")
 
 
+async def test_a_server_is_failing_from_the_start_of_the_first_check_that_found_it(monkeypatch):
+    # each probe waits 0.2 s for an engine that never answers; the timeout is 0.3 s: the second
+    # failing check ends 0.4 s after the first began, so it declares the server dead (counting from
+    # the first check's end would wait for a third)
+    sup, *_ = _supervisor(health_timeout_s=0.3)
+
+    async def unresponsive(url: str) -> str:
+        await asyncio.sleep(0.2)
+        return "its engine did not answer"
+
+    monkeypatch.setattr(sup, "_unresponsive", unresponsive)
+    server = sup.servers[B]
+    assert await sup._check(server) is None
+    reason = await sup._check(server)
+    assert reason is not None
+    assert reason.startswith("its engine did not answer for"), reason
+    await sup.close()
+
+
 async def test_a_failed_forming_with_every_server_alive_restarts_none(monkeypatch):
     # no weights moved: the servers still serve the old version, and that is no sign of a broken reload
     async def probe_version(client, url: str, *, timeout_s: float) -> int:

@@ -432,12 +432,15 @@ class ServerSupervisor:
         exited = await self._exited(server)
         if exited is not None:
             return exited
+        asked = time.monotonic()
         failing = await self._unresponsive(server.url)
         now = time.monotonic()
         if failing is None:
             server.failing_since = None
             return None
-        server.failing_since = server.failing_since or now
+        # failing since the check that found it began: a probe waits up to PROBE_TIMEOUT_S, and
+        # counting from its end found a hung engine 33 s after it stopped with a 15 s timeout
+        server.failing_since = server.failing_since or asked
         if now - server.failing_since >= self.health_timeout_s:
             return f"{failing} for {now - server.failing_since:.0f} s"
         return None
