@@ -131,10 +131,15 @@ class WeightReceiver:
         )
         state.groups[name] = group
         state.layouts[name] = []
+        where = {"threads": torch.get_num_threads(), "cores": sorted(os.sched_getaffinity(0))}
         log.info(  # where this worker computes: the run's core plan is checked against it
-            "weightsync.joined", group=name, rank=rank, world_size=group.world_size, backend=group.backend,
-            threads=torch.get_num_threads(), cores=sorted(os.sched_getaffinity(0)),
-        )  # fmt: skip
+            "weightsync.joined",
+            group=name,
+            rank=rank,
+            world_size=group.world_size,
+            backend=group.backend,
+            **where,
+        )
         return {"group": name, "rank": rank, "backend": group.backend}
 
     def telescope_receive(self, payload: str) -> dict[str, Any]:

@@ -253,12 +253,7 @@ def server_command(
         # each answer carries the request's queue, prefill and decode times (the record's turns)
         "--enable-per-request-metrics",
     ]
-    if not cpu:
-        cmd += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
-    if cpu or s.enforce_eager:
-        cmd.append("--enforce-eager")
-    if cpu and s.enable_prefix_caching and "--block-size" not in s.extra_args:
-        cmd += ["--block-size", str(CPU_BLOCK_SIZE)]
+    cmd += _device_args(s, pinned_cores)
     if s.served_model_name:
         cmd += ["--served-model-name", s.served_model_name]
     if s.max_num_seqs is not None:
@@ -273,9 +268,21 @@ def server_command(
         cmd.append("--disable-uvicorn-access-log")
     if extension_cls:
         cmd += ["--worker-extension-cls", extension_cls]
-    if one_engine_process(s, pinned_cores):
-        cmd += ["--distributed-executor-backend", "uni"]
     return [*cmd, *s.extra_args]
+
+
+def _device_args(s: ServerSettings, pinned_cores: int) -> list[str]:
+    """The options that depend on the device: a GPU's memory share; a CPU's eager mode, KV block
+    size and executor (:func:`one_engine_process`)."""
+    cpu = s.device == "cpu"
+    args = [] if cpu else ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    if cpu or s.enforce_eager:
+        args.append("--enforce-eager")
+    if cpu and s.enable_prefix_caching and "--block-size" not in s.extra_args:
+        args += ["--block-size", str(CPU_BLOCK_SIZE)]
+    if one_engine_process(s, pinned_cores):
+        args += ["--distributed-executor-backend", "uni"]
+    return args
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
