@@ -152,12 +152,22 @@ class MultiTurnTokens:
 
     def add_env_turn(self, env_messages: list[Message]) -> list[int]:
         """Close the assistant turn, append the env messages; returns the next prompt ids."""
+        return self.add_context(self.env_turn_ids(env_messages), env_messages)
+
+    def env_turn_ids(self, env_messages: list[Message]) -> list[int]:
+        """The ids :meth:`add_env_turn` appends for ``env_messages`` (the rest of the template's
+        end-of-assistant suffix, then the messages' framing), appending nothing: a caller can check
+        the room left first."""
         t = self.trajectory
         model_turn = t.completion_ids[_last_model_start(t.completion_mask) :]
-        t.add_context_tokens(self.tt.suffix_after(model_turn))
-        t.add_context_tokens(self.tt.env_ids(env_messages))
+        return [*self.tt.suffix_after(model_turn), *self.tt.env_ids(env_messages)]
+
+    def add_context(self, ids: list[int], env_messages: list[Message]) -> list[int]:
+        """Append ``ids`` (from :meth:`env_turn_ids` of ``env_messages``) as context, mask 0;
+        returns the next prompt ids."""
+        self.trajectory.add_context_tokens(ids)
         self.messages.extend(env_messages)
-        return t.next_prompt_ids
+        return self.trajectory.next_prompt_ids
 
     def prefix_status(self) -> str:
         """How the next prompt compares with re-rendering ``self.messages`` with a generation prompt.

@@ -1,0 +1,10 @@
+"""The agent gateway: an OpenAI-compatible endpoint per episode whose calls become training
+sequences of exactly the sampled tokens (docs/rollout.md, "Agents")."""
+
+from telescope_rollout.gateway._messages import RequestError, canonical_messages, canonical_tools
+from telescope_rollout.gateway._session import CallPlan, EpisodeTokens, Segment
+
+# token-in/token-out
+__all__ = ["CallPlan", "EpisodeTokens", "Segment"]
+# requests
+__all__ += ["RequestError", "canonical_messages", "canonical_tools"]

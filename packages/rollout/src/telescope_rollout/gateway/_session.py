@@ -1,0 +1,120 @@
+"""Token-in/token-out for one agent episode: its calls become training sequences of sampled tokens.
+
+An agent sends its whole conversation on every call. The first call's messages are rendered and
+tokenized (with the request's ``tools``); the answer's ids are the ids vLLM sampled. A later call
+**extends** the episode when its messages are the previous call's plus the assistant message the
+gateway returned, followed by new messages (tool results, a user turn), with the same tools: its
+prompt is then built from ids (``chat.MultiTurnTokens``: the previous prompt, the sampled ids,
+the rest of the template's end-of-turn suffix and the new messages' framing), so however the
+agent re-serialises earlier turns, the model sees, and the trainer trains on, exactly what was
+sampled. Any other call starts a new **segment** (a training sequence of its own, rendered from
+its messages), with the reason:
+
+- ``tools_changed``: the request's tools differ from the segment's;
+- ``resent``: the same messages as the previous call (a retry);
+- ``assistant_edited@i``: message ``i``, an answer the gateway gave, came back changed;
+- ``history_rewritten@i``: message ``i``, one the agent wrote, came back changed or dropped;
+- ``history_truncated``: fewer messages than the conversation so far, each unchanged.
+
+A segment is created only when its call is answered (:meth:`EpisodeTokens.commit`), so none is
+empty. Comparison is on the canonical form of ``gateway._messages``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from telescope_rollout._types import Message
+from telescope_rollout.chat._multiturn import MultiTurnTokens, TurnTokenizer
+from telescope_rollout.gateway._messages import RequestError, tools_key
+
+__all__ = ["CallPlan", "EpisodeTokens", "Segment"]
+
+
+@dataclass
+class Segment:
+    """One training sequence of an episode: its tokens, why it began ("" for the first) and how
+    many calls it holds."""
+
+    tokens: MultiTurnTokens
+    reason: str
+    tools_key: str
+    calls: int = 0
+
+
+@dataclass
+class CallPlan:
+    """What one call sends: ``prompt_ids``; for an extension, the ``context_ids`` to append before
+    the answer (mask 0) and the new messages (``tail``); for a new segment, its ``tokens`` and
+    ``split`` (its reason)."""
+
+    messages: list[Message]
+    tools_key: str
+    prompt_ids: list[int]
+    tail: list[Message] = field(default_factory=list[Message])
+    context_ids: list[int] = field(default_factory=list[int])
+    tokens: MultiTurnTokens | None = None
+    split: str | None = None
+
+
+class EpisodeTokens:
+    """The token state of one episode (module docstring): plan a call, then commit its answer."""
+
+    def __init__(self, turn_tokenizer: TurnTokenizer) -> None:
+        self.tt = turn_tokenizer
+        self.segments: list[Segment] = []
+        self._last: list[Message] = []
+        """The last answered call's messages."""
+        self._expected: list[Message] = []
+        """... followed by the assistant message the gateway returned."""
+
+    def plan(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> CallPlan:
+        """The prompt of a call with canonical ``messages`` and ``tools``; changes nothing."""
+        if messages[-1]["role"] == "assistant":
+            raise RequestError(
+                "the last message is the assistant's: continuing a partial answer is not supported "
+                "(the trained tokens would not be the sampled ones); end with a user or tool message",
+                param="messages",
+            )
+        key = tools_key(tools)
+        reason = self._divergence(messages, key) if self.segments else ""
+        if reason is None:
+            seg = self.segments[-1].tokens
+            tail = messages[len(self._expected) :]
+            ids = seg.env_turn_ids(tail)
+            return CallPlan(
+                messages, key, [*seg.trajectory.next_prompt_ids, *ids], tail=tail, context_ids=ids
+            )
+        tokens = MultiTurnTokens(self.tt.for_kwargs({"tools": tools} if tools else None), messages)
+        return CallPlan(messages, key, tokens.trajectory.prompt_ids, tokens=tokens, split=reason)
+
+    def _divergence(self, messages: list[Message], key: str) -> str | None:
+        """Why ``messages`` do not extend the episode (None: they do)."""
+        if key != self.segments[-1].tools_key:
+            return "tools_changed"
+        if messages == self._last:
+            return "resent"
+        expected = self._expected
+        for i, (got, want) in enumerate(zip(messages, expected, strict=False)):
+            if got != want:
+                ours = i == len(expected) - 1 and want["role"] == "assistant"
+                return f"{'assistant_edited' if ours else 'history_rewritten'}@{i}"
+        return "history_truncated" if len(messages) <= len(expected) else None
+
+    def commit(
+        self, plan: CallPlan, ids: list[int], logprobs: list[float], text: str, answer: Message
+    ) -> Segment:
+        """Record the answer to ``plan``'s call: the sampled ``ids`` and ``logprobs`` (mask 1), and
+        ``answer``, the assistant message returned (canonical), which the next call must echo.
+        Returns the segment the call belongs to."""
+        if plan.tokens is not None:
+            self.segments.append(Segment(plan.tokens, plan.split or "", plan.tools_key))
+        seg = self.segments[-1]
+        if plan.tokens is None:
+            seg.tokens.add_context(plan.context_ids, plan.tail)
+        seg.tokens.add_model_turn(ids, logprobs, text)
+        seg.calls += 1
+        self._last = plan.messages
+        self._expected = [*plan.messages, answer]
+        return seg
