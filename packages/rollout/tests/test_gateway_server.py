@@ -1,0 +1,197 @@
+"""The agent gateway's OpenAI-compatible endpoint, driven by the real ``openai`` client: a
+tool-using agent over a scripted model (what it 'samples' is fixed, so every id can be checked),
+streaming, and the refusals a bad agent meets."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from telescope_rollout.chat import TurnTokenizer
+from telescope_rollout.gateway import AgentGateway, GatewayLimits
+from telescope_rollout.inference import Completion, ServerUnavailableError
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
+]
+QUESTION = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "What is 12 + 30?"}]
+
+
+class Scripted:
+    """A model that answers each call with the next text of its script (ids: the text's encoding and
+    EOS, logprob -0.5 each); it records the prompts it was sent."""
+
+    def __init__(self, tokenizer, texts: list[str]) -> None:
+        self.tokenizer, self.texts = tokenizer, iter(texts)
+        self.prompts: list[list[int]] = []
+        self.sampled: list[list[int]] = []
+
+    async def __call__(self, ids: list[int], max_tokens: int) -> Completion:
+        self.prompts.append(list(ids))
+        text = next(self.texts)
+        out = [*self.tokenizer.encode(text), self.tokenizer.eos_token_id][:max_tokens]
+        self.sampled.append(out)
+        return Completion(text=text, token_ids=out, logprobs=[-0.5] * len(out), finish_reason="stop")
+
+
+def _client(episode) -> Any:
+    """The real client, typed Any: its request types are strict TypedDicts, the tests send plain dicts."""
+    return openai.AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, max_retries=0)
+
+
+LIMITS = GatewayLimits(max_model_len=2048, max_tokens=64)
+
+
+async def test_a_tool_using_agent_trains_on_exactly_the_sampled_tokens(qwen_tokenizer):
+    call = '<tool_call>{"name": "add", "arguments": {"a": 12, "b": 30}}</tool_call>'
+    model = Scripted(qwen_tokenizer, [call, "The answer is 42."])
+    async with AgentGateway(model="tiny") as gateway:
+        episode = gateway.open_episode(TurnTokenizer(qwen_tokenizer), model, LIMITS)
+        async with _client(episode) as client:
+            messages = list(QUESTION)
+            first = await client.chat.completions.create(model="any", messages=messages, tools=TOOLS)
+            choice = first.choices[0]
+            assert choice.finish_reason == "tool_calls"
+            (tc,) = choice.message.tool_calls or []
+            assert (tc.id, tc.function.name, json.loads(tc.function.arguments)) == (
+                "call_0_0",
+                "add",
+                {"a": 12, "b": 30},
+            )
+            assert choice.message.content is None
+            assert first.usage is not None
+            assert first.usage.completion_tokens == len(model.sampled[0])
+            # the agent runs the tool and sends the conversation back, as openai-python users do
+            messages += [
+                choice.message.model_dump(exclude_none=False),
+                {"role": "tool", "tool_call_id": tc.id, "content": "42"},
+            ]
+            second = await client.chat.completions.create(model="any", messages=messages, tools=TOOLS)
+            assert second.choices[0].message.content == "The answer is 42."
+            assert second.choices[0].finish_reason == "stop"
+    (seg,) = episode.tokens.segments
+    t = seg.tokens.trajectory
+    assert [i for i, m in zip(t.completion_ids, t.completion_mask, strict=True) if m] == [
+        *model.sampled[0],
+        *model.sampled[1],
+    ]
+    assert [lp for lp, m in zip(t.completion_logprobs, t.completion_mask, strict=True) if m] == [-0.5] * sum(
+        map(len, model.sampled)
+    )
+    # the second prompt is the first, the sampled ids, then context; and is what the sequence holds
+    assert model.prompts[1][: len(model.prompts[0]) + len(model.sampled[0])] == [
+        *model.prompts[0],
+        *model.sampled[0],
+    ]
+    assert t.next_prompt_ids[: len(model.prompts[1])] == model.prompts[1]
+    assert "<tool_response>\n42\n</tool_response>" in qwen_tokenizer.decode(
+        model.prompts[1][len(model.prompts[0]) :]
+    )
+    assert '"name": "add"' in qwen_tokenizer.decode(model.prompts[0])  # the tools were rendered
+    assert [c.segment for c in episode.calls] == [0, 0]
+    assert episode.refused == []
+
+
+async def _stream(client: Any, **kwargs: Any) -> list[Any]:
+    stream = await client.chat.completions.create(model="any", stream=True, **kwargs)
+    return [chunk async for chunk in stream]
+
+
+async def test_streamed_answers_carry_the_same_content_and_tool_calls(qwen_tokenizer):
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    model = Scripted(qwen_tokenizer, ["Sure: 42", call])
+    async with AgentGateway() as gateway:
+        episode = gateway.open_episode(TurnTokenizer(qwen_tokenizer), model, LIMITS)
+        async with _client(episode) as client:
+            chunks = await _stream(
+                client, messages=QUESTION, tools=TOOLS, stream_options={"include_usage": True}
+            )
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert text == "Sure: 42"
+            assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+            assert chunks[-1].usage is not None
+            assert chunks[-1].usage.completion_tokens == len(model.sampled[0])
+            again = [
+                *QUESTION,
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": "add 1 and 2"},
+            ]
+            chunks = await _stream(client, messages=again, tools=TOOLS)
+            calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+            assert [(tc.index, tc.id, tc.function.name) for tc in calls] == [(0, "call_1_0", "add")]
+    # the streamed answer, sent back, extended the episode
+    assert [(s.reason, s.calls) for s in episode.tokens.segments] == [("", 2)]
+
+
+async def test_what_a_bad_agent_sends_is_refused_with_the_reason(qwen_tokenizer):
+    model = Scripted(qwen_tokenizer, ["ok"] * 10)
+    async with AgentGateway() as gateway:
+        episode = gateway.open_episode(
+            TurnTokenizer(qwen_tokenizer), model, GatewayLimits(max_model_len=64, max_tokens=8, max_calls=2)
+        )
+        other = gateway.open_episode(TurnTokenizer(qwen_tokenizer), model, LIMITS)
+        async with _client(episode) as client:
+            with pytest.raises(openai.BadRequestError, match="n must be 1"):
+                await client.chat.completions.create(model="m", messages=QUESTION, n=2)
+            with pytest.raises(openai.BadRequestError, match="tool_choice must be auto or none"):
+                await client.chat.completions.create(
+                    model="m", messages=QUESTION, tools=TOOLS, tool_choice="required"
+                )
+            with pytest.raises(openai.BadRequestError, match="logit_bias is not supported"):
+                await client.chat.completions.create(model="m", messages=QUESTION, logit_bias={"1": 5})
+            long = [{"role": "user", "content": "The quick brown fox " * 20}]
+            with pytest.raises(
+                openai.BadRequestError, match="leaves no room below the run's max_model_len 64"
+            ) as info:
+                await client.chat.completions.create(model="m", messages=long)
+            assert info.value.code == "context_length_exceeded"
+            assert model.prompts == []  # nothing refused reached the model
+            await client.chat.completions.create(model="m", messages=QUESTION)
+            await client.chat.completions.create(model="m", messages=QUESTION)
+            with pytest.raises(openai.BadRequestError, match="made its 2 calls"):
+                await client.chat.completions.create(model="m", messages=QUESTION)
+        # another episode's key does not open this one; an unknown episode is the same 401
+        wrong: Any = openai.AsyncOpenAI(base_url=episode.base_url, api_key=other.api_key, max_retries=0)
+        async with wrong:
+            with pytest.raises(openai.AuthenticationError):
+                await wrong.chat.completions.create(model="m", messages=QUESTION)
+        auth = {"Authorization": f"Bearer {episode.api_key}"}
+        async with aiohttp.ClientSession(headers=auth) as http:
+            async with http.post(episode.base_url + "/chat/completions", data=b"{not json") as bad:
+                assert bad.status == 400
+                assert "not JSON" in (await bad.json())["error"]["message"]
+            async with http.get(episode.base_url + "/models") as models:
+                assert [m["id"] for m in (await models.json())["data"]] == ["telescope"]
+            gateway.close_episode(episode)
+            async with http.post(episode.base_url + "/chat/completions", json={"messages": QUESTION}) as late:
+                assert late.status == 401  # gone: as if it never was
+    assert len(episode.refused) == 6
+    assert "n must be 1" in episode.refused[0]
+
+
+async def test_a_failing_model_server_is_a_503_and_kept_for_the_engine(qwen_tokenizer):
+    async def down(ids: list[int], max_tokens: int) -> Completion:
+        raise ServerUnavailableError("http://a: connection refused")
+
+    async with AgentGateway() as gateway:
+        episode = gateway.open_episode(TurnTokenizer(qwen_tokenizer), down, LIMITS)
+        async with _client(episode) as client:
+            with pytest.raises(openai.InternalServerError, match="the model server failed"):
+                await client.chat.completions.create(model="m", messages=QUESTION)
+    assert isinstance(episode.failure, ServerUnavailableError)
+    assert episode.calls == []
+    assert episode.tokens.segments == []
