@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from telescope_rollout.chat import TurnTokenizer
-from telescope_rollout.gateway import AgentGateway, GatewayLimits
+from telescope_rollout.gateway import AgentGateway, CallPlan, GatewayLimits
 from telescope_rollout.inference import Completion, ServerUnavailableError
 
 TOOLS = [
@@ -40,8 +40,8 @@ class Scripted:
         self.prompts: list[list[int]] = []
         self.sampled: list[list[int]] = []
 
-    async def __call__(self, ids: list[int], max_tokens: int) -> Completion:
-        self.prompts.append(list(ids))
+    async def __call__(self, plan: CallPlan, max_tokens: int) -> Completion:
+        self.prompts.append(list(plan.prompt_ids))
         text = next(self.texts)
         out = [*self.tokenizer.encode(text), self.tokenizer.eos_token_id][:max_tokens]
         self.sampled.append(out)
@@ -184,7 +184,7 @@ async def test_what_a_bad_agent_sends_is_refused_with_the_reason(qwen_tokenizer)
 
 
 async def test_a_failing_model_server_is_a_503_and_kept_for_the_engine(qwen_tokenizer):
-    async def down(ids: list[int], max_tokens: int) -> Completion:
+    async def down(plan: CallPlan, max_tokens: int) -> Completion:
         raise ServerUnavailableError("http://a: connection refused")
 
     async with AgentGateway() as gateway:

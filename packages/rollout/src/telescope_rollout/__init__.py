@@ -23,6 +23,7 @@ from telescope_rollout.engine import (
     ScoredSample,
 )
 from telescope_rollout.envs import (
+    AgentEnvironment,
     Environment,
     MultiTurnEnvironment,
     Rubric,
@@ -40,6 +41,7 @@ from telescope_rollout.inference import InferenceClient, InferenceError
 __all__ = ["__version__"]
 # the environment API
 __all__ += [
+    "AgentEnvironment",
     "Environment",
     "Message",
     "MultiTurnEnvironment",

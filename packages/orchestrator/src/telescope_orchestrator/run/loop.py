@@ -139,7 +139,8 @@ def _filtered(s: Any, config: TelescopeConfig) -> dict[str, bool]:
 
 
 def to_train_samples(batch: Any, config: TelescopeConfig) -> tuple[list[TrainingSample], dict[str, float]]:
-    """Kept samples → telescope_algos.TrainingSample, with output filters and batch whitening applied.
+    """Kept samples → telescope_algos.TrainingSample (one per training sequence: an agent's sample
+    can hold more, ``ScoredSample.extra_sequences``), with output filters and batch whitening applied.
 
     Returns the samples and ``filter/<name>_frac`` metrics.
     """
@@ -156,16 +157,18 @@ def to_train_samples(batch: Any, config: TelescopeConfig) -> tuple[list[Training
         flags = _filtered(s, config)
         for name, hit in flags.items():
             counts[name] += int(hit)
-        mask = [0] * len(s.completion_ids) if any(flags.values()) else s.completion_mask
-        samples.append(
-            TrainingSample(
-                prompt_ids=s.prompt_ids,
-                completion_ids=s.completion_ids,
-                advantage=a,
-                rollout_logprobs=s.completion_logprobs,
-                completion_mask=mask,
+        # an agent that rewrote its history made more sequences: each trains with the sample's advantage
+        for seq in (s, *s.extra_sequences):
+            mask = [0] * len(seq.completion_ids) if any(flags.values()) else seq.completion_mask
+            samples.append(
+                TrainingSample(
+                    prompt_ids=seq.prompt_ids,
+                    completion_ids=seq.completion_ids,
+                    advantage=a,
+                    rollout_logprobs=seq.completion_logprobs,
+                    completion_mask=mask,
+                )
             )
-        )
     stats = {f"filter/{k}_frac": v / len(kept) if kept else 0.0 for k, v in counts.items()}
     return samples, stats
 

@@ -20,6 +20,7 @@ from telescope_rollout.engine._results import (
     RolloutBatch,
     ScoredGroup,
     ScoredSample,
+    TrainingSequence,
     Turn,
 )
 from telescope_rollout.engine._sampler import MultiEnvSampler, SamplerEntry
@@ -29,7 +30,15 @@ from telescope_rollout.engine._watch import FailureWatch, unfit_environment
 # the engine
 __all__ = ["AdvantageFn", "EngineSettings", "RewardShaping", "RolloutEngine", "RolloutError", "ServerPool"]
 # what it hands out (and tells the timeline)
-__all__ += ["DroppedGroup", "EngineEvent", "RolloutBatch", "ScoredGroup", "ScoredSample", "Turn"]
+__all__ += [
+    "DroppedGroup",
+    "EngineEvent",
+    "RolloutBatch",
+    "ScoredGroup",
+    "ScoredSample",
+    "TrainingSequence",
+    "Turn",
+]
 # how the batch being filled is going (``RolloutEngine.progress()``)
 __all__ += ["BatchProgress", "RewardTally", "progress_line"]
 # what it draws from

@@ -96,6 +96,7 @@ from telescope_rollout.engine._watch import (
     unfit_message,
 )
 from telescope_rollout.envs._env import Environment, environments_by_name, maybe_await
+from telescope_rollout.gateway import AgentGateway
 from telescope_rollout.inference._client import CompletionClient, ServerUnavailableError
 
 log = structlog.get_logger()
@@ -173,6 +174,9 @@ class RolloutEngine:
         flat = settings.max_zero_advantage_batches * P if settings.discard_group_zero_advantage else 0
         self.watch = FailureWatch(settings.max_consecutive_unfit_prompts, max(2 * P, 8), flat)
         """Counts unfit prompts, same-error and zero-advantage groups (see the module docstring)."""
+        self.gateway: AgentGateway | None = None
+        """The agent gateway, started at the first agent episode (docs/rollout.md, "Agents")."""
+        self._gateway_lock = asyncio.Lock()
         self.bucket = Bucket(P, max_recorded=4 * P + 64)
         """The batch being filled (``engine._bucket``): dropped and cancelled groups are kept per
         batch for records up to ``4 * prompts_batch_size_for_trainer + 64`` each; more are counted."""
@@ -249,6 +253,18 @@ class RolloutEngine:
         self._tasks.clear()
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
+        if self.gateway is not None:
+            await self.gateway.aclose()
+            self.gateway = None
+
+    async def agent_gateway(self) -> AgentGateway:
+        """The agent gateway, started on first use (agent environments' episodes are served there)."""
+        async with self._gateway_lock:
+            if self.gateway is None:
+                gateway = AgentGateway()
+                await gateway.start()
+                self.gateway = gateway
+            return self.gateway
 
     # ----------------------------------------------------------------- public API
     async def next_batch(self, timeout_s: float | None = 3600.0) -> RolloutBatch:
@@ -632,6 +648,7 @@ class RolloutEngine:
                 eos,
                 on_generated,
                 version=lambda: self.pool.versions[group.server],
+                gateway=self.agent_gateway,
             )
             failure = await play_sample(env, group.prompt, out, play)
             # Only an unreachable server leaves the pool; a timeout fails its sample alone.

@@ -25,7 +25,9 @@ from telescope_rollout.chat._multiturn import MultiTurnTokens
 from telescope_rollout.engine._prompts import PreparedPrompt, PromptSource
 from telescope_rollout.engine._results import ScoredSample, Turn
 from telescope_rollout.engine._settings import EngineSettings
+from telescope_rollout.envs._agent import AgentEnvironment
 from telescope_rollout.envs._env import MultiTurnEnvironment
+from telescope_rollout.gateway import AgentGateway
 from telescope_rollout.inference._client import (
     Completion,
     CompletionClient,
@@ -85,14 +87,15 @@ async def _generate(
     priority: int = 0,
     first_turn: bool = True,
     salt: str = "",
+    max_tokens: int | None = None,
 ) -> Completion | None:
-    """One completion of ``ids`` on the sample's server, ``max_tokens`` shortened to the room left,
-    with prefix-cache salt ``salt``.
+    """One completion of ``ids`` on the sample's server, ``max_tokens`` (the settings', or the
+    smaller ``max_tokens`` given) shortened to the room left, with prefix-cache salt ``salt``.
 
     When there is no room (by our count, or by the server's ``PromptTooLongError``) the first turn
     fails with ``prompt_too_long``; a later turn returns None: the episode's context is exhausted.
     """
-    budget = completion_budget(settings, len(ids))
+    budget = min(completion_budget(settings, len(ids)), max_tokens or settings.max_tokens)
     if budget <= 0:
         if first_turn:
             raise SampleError("prompt_too_long", too_long(len(ids), settings))
@@ -113,7 +116,7 @@ async def _generate(
         return None
 
 
-async def _score(out: ScoredSample, scoring: Awaitable[RewardResult]) -> None:
+async def score_into(out: ScoredSample, scoring: Awaitable[RewardResult]) -> None:
     """Await the environment's score into ``out``; a raising reward function is a ``sample_error``.
 
     Stamps ``out.reward_start`` / ``out.reward_end`` (wall clock) around it."""
@@ -144,13 +147,15 @@ class Play:
     request_prefix: str = "sample"
     version: Callable[[], int] = _no_version
     weights: Callable[[], int] | None = None
+    gateway: Callable[[], Awaitable[AgentGateway]] | None = None
+    """The started agent gateway (agent environments' episodes are served there); None: no agents."""
 
     def cache_salt(self) -> str:
         """The prefix-cache salt of a request sent now: :func:`cache_salt` of the server's weights."""
         return cache_salt((self.weights or self.version)())
 
 
-async def _model_turn(
+async def model_turn(
     out: ScoredSample,
     ids: list[int],
     play: Play,
@@ -158,6 +163,7 @@ async def _model_turn(
     request_id: str,
     priority: int = 0,
     first_turn: bool = True,
+    max_tokens: int | None = None,
 ) -> Completion | None:
     """:func:`_generate` on the sample's server, recorded as a model :class:`Turn` on ``out.turns``
     when it answers (None: the context is exhausted, no turn)."""
@@ -171,6 +177,7 @@ async def _model_turn(
         priority=priority,
         first_turn=first_turn,
         salt=play.cache_salt(),
+        max_tokens=max_tokens,
     )
     if comp is None:
         return None
@@ -228,7 +235,7 @@ def system_prompt_of(env: Any, prompt: PreparedPrompt) -> str:
     return ""
 
 
-def _env_turn(out: ScoredSample, reply: list[Message], tokens: int, start: float, end: float) -> Turn:
+def env_turn(out: ScoredSample, reply: list[Message], tokens: int, start: float, end: float) -> Turn:
     """The environment :class:`Turn` of one ``env.step`` that returned ``reply``."""
     first = reply[0] if reply else {}
     return Turn(
@@ -263,11 +270,13 @@ async def _step_env(
         mt.add_env_turn(reply)
         tokens = len(mt.trajectory.completion_ids) - before
     if reply or not done:
-        out.turns.append(_env_turn(out, reply, tokens, start, end))
+        out.turns.append(env_turn(out, reply, tokens, start, end))
     return done, reason
 
 
-def _record(out: ScoredSample, ids: list[int], mask: list[int], logprobs: list[float], text: str) -> None:
+def record_completion(
+    out: ScoredSample, ids: list[int], mask: list[int], logprobs: list[float], text: str
+) -> None:
     out.completion_ids = ids
     out.completion_mask = mask
     out.completion_logprobs = logprobs
@@ -276,14 +285,14 @@ def _record(out: ScoredSample, ids: list[int], mask: list[int], logprobs: list[f
 
 async def run_single_turn(env: Any, prompt: PreparedPrompt, out: ScoredSample, play: Play) -> None:
     request_id = f"{play.request_prefix}-{out.sample_id}"
-    comp = await _model_turn(out, prompt.ids, play, request_id=request_id)
+    comp = await model_turn(out, prompt.ids, play, request_id=request_id)
     assert comp is not None  # the first turn raises instead
-    _record(out, comp.token_ids, [1] * len(comp.token_ids), comp.logprobs, comp.text)
+    record_completion(out, comp.token_ids, [1] * len(comp.token_ids), comp.logprobs, comp.text)
     out.finish_reason = comp.finish_reason
     out.is_truncated = comp.finish_reason in TRUNCATED
     out.num_turns = 1
     play.on_generated()
-    await _score(out, env.score(comp.text, prompt.sample, play.eos_token))
+    await score_into(out, env.score(comp.text, prompt.sample, play.eos_token))
 
 
 async def _play_turns(
@@ -299,7 +308,7 @@ async def _play_turns(
         ids = mt.trajectory.next_prompt_ids
         priority = -turn if play.settings.scheduling_policy == "priority" else 0
         request_id = f"{play.request_prefix}-{out.sample_id}-turn-{turn}"
-        comp = await _model_turn(
+        comp = await model_turn(
             out, ids, play, request_id=request_id, priority=priority, first_turn=turn == 0
         )
         if comp is None:
@@ -339,13 +348,13 @@ async def run_multi_turn(
         state.stop_reason = stop_reason
     traj = mt.trajectory
     text = play.prompts.tokenizer.decode(traj.completion_ids)
-    _record(out, traj.completion_ids, traj.completion_mask, traj.completion_logprobs, text)
+    record_completion(out, traj.completion_ids, traj.completion_mask, traj.completion_logprobs, text)
     out.finish_reason = state.stop_reason
     out.is_truncated = state.stop_reason == "context_exhausted"
     out.num_turns = state.num_turns
     out.tool_calls = list(state.custom.get("tool_calls", []))
     play.on_generated()
-    await _score(out, env.score(state, play.eos_token))
+    await score_into(out, env.score(state, play.eos_token))
 
 
 def sample_error(exc: Exception) -> tuple[str, str]:
@@ -375,7 +384,11 @@ async def play_sample(
     out.system_prompt = out.system_prompt or system_prompt_of(env, prompt)
     out.dispatched_at = out.dispatched_at or time.time()
     try:
-        if env.is_multi_turn:
+        if isinstance(env, AgentEnvironment):
+            from telescope_rollout.engine._agent import run_agent_episode
+
+            await run_agent_episode(env, prompt, out, play)
+        elif env.is_multi_turn:
             await run_multi_turn(env, prompt, out, play)
         else:
             await run_single_turn(env, prompt, out, play)

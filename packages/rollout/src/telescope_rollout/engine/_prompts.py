@@ -21,6 +21,7 @@ from typing import Any
 from telescope_rollout._types import Message, Sample
 from telescope_rollout.chat._multiturn import TurnTokenizer
 from telescope_rollout.engine._sampler import MultiEnvSampler, sample_from
+from telescope_rollout.envs._agent import AgentEnvironment
 from telescope_rollout.envs._env import Environment, MultiTurnEnvironment, SingleTurnEnvironment
 
 
@@ -85,13 +86,19 @@ class PromptSource:
 
     def prepare(self, env: Environment, env_name: str, index: int, sample: Sample) -> PreparedPrompt:
         """Render one sample through the chat template and tokenize it (also used by evals)."""
-        if isinstance(env, MultiTurnEnvironment):
-            messages = env.get_initial_prompt(sample, self.tokenizer)
+        if isinstance(env, MultiTurnEnvironment | AgentEnvironment):
+            # an agent's: the conversation it is expected to open with (the checks that prompts fit)
+            messages = (
+                env.get_initial_prompt(sample)
+                if isinstance(env, AgentEnvironment)
+                else env.get_initial_prompt(sample, self.tokenizer)
+            )
             text = self.turn_tokenizer.for_kwargs(env.template_kwargs()).prompt_text(messages)
             return PreparedPrompt(env_name, index, sample, text, self.tokenizer.encode(text), messages)
         if not isinstance(env, SingleTurnEnvironment):
             raise TypeError(
-                f"{env_name}: an environment is a SingleTurnEnvironment or a MultiTurnEnvironment"
+                f"{env_name}: an environment is a SingleTurnEnvironment, a MultiTurnEnvironment or an "
+                "AgentEnvironment"
             )
         kwargs = self.chat_template_kwargs
         text = env.format_prompt(sample.prompt, self.tokenizer, chat_template_kwargs=kwargs)

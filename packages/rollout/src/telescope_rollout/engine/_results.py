@@ -57,6 +57,18 @@ class Turn:
 
 
 @dataclass
+class TrainingSequence:
+    """A further training sequence of a sample: an agent that rewrote its history made more than
+    one (docs/rollout.md, "Agents"); ``reason`` says why this one began."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_mask: list[int]
+    completion_logprobs: list[float]
+    reason: str
+
+
+@dataclass
 class ScoredSample:
     """One completion of a group, with its reward and everything needed to train on it."""
 
@@ -114,10 +126,13 @@ class ScoredSample:
     """Wall clock when ``compute_reward`` was called (None: never, e.g. a cancelled sample)."""
     reward_end: float | None = None
     """Wall clock when ``compute_reward`` returned or raised (None: never)."""
+    extra_sequences: list[TrainingSequence] = field(default_factory=list[TrainingSequence])
+    """Training sequences beyond the one in the fields above (an agent that rewrote its history);
+    each is trained with the sample's advantage."""
 
     @property
     def num_model_tokens(self) -> int:
-        return sum(self.completion_mask)
+        return sum(self.completion_mask) + sum(sum(x.completion_mask) for x in self.extra_sequences)
 
 
 @dataclass

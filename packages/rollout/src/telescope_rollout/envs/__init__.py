@@ -1,7 +1,8 @@
 """The environment API: how a task is written, scored and found by name; and the built-in tasks.
 
 Write a task by subclassing :class:`SingleTurnEnvironment`, :class:`MultiTurnEnvironment` or
-:class:`ToolEnvironment`; score it with a :class:`Rubric` of reward functions (and the answer
+:class:`ToolEnvironment`, or train an agent written against the OpenAI API
+(:class:`AgentEnvironment`); score it with a :class:`Rubric` of reward functions (and the answer
 parsers of :mod:`telescope_rollout.parsers`). Environments that run code receive any
 :class:`SandboxLike`. Names resolve through the registry (``get_environment``): a ``module:Class``
 path, an entry point in the group ``telescope.environments``, or a built-in. The built-ins are the
@@ -17,6 +18,7 @@ from telescope_rollout._types import (
     Sample,
     TrajectoryStep,
 )
+from telescope_rollout.envs._agent import AgentEndpoint, AgentEnvironment, AgentEpisode
 from telescope_rollout.envs._env import Environment, MultiTurnEnvironment, SingleTurnEnvironment
 from telescope_rollout.envs._math import verify_math_answer
 from telescope_rollout.envs._registry import (
@@ -33,7 +35,15 @@ from telescope_rollout.envs._tools import ToolEnvironment
 from telescope_rollout.envs._toolschema import func_to_tool_schema
 
 # base classes
-__all__ = ["Environment", "MultiTurnEnvironment", "SingleTurnEnvironment", "ToolEnvironment"]
+__all__ = [
+    "AgentEnvironment",
+    "Environment",
+    "MultiTurnEnvironment",
+    "SingleTurnEnvironment",
+    "ToolEnvironment",
+]
+# agents on the OpenAI API
+__all__ += ["AgentEndpoint", "AgentEpisode"]
 # what they exchange
 __all__ += ["EvalMetricsResult", "Message", "RewardResult", "RolloutState", "Sample", "TrajectoryStep"]
 # scoring

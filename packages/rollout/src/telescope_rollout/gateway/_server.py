@@ -34,13 +34,14 @@ from telescope_rollout.gateway._openai import (
     error_body,
     requested_max_tokens,
 )
-from telescope_rollout.gateway._session import EpisodeTokens
+from telescope_rollout.gateway._session import CallPlan, EpisodeTokens
 from telescope_rollout.inference._client import Completion, InferenceError, PromptTooLongError
 
 __all__ = ["AgentCall", "AgentGateway", "Episode", "GatewayLimits", "Generate"]
 
-Generate = Callable[[list[int], int], Awaitable[Completion]]
-"""The engine's generation: prompt ids and the most tokens to sample -> the completion."""
+Generate = Callable[[CallPlan, int], Awaitable[Completion]]
+"""The engine's generation of a planned call (its ``prompt_ids``; its new messages, which the engine
+records as the environment's turn) with at most so many tokens -> the completion."""
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,7 @@ class AgentGateway:
                 code="context_length_exceeded",
             )
         start = time.time()
-        completion = await self._generate(episode, plan.prompt_ids, budget)
+        completion = await self._generate(episode, plan, budget)
         message, answer = answer_message(
             completion.text,
             tools=tools is not None and body.get("tool_choice") != "none",
@@ -250,9 +251,9 @@ class AgentGateway:
         return message, finish, (len(plan.prompt_ids), len(completion.token_ids))
 
     @staticmethod
-    async def _generate(episode: Episode, ids: list[int], budget: int) -> Completion:
+    async def _generate(episode: Episode, plan: CallPlan, budget: int) -> Completion:
         try:
-            return await episode.generate(ids, budget)
+            return await episode.generate(plan, budget)
         except PromptTooLongError as exc:
             raise RequestError(str(exc), code="context_length_exceeded") from exc
         except InferenceError as exc:
