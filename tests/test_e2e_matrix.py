@@ -78,6 +78,12 @@ CASES = {
     ),
     "wordle": (["wordle"], []),
     "i3_code": (["i3_code"], []),
+    # an agent on the openai client through the gateway, synchronous at temperature 0.7: its calls'
+    # tokens as sampled, their logprobs those the trainer computes
+    "quickstart_agent": (
+        ["quickstart_agent"],
+        ["--max_async_rollout", "0", "--temperature", "0.7", "--use_tis", "true"],
+    ),
 }
 
 
@@ -107,7 +113,11 @@ def test_every_builtin_environment_from_its_example(case, tmp_path, tiny_model_d
     assert all(any(f"reward/{n}/mean" in m for m in lines) for n in names)
     if case == "i3_code":  # rewards ran through the sandbox pool without infrastructure errors
         assert all(dict(r["metrics"]).get("sandbox_error", 0.0) == 0.0 for r in rows)
-    if case == "countdown":
+    if case == "quickstart_agent":  # two calls per episode, one sample each
+        kept = [r for r in rows if r["status"] == "kept"]
+        assert kept
+        assert all(r["num_turns"] == 2 for r in kept), [r["num_turns"] for r in kept]
+    if case in ("countdown", "quickstart_agent"):
         kl = [m["kl_divergence_inference"] for m in lines]
         print(f"kl_divergence_inference at T=0.7 per step: {kl}")
         assert all(abs(k) < 1e-3 for k in kl), kl

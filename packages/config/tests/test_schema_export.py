@@ -75,4 +75,5 @@ def test_example_list_is_complete():
         "deepscaler",
         "wordle",
         "i3_code",
+        "quickstart_agent",
     }

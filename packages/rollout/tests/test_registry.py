@@ -103,8 +103,11 @@ def test_list_environments_rows():
         "wordle",
         "i3_code",
         "quickstart_add",
+        "quickstart_agent",
     } <= set(rows)
     assert rows["wordle"]["kind"] == "multi"
+    assert rows["quickstart_agent"]["kind"] == "agent"
+    assert "openai" in rows["quickstart_agent"]["requirements"]
     assert rows["countdown"]["kind"] == "single"
     assert "sandbox" in rows["i3_code"]["requirements"]
     assert rows["hendrycks_math"]["installed"] is True

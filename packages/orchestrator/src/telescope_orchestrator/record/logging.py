@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-NOISY = ("ray", "vllm", "httpx", "urllib3", "filelock")
+NOISY = ("ray", "vllm", "httpx", "httpx2", "openai", "urllib3", "filelock")
 """Libraries whose INFO lines would drown a run's log: WARNING and up only, in a log file."""
 
 
@@ -30,6 +30,27 @@ def log_tail(path: Path, chars: int = 3000, *, lines: int | None = None) -> str:
     except OSError:
         return ""
     return text if lines is None else "\n".join(text.splitlines()[-lines:])
+
+
+class JsonLines(logging.Formatter):
+    """A stdlib log record as one JSON line with structlog's keys (``event``, ``level``,
+    ``timestamp``) and the library's ``logger``: a run's log file holds nothing else."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import datetime
+        import json
+
+        line: dict[str, Any] = {
+            "event": record.getMessage(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "timestamp": datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+            .isoformat()
+            .replace("+00:00", "Z"),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
 
 
 def configure_logging(*, debug: bool = False, file: TextIO | None = None) -> None:
@@ -50,6 +71,8 @@ def configure_logging(*, debug: bool = False, file: TextIO | None = None) -> Non
         factory: Callable[..., Any] = lambda *args: structlog.PrintLogger(file=sys.stderr)  # noqa: E731
     else:
         logging.basicConfig(level=level, stream=file, force=True)
+        for handler in logging.getLogger().handlers:  # the libraries' lines are JSON lines too
+            handler.setFormatter(JsonLines())
         for noisy in NOISY:
             logging.getLogger(noisy).setLevel(logging.WARNING)
         renderer, stamp = structlog.processors.JSONRenderer(default=str), "iso"
