@@ -472,3 +472,14 @@ def test_the_dedicated_evals_declare_correct_as_their_success_metric():
 
     for name in ("math500", "aime_2024", "aime_2025", "gpqa_diamond"):
         assert get_environment(name).success_metrics == ("correct",), name
+
+
+def test_an_agent_environment_as_an_eval_is_refused_with_the_reason(tokenizer):
+    from telescope_rollout.envs.quickstart_agent import QuickstartAgentEnv
+
+    agent = QuickstartAgentEnv(num_samples=3)
+    agent.load_dataset()
+    r = EvalRunner([{"name": "sums"}], tokenizer=tokenizer, client=FakeInferenceServer(), settings=settings(),
+                   environments={"sums": agent})  # fmt: skip
+    with pytest.raises(ValueError, match="'sums' is an agent environment: agents are not evaluated yet"):
+        r.load()

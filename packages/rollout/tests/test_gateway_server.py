@@ -4,6 +4,7 @@ streaming, and the refusals a bad agent meets."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -195,3 +196,43 @@ async def test_a_failing_model_server_is_a_503_and_kept_for_the_engine(qwen_toke
     assert isinstance(episode.failure, ServerUnavailableError)
     assert episode.calls == []
     assert episode.tokens.segments == []
+
+
+async def test_an_episode_closed_while_a_call_generates_cancels_it_and_records_nothing(qwen_tokenizer):
+    entered, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def slow(plan: CallPlan, max_tokens: int) -> Completion:
+        entered.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        raise AssertionError("not reached")
+
+    async with AgentGateway() as gateway:
+        episode = gateway.open_episode(TurnTokenizer(qwen_tokenizer), slow, LIMITS)
+        async with _client(episode) as client:
+            call = asyncio.create_task(client.chat.completions.create(model="m", messages=QUESTION))
+            await asyncio.wait_for(entered.wait(), 10)
+            gateway.close_episode(episode)  # the agent's time ran out
+            await asyncio.wait_for(cancelled.wait(), 10)  # its generation stops with it
+            with pytest.raises(openai.APIError):
+                await call
+    assert episode.calls == []
+    assert episode.tokens.segments == []
+    assert episode.in_flight == set()
+
+
+async def test_a_failure_of_the_gateway_itself_is_a_500_body_and_kept_for_the_sample(qwen_tokenizer):
+    async def broken(plan: CallPlan, max_tokens: int) -> Completion:
+        return Completion(
+            text="ok", token_ids=[1, 2, 3], logprobs=[-0.5], finish_reason="stop"
+        )  # 3 ids, 1 logprob
+
+    async with AgentGateway() as gateway:
+        episode = gateway.open_episode(TurnTokenizer(qwen_tokenizer), broken, LIMITS)
+        async with _client(episode) as client:
+            with pytest.raises(openai.InternalServerError, match="the agent gateway failed on this call"):
+                await client.chat.completions.create(model="m", messages=QUESTION)
+    assert episode.error.startswith("the agent gateway failed: ValueError: 3 ids but 1 logprobs")

@@ -8,6 +8,8 @@ trainer rank (JSON lines into ``logs/trainer/rank_N.log``).
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
 import os
 import sys
@@ -37,9 +39,6 @@ class JsonLines(logging.Formatter):
     ``timestamp``) and the library's ``logger``: a run's log file holds nothing else."""
 
     def format(self, record: logging.LogRecord) -> str:
-        import datetime
-        import json
-
         line: dict[str, Any] = {
             "event": record.getMessage(),
             "level": record.levelname.lower(),

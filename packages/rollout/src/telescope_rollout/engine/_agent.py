@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from telescope_rollout.engine._episode import (
@@ -34,7 +35,7 @@ from telescope_rollout.engine._episode import (
 from telescope_rollout.engine._prompts import PreparedPrompt
 from telescope_rollout.engine._results import ScoredSample, TrainingSequence
 from telescope_rollout.envs._agent import AgentEndpoint, AgentEnvironment, AgentEpisode
-from telescope_rollout.gateway import CallPlan, Episode, GatewayLimits
+from telescope_rollout.gateway import CallPlan, Episode, GatewayLimits, Generate
 from telescope_rollout.inference._client import Completion, PromptTooLongError
 
 __all__ = ["run_agent_episode"]
@@ -63,6 +64,8 @@ async def run_agent_episode(
         gateway.close_episode(episode)
     if episode.failure is not None:
         raise episode.failure
+    if episode.error:
+        raise SampleError("rollout_error", episode.error)
     if not episode.calls:
         refused = f"; its last call was refused: {episode.refused[-1]}" if episode.refused else ""
         raise SampleError("empty_trajectory", f"the agent made no model call{refused}")
@@ -99,10 +102,12 @@ async def _play(
 def _agent_error(exc: Exception, episode: Episode) -> Exception:
     if episode.failure is not None:
         return episode.failure
+    if episode.error:  # the gateway failed under the agent's call: that, not the agent's reaction
+        return SampleError("rollout_error", episode.error)
     return SampleError("rollout_error", f"the agent raised {type(exc).__name__}: {exc}"[:2000])
 
 
-def _generator(out: ScoredSample, play: Play) -> Any:
+def _generator(out: ScoredSample, play: Play) -> Generate:
     """The gateway's ``generate`` for this sample: the new messages as the environment's turn, then
     a model turn of the planned prompt."""
     calls = 0
@@ -110,17 +115,22 @@ def _generator(out: ScoredSample, play: Play) -> Any:
 
     async def generate(plan: CallPlan, budget: int) -> Completion:
         nonlocal calls, last_end
+        turns = len(out.turns)
         if plan.tail:  # what the agent brought since its last call (tool results, a user turn)
             out.turns.append(env_turn(out, plan.tail, len(plan.context_ids), last_end, time.time()))
         k, calls = calls, calls + 1
-        comp = await model_turn(
+        comp = await _answered(
             out,
-            plan.prompt_ids,
-            play,
-            request_id=f"{play.request_prefix}-{out.sample_id}-turn-{k}",
-            priority=-k if play.settings.scheduling_policy == "priority" else 0,
-            first_turn=False,
-            max_tokens=budget,
+            turns,
+            model_turn(
+                out,
+                plan.prompt_ids,
+                play,
+                request_id=f"{play.request_prefix}-{out.sample_id}-turn-{k}",
+                priority=-k if play.settings.scheduling_policy == "priority" else 0,
+                first_turn=False,
+                max_tokens=budget,
+            ),
         )
         last_end = time.time()
         if comp is None:
@@ -130,19 +140,28 @@ def _generator(out: ScoredSample, play: Play) -> Any:
     return generate
 
 
+async def _answered(out: ScoredSample, turns: int, call: Awaitable[Completion | None]) -> Completion | None:
+    """``call``'s completion; when it fails, the environment turn recorded for it goes too (the
+    call's messages are in no sequence)."""
+    try:
+        comp = await call
+    except BaseException:
+        del out.turns[turns:]
+        raise
+    if comp is None:
+        del out.turns[turns:]
+    return comp
+
+
 def _record_sequences(out: ScoredSample, episode: Episode, play: Play) -> None:
     """The first segment into the sample's own fields, the others into ``extra_sequences``."""
     first, *rest = episode.tokens.segments
     t = first.tokens.trajectory
     out.prompt_ids = list(t.prompt_ids)
     out.prompt_text = play.prompts.tokenizer.decode(t.prompt_ids)
-    record_completion(
-        out,
-        t.completion_ids,
-        t.completion_mask,
-        t.completion_logprobs,
-        play.prompts.tokenizer.decode(t.completion_ids),
-    )
+    # copies: the episode's state is not the sample's
+    ids, mask, logprobs = list(t.completion_ids), list(t.completion_mask), list(t.completion_logprobs)
+    record_completion(out, ids, mask, logprobs, play.prompts.tokenizer.decode(ids))
     out.extra_sequences = [
         TrainingSequence(
             list(s.tokens.trajectory.prompt_ids),

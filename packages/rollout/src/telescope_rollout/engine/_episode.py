@@ -25,7 +25,6 @@ from telescope_rollout.chat._multiturn import MultiTurnTokens
 from telescope_rollout.engine._prompts import PreparedPrompt, PromptSource
 from telescope_rollout.engine._results import ScoredSample, Turn
 from telescope_rollout.engine._settings import EngineSettings
-from telescope_rollout.envs._agent import AgentEnvironment
 from telescope_rollout.envs._env import MultiTurnEnvironment
 from telescope_rollout.gateway import AgentGateway
 from telescope_rollout.inference._client import (
@@ -384,7 +383,7 @@ async def play_sample(
     out.system_prompt = out.system_prompt or system_prompt_of(env, prompt)
     out.dispatched_at = out.dispatched_at or time.time()
     try:
-        if isinstance(env, AgentEnvironment):
+        if env.kind == "agent":  # an AgentEnvironment (evals wrap environments: the kind is forwarded)
             from telescope_rollout.engine._agent import run_agent_episode
 
             await run_agent_episode(env, prompt, out, play)

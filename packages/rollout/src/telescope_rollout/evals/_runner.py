@@ -260,6 +260,12 @@ class EvalRunner:
                 env.load_dataset(spec.num_samples)
                 self.environments[spec.name] = env
             env = self.environments[spec.name]
+            if env.kind == "agent":
+                raise ValueError(
+                    f"eval {spec.name!r} is an agent environment: agents are not evaluated yet "
+                    '(docs/rollout.md, "Agents"); remove it from evals, or evaluate the task with a '
+                    "single- or multi-turn environment"
+                )
             if len(env) == 0:
                 raise ValueError(f"eval {spec.name!r} loaded no samples; check its dataset and kwargs")
             if spec.num_samples > len(env):

@@ -88,7 +88,7 @@ def answer_message(
     text) and in canonical form (what the agent must send back to extend the episode). Tool calls
     are read only when the request had tools and did not say ``tool_choice: none``; a malformed
     call stays in the content as the model wrote it."""
-    calls = [c for c in parse_tool_calls(text, tool_call_format) if not c.error] if tools else []
+    calls = [c for c in parse_tool_calls(text, tool_call_format) if not c.error and c.name] if tools else []
     if not calls:
         message: dict[str, Any] = {"role": "assistant", "content": text}
     else:
