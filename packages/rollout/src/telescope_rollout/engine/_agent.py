@@ -62,10 +62,9 @@ async def run_agent_episode(
         result = await _play(env, endpoint, prompt, episode)
     finally:
         gateway.close_episode(episode)
-    if episode.failure is not None:
-        raise episode.failure
-    if episode.error:
-        raise SampleError("rollout_error", episode.error)
+    failed = _episode_failure(episode)
+    if failed is not None:
+        raise failed
     if not episode.calls:
         refused = f"; its last call was refused: {episode.refused[-1]}" if episode.refused else ""
         raise SampleError("empty_trajectory", f"the agent made no model call{refused}")
@@ -99,12 +98,19 @@ async def _play(
         raise _agent_error(exc, episode) from exc
 
 
-def _agent_error(exc: Exception, episode: Episode) -> Exception:
+def _episode_failure(episode: Episode) -> Exception | None:
+    """What failed under one of the episode's calls: its server, or the gateway itself (a bug)."""
     if episode.failure is not None:
         return episode.failure
-    if episode.error:  # the gateway failed under the agent's call: that, not the agent's reaction
-        return SampleError("rollout_error", episode.error)
-    return SampleError("rollout_error", f"the agent raised {type(exc).__name__}: {exc}"[:2000])
+    return SampleError("rollout_error", episode.error) if episode.error else None
+
+
+def _agent_error(exc: Exception, episode: Episode) -> Exception:
+    """The sample's error for an agent that raised ``exc``: what failed under its call (not the
+    agent's reaction to it), else the agent's own exception."""
+    return _episode_failure(episode) or SampleError(
+        "rollout_error", f"the agent raised {type(exc).__name__}: {exc}"[:2000]
+    )
 
 
 def _generator(out: ScoredSample, play: Play) -> Generate:

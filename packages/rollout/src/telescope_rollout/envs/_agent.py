@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from telescope_rollout._types import Message, RewardResult, Sample
-from telescope_rollout.envs._env import Environment, as_reward_result, maybe_await
+from telescope_rollout.envs._env import Environment, as_reward_result, initial_messages, maybe_await
 
 __all__ = ["AgentEndpoint", "AgentEnvironment", "AgentEpisode"]
 
@@ -69,13 +69,7 @@ class AgentEnvironment(Environment):
     def get_initial_prompt(self, sample: Sample) -> list[Message]:
         """The conversation the agent is expected to open with: for the run's checks that a prompt
         fits, and for the record's prompt text ([system?] + the sample's prompt)."""
-        if isinstance(sample.prompt, list):
-            return list(sample.prompt)
-        messages: list[Message] = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": sample.prompt})
-        return messages
+        return initial_messages(sample, self.system_prompt)
 
     async def run(self, client: Any, sample: Sample) -> Any:
         """The agent: talk to the model through ``client`` (an ``openai.AsyncOpenAI``); return what

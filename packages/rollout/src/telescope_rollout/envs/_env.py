@@ -63,6 +63,17 @@ def render_prompt(
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
 
 
+def initial_messages(sample: Sample, system_prompt: str | None) -> list[Message]:
+    """A conversation's opening: the sample's own message list, or [system?] + the user message."""
+    if isinstance(sample.prompt, list):
+        return list(sample.prompt)
+    messages: list[Message] = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": sample.prompt})
+    return messages
+
+
 class Environment(ABC):
     """Base of every environment.
 
@@ -218,13 +229,7 @@ class MultiTurnEnvironment(Environment):
 
     def get_initial_prompt(self, sample: Sample, tokenizer: ChatRenderer | None = None) -> list[Message]:
         """[system?] + the user message, or the sample's own message list."""
-        if isinstance(sample.prompt, list):
-            return list(sample.prompt)
-        messages: list[Message] = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": sample.prompt})
-        return messages
+        return initial_messages(sample, self.system_prompt)
 
     @abstractmethod
     def env_response(self, messages: list[Message], state: RolloutState) -> Any:

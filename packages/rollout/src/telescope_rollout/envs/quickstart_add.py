@@ -27,8 +27,17 @@ def score_addition(completion: str, answer: str) -> tuple[float, bool, bool]:
     return (1.0 if exact else 0.5 if last else 0.0), exact, last
 
 
-class QuickstartAddEnv(SingleTurnEnvironment):
-    """Two-number addition; kwargs ``num_samples`` (2000), ``seed`` (0), ``max_operand`` (99)."""
+def addition_reward(completion: str, answer: str) -> RewardResult:
+    """:func:`score_addition` as a RewardResult with its ``exact`` and ``correct`` metrics."""
+    reward, exact, last = score_addition(completion, answer)
+    return RewardResult(
+        reward, {"exact": float(exact), "correct": float(last)}, {"exact": answer, "correct": answer}
+    )
+
+
+class AdditionSums:
+    """The sums task, for an environment of any kind: kwargs ``num_samples`` (2000), ``seed`` (0),
+    ``max_operand`` (99), its samples (:meth:`sums`) and its metrics' ranges."""
 
     metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = unit_ranges("exact", "correct")
     reward_min = 0.0
@@ -37,7 +46,8 @@ class QuickstartAddEnv(SingleTurnEnvironment):
     seed: int = 0
     max_operand: int = 99
 
-    def load_dataset(self, num_samples: int | None = -1, **kwargs: Any) -> list[Sample]:
+    def sums(self, num_samples: int | None = -1) -> list[Sample]:
+        """The first ``num_samples`` sums (-1: ``self.num_samples``), the same for a seed."""
         rng = random.Random(self.seed)
         n = self.num_samples if num_samples is None or num_samples < 0 else num_samples
         samples: list[Sample] = []
@@ -45,13 +55,14 @@ class QuickstartAddEnv(SingleTurnEnvironment):
             a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
             prompt = f"What is {a} + {b}? Reply with just the number."
             samples.append(Sample(prompt, str(a + b), {"a": a, "b": b}))
-        return self._set_samples(samples, -1)
+        return samples
+
+
+class QuickstartAddEnv(AdditionSums, SingleTurnEnvironment):
+    """Two-number addition in one turn (the sums task: :class:`AdditionSums`)."""
+
+    def load_dataset(self, num_samples: int | None = -1, **kwargs: Any) -> list[Sample]:
+        return self._set_samples(self.sums(num_samples), -1)
 
     def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
-        text = strip_eos(completion, eos_token or self.eos_token)
-        reward, exact, last = score_addition(text, sample.answer)
-        return RewardResult(
-            reward,
-            {"exact": float(exact), "correct": float(last)},
-            {"exact": sample.answer, "correct": sample.answer},
-        )
+        return addition_reward(strip_eos(completion, eos_token or self.eos_token), sample.answer)

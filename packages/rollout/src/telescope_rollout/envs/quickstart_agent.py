@@ -9,31 +9,23 @@ is right. Procedurally generated and offline. A template for agents of one's own
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from telescope_rollout._types import Message, RewardResult, Sample
 from telescope_rollout.envs._agent import AgentEnvironment, AgentEpisode
-from telescope_rollout.envs._env import unit_ranges
-from telescope_rollout.envs.quickstart_add import QuickstartAddEnv, score_addition
+from telescope_rollout.envs.quickstart_add import AdditionSums, addition_reward
 from telescope_rollout.parsers import strip_eos
 
 CHECK = "Check it, then reply with just the number."
 
 
-class QuickstartAgentEnv(AgentEnvironment):
-    """Two-call addition agent; kwargs ``num_samples`` (2000), ``seed`` (0), ``max_operand`` (99)."""
+class QuickstartAgentEnv(AdditionSums, AgentEnvironment):
+    """Two-call addition agent (the sums task: ``quickstart_add.AdditionSums``)."""
 
-    metrics_ranges: ClassVar[dict[str, dict[str, Any]]] = unit_ranges("exact", "correct")
-    reward_min = 0.0
-    reward_max = 1.0
-    num_samples: int = 2000
-    seed: int = 0
-    max_operand: int = 99
     max_calls = 4
 
     def load_dataset(self, num_samples: int | None = -1, **kwargs: Any) -> list[Sample]:
-        sums = QuickstartAddEnv(num_samples=self.num_samples, seed=self.seed, max_operand=self.max_operand)
-        return self._set_samples(sums.load_dataset(num_samples), -1)
+        return self._set_samples(self.sums(num_samples), -1)
 
     async def run(self, client: Any, sample: Sample) -> str:
         messages: list[Message] = self.get_initial_prompt(sample)
@@ -43,10 +35,5 @@ class QuickstartAgentEnv(AgentEnvironment):
         return str(second.choices[0].message.content or "")
 
     def compute_reward(self, episode: AgentEpisode, eos_token: str = "") -> RewardResult:
-        answer = episode.sample.answer
-        reward, exact, last = score_addition(
-            strip_eos(str(episode.result or ""), eos_token or self.eos_token), answer
-        )
-        return RewardResult(
-            reward, {"exact": float(exact), "correct": float(last)}, {"exact": answer, "correct": answer}
-        )
+        text = strip_eos(str(episode.result or ""), eos_token or self.eos_token)
+        return addition_reward(text, episode.sample.answer)

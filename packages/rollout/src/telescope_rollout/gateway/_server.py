@@ -174,10 +174,6 @@ class AgentGateway:
         key = auth.removeprefix("Bearer ").strip()
         if episode is None or not hmac.compare_digest(key.encode(), episode.api_key.encode()):
             raise RequestError("unknown episode or wrong API key", code="invalid_api_key", status=401)
-        if episode.closed:
-            raise RequestError(
-                "this episode has ended: its calls are no longer answered", code="episode_ended", status=410
-            )
         return episode
 
     async def _models(self, request: Any) -> Any:
