@@ -35,12 +35,21 @@ import subprocess
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from telescope_sandbox._errors import SandboxUnavailableError
 
-__all__ = ["INSTALL_HINT", "UidAllocator", "bwrap_features", "find_bwrap", "root_args"]
+__all__ = [
+    "FORWARD_DIR",
+    "INSTALL_HINT",
+    "UidAllocator",
+    "bwrap_features",
+    "find_bwrap",
+    "forward_binds",
+    "root_args",
+]
 
 INSTALL_HINT = (
     "install bubblewrap: `apt-get install bubblewrap` (Debian/Ubuntu), `dnf install bubblewrap` "
@@ -147,7 +156,8 @@ def root_args(
     """The part of the bubblewrap command line that is the same for every run.
 
     Returns the arguments and whether tmpfs sizes are supported (``--size``). The per-run tail
-    (tmpfs sizes, the helper) is added by the caller; ``{size}`` placeholders mark where.
+    (tmpfs sizes, the helper) is added by the caller; ``{size}`` placeholders mark where, and
+    ``{binds}`` where the run's own mounts go (``forward_binds``).
     """
     features = bwrap_features(bwrap)
     args = [
@@ -189,10 +199,35 @@ def root_args(
             "sandbox_disk_limit_unenforced",
             reason=f"{bwrap} has no --size (bubblewrap < 0.7); tmpfs sizes are not capped",
         )
+    args += _tmpfs_args(workdir, privileged=privileged, sized=sized)
+    args += ["{binds}", "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", workdir]
+    return args, sized
+
+
+def _tmpfs_args(workdir: str, *, privileged: bool, sized: bool) -> list[str]:
+    """The writable folders: ``/dev/shm``, ``/tmp`` and the work directory, each a tmpfs."""
+    args: list[str] = []
     for mount, perms in (("/dev/shm", "1777"), ("/tmp", "1777"), (workdir, "0777" if privileged else "0755")):
         args += ["--perms", perms]
         if sized:
             args += ["--size", "{size}"]
         args += ["--tmpfs", mount]
-    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", workdir]
-    return args, sized
+    return args
+
+
+FORWARD_DIR = "/run/telescope"
+"""Where a run's forwarded host sockets appear inside: ``port-<port>.sock``."""
+
+
+def forward_binds(forward_ports: dict[int, str]) -> tuple[list[str], list[list[Any]]]:
+    """A run's ``forward_ports`` as bubblewrap mounts (each host socket at ``FORWARD_DIR``) and as
+    the helper's ``[port, socket path inside]`` pairs."""
+    if not forward_ports:
+        return [], []
+    args = ["--perms", "0755", "--dir", "/run", "--perms", "0755", "--dir", FORWARD_DIR]
+    pairs: list[list[Any]] = []
+    for port, host in sorted(forward_ports.items()):
+        inside = f"{FORWARD_DIR}/port-{port}.sock"
+        args += ["--bind", host, inside]
+        pairs.append([port, inside])
+    return args, pairs

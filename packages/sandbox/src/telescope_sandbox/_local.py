@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import structlog
 
-from telescope_sandbox._bwrap import USERNS_HINT, UidAllocator, find_bwrap, root_args
+from telescope_sandbox._bwrap import USERNS_HINT, UidAllocator, find_bwrap, forward_binds, root_args
 from telescope_sandbox._errors import SandboxInfraError, SandboxRequestError, SandboxUnavailableError
 from telescope_sandbox._limits import OUTPUT_KILL_FACTOR, Limits
 from telescope_sandbox._provider import ExecRequest, Sandbox
@@ -89,6 +89,8 @@ class LocalSandbox(Sandbox):
     ``/usr``; a virtual environment's packages are not). ``ro_binds`` adds host folders, bound
     read-only at the same path. ``env`` adds environment variables to every run. ``limits``
     holds the defaults for every limit but ``timeout_s`` and ``memory_mb``.
+    ``run_command(forward_ports=...)`` binds each host socket into the run and has the helper relay
+    ``127.0.0.1:port`` of the run's own network namespace to it (with bubblewrap only).
     ``user_namespace`` forces (True) or forbids (False) bubblewrap's user namespace; by default
     it is used unless this process is root (see ``_bwrap`` for why). As root with a user
     namespace, ``max_processes`` is not enforced by the kernel: for tests only.
@@ -96,6 +98,7 @@ class LocalSandbox(Sandbox):
 
     name = "local"
     stateless = True
+    forwards_ports = True
 
     def __init__(
         self,
@@ -159,13 +162,20 @@ class LocalSandbox(Sandbox):
     async def _execute(self, request: ExecRequest) -> ExecResult:
         limits = request.limits
         if self.isolation == "none":
+            if request.forward_ports:
+                raise SandboxRequestError(
+                    "forward_ports needs the sandbox's own network namespace: isolation='bwrap'"
+                )
             workdir = tempfile.mkdtemp(prefix="telescope-sandbox-")
             try:
                 return await self._spawn(request, workdir=workdir, uid=None, argv_head=[], nproc=False)
             finally:
                 await asyncio.to_thread(shutil.rmtree, workdir, True)
         size = str(max(limits.disk_mb, 1) << 20)
-        head = [size if arg == "{size}" else arg for arg in self._args]
+        binds, _ = forward_binds(dict(request.forward_ports))
+        head: list[str] = []
+        for arg in self._args:
+            head += binds if arg == "{binds}" else [size if arg == "{size}" else arg]
         if not self._privileged:
             return await self._spawn(request, workdir=_WORKDIR, uid=None, argv_head=head, nproc=True)
         uid = _UIDS.acquire()
@@ -244,6 +254,7 @@ class LocalSandbox(Sandbox):
             "files": files,
             "files_out": list(request.files_out),
             "max_file_out": limits.max_file_mb << 20,
+            "forward": forward_binds(dict(request.forward_ports))[1],
         }
         return spec, blob
 

@@ -9,13 +9,19 @@ between runs. ``stateless`` tells the pool which kind it holds.
 
 Paths in ``files`` and ``files_out`` are relative to the work directory; absolute paths and
 ``..`` are bad requests.
+
+``forward_ports`` (providers with ``forwards_ports``: the local one) makes a host service reachable
+from inside and nothing else: for each ``port: socket path``, the program can connect to
+``127.0.0.1:port`` in its own network namespace and reaches the host's Unix socket at that path.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 import posixpath
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -60,6 +66,8 @@ class ExecRequest:
     files: Mapping[str, bytes] = field(default_factory=dict[str, bytes])
     files_out: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
+    forward_ports: Mapping[int, str] = field(default_factory=dict[int, str])
+    """``127.0.0.1:port`` inside -> the host's Unix socket at this absolute path (module docstring)."""
 
     def __post_init__(self) -> None:
         # The fields' types say what a caller should pass; what it did pass is checked here.
@@ -87,6 +95,28 @@ class ExecRequest:
             raise SandboxRequestError(f"files total {size} bytes, more than disk_mb={self.limits.disk_mb}")
         if any(len(c) > self.limits.max_file_mb << 20 for c in files.values()):
             raise SandboxRequestError(f"a file is larger than max_file_mb={self.limits.max_file_mb}")
+        object.__setattr__(self, "forward_ports", MappingProxyType(_check_forwards(self.forward_ports)))
+
+
+def _check_forwards(forwards: Mapping[int, str]) -> dict[int, str]:
+    """``forward_ports`` checked: ports 1024-65535, each to an existing absolute socket path."""
+    out: dict[int, str] = {}
+    for port, path in cast("Mapping[object, object]", forwards).items():
+        if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
+            raise SandboxRequestError(f"forward_ports: port {port!r} must be an int from 1024 to 65535")
+        if not isinstance(path, str) or not posixpath.isabs(path) or not stat.S_ISSOCK(_mode(path)):
+            raise SandboxRequestError(
+                f"forward_ports: {path!r} (port {port}) is not the path of a Unix socket"
+            )
+        out[port] = path
+    return out
+
+
+def _mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
 
 
 def _bytes_like(value: object) -> TypeGuard[bytes | bytearray | memoryview]:
@@ -112,6 +142,8 @@ class Sandbox(abc.ABC):
     """The provider's registry name."""
     stateless: ClassVar[bool] = False
     """True when runs share nothing (one object may serve concurrent runs)."""
+    forwards_ports: ClassVar[bool] = False
+    """True when ``run_command`` takes ``forward_ports`` (a host socket reachable from inside)."""
 
     def __init__(self, *, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
@@ -131,13 +163,15 @@ class Sandbox(abc.ABC):
         files: Mapping[str, str | bytes] | None = None,
         files_out: Sequence[str] = (),
         limits: Limits | None = None,
+        forward_ports: Mapping[int, str] | None = None,
     ) -> ExecResult:
         """Run ``code`` written in ``language`` (``python``, ``bash`` or ``sh``) and return its result.
 
         The code is saved as ``main.py`` / ``main.sh`` in the work directory and run there with
         ``args``. ``files`` are written to the work directory first; ``files_out`` are read back
         into ``ExecResult.files``. ``limits`` sets every limit other than ``timeout_s`` and
-        ``memory_mb``, which always come from their own arguments. Never raises for what the
+        ``memory_mb``, which always come from their own arguments. ``forward_ports``: see the
+        module docstring. Never raises for what the
         program does (see ``ExecResult.killed_by``); raises ``SandboxRequestError`` for a bad
         request and ``SandboxInfraError`` when the sandbox itself fails.
         """
@@ -160,6 +194,7 @@ class Sandbox(abc.ABC):
             files=all_files,
             files_out=files_out,
             limits=limits,
+            forward_ports=forward_ports,
         )
 
     async def run_command(
@@ -173,10 +208,17 @@ class Sandbox(abc.ABC):
         files: Mapping[str, str | bytes] | None = None,
         files_out: Sequence[str] = (),
         limits: Limits | None = None,
+        forward_ports: Mapping[int, str] | None = None,
     ) -> ExecResult:
-        """Run ``argv`` (looked up on the sandbox's ``PATH``) in the work directory; as ``run``."""
+        """Run ``argv`` (looked up on the sandbox's ``PATH``) in the work directory; as ``run``.
+        ``forward_ports``: see the module docstring (``SandboxRequestError`` where the provider
+        cannot)."""
         if self.closed:
             raise SandboxRequestError(f"{type(self).__name__} is closed")
+        if forward_ports and not self.forwards_ports:
+            raise SandboxRequestError(
+                f"the {self.name!r} sandbox cannot reach a host socket (forward_ports); use provider 'local'"
+            )
         if isinstance(argv, str):
             raise SandboxRequestError("argv must be a list of strings, not one string")
         base = limits or self.limits
@@ -189,6 +231,7 @@ class Sandbox(abc.ABC):
             },
             files_out=tuple(files_out),
             limits=dataclasses.replace(base, timeout_s=timeout_s, memory_mb=memory_mb),
+            forward_ports=dict(forward_ports or {}),
         )
         return await self._execute(request)
 

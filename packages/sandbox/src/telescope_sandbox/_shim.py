@@ -20,6 +20,12 @@ restores the signal dispositions Python changed (SIGPIPE, SIGXFSZ) and execs the
 parent drops to the same user id, waits with ``wait4`` (exact exit status and the tree's CPU time
 and peak memory), reads the output files (regular files only, at most ``max_file_out`` bytes
 each) and exits with the program's status.
+
+With ``forward`` pairs ``[port, socket path]`` the parent first listens on ``127.0.0.1:port`` (the
+run's own loopback, before the program starts, so its first connection finds it) and, while the
+program runs, relays each connection to the Unix socket bound in at that path (``socket`` and
+``selectors`` are imported for that only), in this one thread: a thread or a process more would
+count against the run's ``RLIMIT_NPROC``.
 """
 
 from __future__ import annotations  # the annotations below are not evaluated: the user's Python may be older
@@ -35,7 +41,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal  # ``_signal`` (built into CPython) has no stub; ``signal`` wraps it
-    from typing import TypedDict
+    from typing import Any, TypedDict
 
     class _Spec(TypedDict):
         """The run's spec, as ``_local`` builds it (after a ``marshal`` round trip)."""
@@ -49,6 +55,7 @@ if TYPE_CHECKING:
         files: list[tuple[str, int, int]]  # ``[path, offset, size]`` lists on the wire
         files_out: list[str]
         max_file_out: int
+        forward: list[tuple[int, str]]  # ``[port, path]`` lists on the wire
 
 else:
     import _signal
@@ -108,6 +115,135 @@ def _read_out(path: str, limit: int) -> bytes | None:
         os.close(fd)
 
 
+def _listen(forward: list[tuple[int, str]]) -> list[tuple[Any, str]]:
+    """A listening socket on ``127.0.0.1:port`` per forward pair (not inherited by the program)."""
+    if not forward:
+        return []
+    import socket
+
+    out: list[tuple[Any, str]] = []
+    for port, path in forward:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(64)
+        sock.setblocking(False)
+        out.append((sock, path))
+    return out
+
+
+class _End:
+    """One socket of a relayed connection: what is waiting to be written to it, whether it has
+    sent its last byte, and the end it is paired with."""
+
+    def __init__(self, sock: object) -> None:
+        self.sock: Any = sock
+        self.peer: _End = self
+        self.out = bytearray()
+        self.eof = False  # it sent its last byte
+        self.shut = False  # and that was passed on (its peer's writing side shut)
+        self.events = 0
+
+
+def _wants(end: _End) -> int:
+    """Reading while the peer's backlog is small, writing while this end's is not empty."""
+    return (1 if not end.eof and len(end.peer.out) < 1 << 20 else 0) | (2 if end.out else 0)
+
+
+def _update(sel: Any, end: _End) -> None:
+    events = _wants(end)
+    if events != end.events:
+        if end.events and events:
+            sel.modify(end.sock, events, end)
+        elif events:
+            sel.register(end.sock, events, end)
+        else:
+            sel.unregister(end.sock)
+        end.events = events
+
+
+def _drop(sel: Any, end: _End) -> None:
+    for e in (end, end.peer):
+        if e.events:
+            sel.unregister(e.sock)
+            e.events = 0
+        e.sock.close()
+
+
+def _service(sel: Any, end: _End, events: int) -> None:
+    """Move bytes for one ready socket; a closed or failed connection is dropped whole."""
+    import socket
+
+    try:
+        if events & 1:
+            data = end.sock.recv(1 << 16)
+            if data:
+                end.peer.out += data
+            else:
+                end.eof = True
+        if events & 2 and end.out:
+            del end.out[: end.sock.send(end.out)]
+        for e in (end, end.peer):
+            if e.peer.eof and not e.out and not e.peer.shut:
+                e.peer.shut = True
+                e.sock.shutdown(socket.SHUT_WR)
+    except BlockingIOError:
+        pass
+    except OSError:
+        return _drop(sel, end)
+    if end.eof and end.peer.eof and not end.out and not end.peer.out:
+        return _drop(sel, end)
+    _update(sel, end)
+    _update(sel, end.peer)
+
+
+def _accept(sel: Any, listener: Any, path: str) -> None:
+    import socket
+
+    try:
+        client, _ = listener.accept()
+    except OSError:
+        return
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream.settimeout(5.0)
+        upstream.connect(path)
+    except OSError:
+        upstream.close()
+        client.close()
+        return
+    a, b = _End(client), _End(upstream)
+    a.peer, b.peer = b, a
+    for end in (a, b):
+        end.sock.setblocking(False)
+        _update(sel, end)
+
+
+def _relay(listeners: list[tuple[Any, str]], pid: int) -> None:
+    """Relay connections until the program exits (module docstring)."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    for listener, path in listeners:
+        sel.register(listener, selectors.EVENT_READ, path)
+    # The program's end wakes the loop through a pidfd (Python >= 3.9), else a look every 0.1 s
+    # that leaves its status to ``wait4``.
+    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    if pidfd is not None:
+        sel.register(pidfd, selectors.EVENT_READ, None)
+    while True:
+        for key, events in sel.select(None if pidfd is not None else 0.1):
+            if key.data is None:
+                os.close(pidfd)  # pyright: ignore[reportArgumentType]
+                return
+            if isinstance(key.data, str):
+                _accept(sel, key.fileobj, key.data)
+            else:
+                _service(sel, key.data, events)
+        if pidfd is None and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return
+
+
 def main() -> None:
     spec_fd, status_fd = int(sys.argv[1]), int(sys.argv[2])
     os.write(status_fd, b"S")
@@ -118,6 +254,7 @@ def main() -> None:
     spec: _Spec = marshal.loads(rest[:size])
     blob = memoryview(rest)[size:]
     os.set_inheritable(status_fd, False)
+    listeners = _listen(spec.get("forward") or [])
     pid = os.fork()
     if pid == 0:
         try:
@@ -127,6 +264,8 @@ def main() -> None:
         os._exit(126)
     del blob, rest, data
     _drop_privileges(spec["uid"], spec["gid"])
+    if listeners:
+        _relay(listeners, pid)
     _, status, usage = os.wait4(pid, 0)
     os.chdir(spec["workdir"])
     outputs = [_read_out(path, spec["max_file_out"]) for path in spec["files_out"]]

@@ -1,0 +1,158 @@
+"""``forward_ports``: a host Unix socket reachable from inside a run, and nothing else.
+
+A host HTTP server on a Unix socket answers a program that connects to ``127.0.0.1:<port>`` in
+its own network namespace (bodies larger than the relay's buffers both ways, the exit code and the
+files passed through as without forwarding), as root and in a user namespace; no other port or
+host service is reachable; concurrent runs each reach only their own socket; a run killed at its
+deadline while a connection is open leaves no process; bad requests say what is wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from telescope_sandbox import ExecResult, LocalSandbox, Sandbox, SandboxRequestError
+from telescope_sandbox._provider import ExecRequest
+
+CLIENT = r"""
+import sys, urllib.request
+port = int(sys.argv[1])
+size = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+body = urllib.request.urlopen(f"http://127.0.0.1:{port}/echo", data=b"x" * size, timeout=10).read()
+print(len(body), body[:12].decode())
+open("got.txt", "w").write(body[:12].decode())
+sys.exit(3)
+"""
+
+PROBE = r"""
+import socket, sys
+for port in map(int, sys.argv[1:]):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        print(port, "open")
+    except OSError as exc:
+        print(port, "closed", type(exc).__name__)
+"""
+
+
+async def _serve(name: str, tmp: Path) -> tuple[web.AppRunner, str]:
+    """An HTTP server on a Unix socket under ``tmp``: ``POST /echo`` answers ``name`` and three
+    times the body's length in bytes."""
+
+    async def echo(request: web.Request) -> web.Response:
+        data = await request.read()
+        return web.Response(body=name.encode() + b":" + b"a" * (3 * len(data)))
+
+    app = web.Application(client_max_size=1 << 26)
+    app.router.add_post("/echo", echo)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    path = str(tmp / f"{name}.sock")
+    await web.UnixSite(runner, path).start()
+    os.chmod(path, 0o666)  # as root the program is a fresh user
+    return runner, path
+
+
+@pytest.fixture
+async def servers(tmp_path: Path) -> AsyncIterator[dict[str, str]]:
+    tmp = Path(tempfile.mkdtemp(dir=tmp_path))
+    started = [await _serve(name, tmp) for name in ("one", "two")]
+    yield {"one": started[0][1], "two": started[1][1]}
+    for runner, _ in started:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("user_namespace", [None, True], ids=["default", "user_namespace"])
+async def test_a_program_reaches_the_host_socket_through_its_port(
+    sandbox: LocalSandbox, servers: dict[str, str], user_namespace: bool | None
+):
+    box = LocalSandbox(user_namespace=user_namespace)
+    size = 3 << 20  # larger than the relay's 1 MiB backlog and the sockets' buffers, both ways
+    r = await box.run(
+        CLIENT, args=["8000", str(size)], forward_ports={8000: servers["one"]}, files_out=["got.txt"]
+    )
+    assert (r.exit_code, r.stderr) == (3, "")
+    assert r.stdout == f"{3 * size + 4} one:aaaaaaaa\n"
+    assert r.files == {"got.txt": b"one:aaaaaaaa"}
+
+
+async def test_only_the_forwarded_port_is_reachable(sandbox: LocalSandbox, servers: dict[str, str]):
+    host = socket.socket()
+    host.bind(("127.0.0.1", 0))
+    host.listen()
+    host_port = host.getsockname()[1]
+    try:
+        r = await sandbox.run(
+            PROBE, args=["8000", "8001", str(host_port)], forward_ports={8000: servers["one"]}
+        )
+    finally:
+        host.close()
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "8000 open"
+    assert lines[1].startswith("8001 closed")
+    assert lines[2].startswith(f"{host_port} closed")  # the host's loopback is another namespace's
+
+
+async def test_concurrent_runs_each_reach_their_own_socket(sandbox: LocalSandbox, servers: dict[str, str]):
+    runs = [
+        sandbox.run(CLIENT, args=["8000"], forward_ports={8000: servers[name]})
+        for name in ("one", "two", "one", "two")
+    ]
+    results = await asyncio.gather(*runs)
+    assert [r.stdout.split()[1][:4] for r in results] == ["one:", "two:", "one:", "two:"]
+
+
+async def test_a_run_killed_with_a_connection_open_leaves_nothing(sandbox: LocalSandbox, tmp_path: Path):
+    path = str(tmp_path / "hang.sock")
+    accepted: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append((reader, writer))  # never answers
+
+    server = await asyncio.start_unix_server(hold, path)
+    os.chmod(path, 0o666)
+    code = "import socket\ns = socket.create_connection(('127.0.0.1', 8000))\ns.sendall(b'hi')\ns.recv(1)\n"
+    try:
+        r = await sandbox.run(code, forward_ports={8000: path}, timeout_s=1.0)
+        assert r.timed_out
+        assert len(accepted) == 1
+        # the relay died with the run: the host end of its connection got what was sent, then EOF
+        assert await asyncio.wait_for(accepted[0][0].read(), 5.0) == b"hi"
+    finally:
+        for _, writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_bad_forward_requests_say_what_is_wrong(
+    sandbox: LocalSandbox, servers: dict[str, str], tmp_path: Path
+):
+    plain = tmp_path / "plain.txt"
+    plain.write_text("")
+    with pytest.raises(SandboxRequestError, match="1024 to 65535"):
+        await sandbox.run_command(["true"], forward_ports={80: servers["one"]})
+    with pytest.raises(SandboxRequestError, match="is not the path of a Unix socket"):
+        await sandbox.run_command(["true"], forward_ports={8000: str(plain)})
+    with pytest.raises(SandboxRequestError, match="is not the path of a Unix socket"):
+        await sandbox.run_command(["true"], forward_ports={8000: "relative.sock"})
+    with pytest.raises(SandboxRequestError, match="isolation='bwrap'"):
+        await LocalSandbox(isolation="none").run_command(["true"], forward_ports={8000: servers["one"]})
+
+    class NoForwarding(Sandbox):
+        name = "remote-like"
+
+        async def _execute(self, request: ExecRequest) -> ExecResult:  # pragma: no cover
+            raise AssertionError("never reached")
+
+    with pytest.raises(SandboxRequestError, match="'remote-like' sandbox cannot reach a host socket"):
+        await NoForwarding().run_command(["true"], forward_ports={8000: servers["one"]})
