@@ -14,7 +14,7 @@ from telescope_orchestrator.run.sandboxes import (
     sandbox_metrics,
 )
 from telescope_orchestrator.run.wiring import build_training_environments
-from telescope_rollout import get_environment
+from telescope_rollout import CommandAgentEnvironment, get_environment
 from telescope_rollout.envs.i3_code import I3CodeEnv
 from telescope_sandbox import SandboxPool
 
@@ -103,3 +103,43 @@ def test_every_problem_is_reported_at_once(monkeypatch):
         attach_sandboxes([("first", a, {"provider": "nope"}), ("second", b, {"provider": "e2b"})])
     assert "'first'" in str(info.value)
     assert "'second'" in str(info.value)
+
+
+async def test_a_command_agent_gets_a_local_pool_that_does_not_replay_its_runs():
+    env = get_environment("quickstart_agent_command")
+    assert isinstance(env, CommandAgentEnvironment)
+    assert needs_sandbox(env)
+    pools = attach_sandboxes([("agent", env, {"pool_size": 2})])
+    try:
+        assert isinstance(env.sandbox, SandboxPool)
+        assert env.sandbox.infra_retries == 0  # a retry would replay the agent into its episode
+    finally:
+        await close_sandboxes(pools)
+    again = get_environment("quickstart_agent_command")
+    assert isinstance(again, CommandAgentEnvironment)
+    pools = attach_sandboxes([("agent", again, {"infra_retries": 2})])
+    try:
+        assert isinstance(again.sandbox, SandboxPool)
+        assert again.sandbox.infra_retries == 2  # unless the kwargs say so
+    finally:
+        await close_sandboxes(pools)
+
+
+def test_a_command_agent_on_a_provider_that_cannot_reach_the_run_says_so(monkeypatch):
+    import telescope_sandbox
+    from telescope_sandbox import ExecRequest, ExecResult, Sandbox
+
+    class Remote(Sandbox):
+        name = "remote"
+
+        async def _execute(self, request: ExecRequest) -> ExecResult:  # pragma: no cover
+            raise AssertionError("never run")
+
+    monkeypatch.setattr(telescope_sandbox, "available_sandboxes", lambda: ["local", "remote"])
+    monkeypatch.setattr(telescope_sandbox, "get_sandbox", lambda name, **kw: Remote())
+    env = get_environment("quickstart_agent_command")
+    with pytest.raises(SandboxSetupError) as info:
+        attach_sandboxes([("agent", env, {"provider": "remote"})])
+    text = str(info.value)
+    assert "environment 'agent' runs its agent in a sandbox that must reach the run's endpoint" in text
+    assert "Fix: `provider: local`" in text

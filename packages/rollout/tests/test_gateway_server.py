@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 import aiohttp
@@ -237,3 +238,28 @@ async def test_a_failure_of_the_gateway_itself_is_a_500_body_and_kept_for_the_sa
             with pytest.raises(openai.InternalServerError, match="the agent gateway failed on this call"):
                 await client.chat.completions.create(model="m", messages=QUESTION)
     assert episode.error.startswith("the agent gateway failed: ValueError: 3 ids but 1 logprobs")
+
+
+async def test_an_episode_on_its_own_unix_socket_answers_there_only(qwen_tokenizer, tmp_path):
+    model = Scripted(qwen_tokenizer, ["ok"] * 4)
+    async with AgentGateway() as gateway:
+        boxed = gateway.open_episode(TurnTokenizer(qwen_tokenizer), model, LIMITS)
+        plain = gateway.open_episode(TurnTokenizer(qwen_tokenizer), model, LIMITS)
+        path = await gateway.listen_unix(boxed)
+        assert oct(os.stat(path).st_mode & 0o777) == "0o666"  # a sandbox's own user connects
+        assert oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
+
+        async def status(episode: Any, unix: str | None) -> int:
+            connector = aiohttp.UnixConnector(path=unix) if unix else None
+            headers = {"Authorization": f"Bearer {episode.api_key}"}
+            async with aiohttp.ClientSession(connector=connector, headers=headers) as http:
+                url = f"http://127.0.0.1:{gateway.port}/e/{episode.id}/v1/models"
+                async with http.get(url) as response:
+                    return response.status
+
+        assert await status(boxed, path) == 200
+        assert await status(boxed, None) == 401  # not over loopback TCP
+        assert await status(plain, path) == 401  # its socket answers no other episode
+        assert await status(plain, None) == 200
+        gateway.close_episode(boxed)
+        assert not os.path.exists(os.path.dirname(path))

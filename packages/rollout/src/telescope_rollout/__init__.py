@@ -24,6 +24,7 @@ from telescope_rollout.engine import (
 )
 from telescope_rollout.envs import (
     AgentEnvironment,
+    CommandAgentEnvironment,
     Environment,
     MultiTurnEnvironment,
     Rubric,
@@ -42,6 +43,7 @@ __all__ = ["__version__"]
 # the environment API
 __all__ += [
     "AgentEnvironment",
+    "CommandAgentEnvironment",
     "Environment",
     "Message",
     "MultiTurnEnvironment",

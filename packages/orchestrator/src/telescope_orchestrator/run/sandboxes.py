@@ -13,6 +13,10 @@ An environment that lists ``"sandbox"`` in its ``needs`` (i3_code does) and has 
   many runs in a row fails runs at once for the cooldown (``telescope_sandbox.SandboxPool``);
   counted in the step metrics by :func:`sandbox_metrics`.
 
+An environment whose programs must reach the run (``forwards_ports``: a command agent, which
+talks to its episode's endpoint) needs a provider that can (``local``), and its runs are not
+retried unless ``infra_retries`` says so (a retry would replay the agent into an episode begun).
+
 Everything a provider needs is checked here, at start-up: a missing SDK extra, missing
 credentials or a missing bubblewrap is one :class:`SandboxSetupError` naming the environment, the
 provider and the fix, never a failure per sample after the batch timeout. No remote machine is
@@ -93,8 +97,9 @@ def _check_credentials(env_name: str, provider: str, provider_kwargs: Mapping[st
         raise _fail(env_name, provider, f"none of {', '.join(names)} is set")
 
 
-def build_pool(env_name: str, kwargs: Mapping[str, Any]) -> SandboxPool:
-    """A ``SandboxPool`` for one environment from its kwargs (see the module docstring)."""
+def build_pool(env_name: str, kwargs: Mapping[str, Any], *, forwards_ports: bool = False) -> SandboxPool:
+    """A ``SandboxPool`` for one environment from its kwargs (see the module docstring).
+    ``forwards_ports``: the environment's programs must reach a host socket (a command agent)."""
     from telescope_sandbox import SandboxError, SandboxPool, available_sandboxes, get_sandbox
 
     provider = str(kwargs.get("provider") or DEFAULT_PROVIDER)
@@ -108,7 +113,15 @@ def build_pool(env_name: str, kwargs: Mapping[str, Any]) -> SandboxPool:
         probe = get_sandbox(provider, **provider_kwargs)  # checks the SDK extra / bubblewrap now
     except (ImportError, SandboxError, TypeError) as exc:
         raise _fail(env_name, provider, str(exc)) from exc
+    if forwards_ports and not probe.forwards_ports:
+        raise SandboxSetupError(
+            f"environment {env_name!r} runs its agent in a sandbox that must reach the run's endpoint, "
+            f"which provider {provider!r} cannot (only a sandbox on this machine can). "
+            "Fix: `provider: local` in its kwargs (needs bubblewrap: apt-get install bubblewrap)."
+        )
     settings = {k: kwargs[k] for k in RESILIENCE if kwargs.get(k) is not None}
+    if forwards_ports:  # a retried run would replay its agent against an episode already begun
+        settings.setdefault("infra_retries", 0)
     # one remote machine per slot, created on first use (the probe never started one)
     factory = probe if probe.stateless else (lambda: get_sandbox(provider, **provider_kwargs))
     try:
@@ -130,7 +143,7 @@ def attach_sandboxes(envs: Iterable[tuple[str, Any, Mapping[str, Any]]]) -> list
         if not needs_sandbox(env):
             continue
         try:
-            env.sandbox = build_pool(name, kwargs)
+            env.sandbox = build_pool(name, kwargs, forwards_ports=bool(getattr(env, "forwards_ports", False)))
         except SandboxSetupError as exc:
             problems.append(str(exc))
             continue

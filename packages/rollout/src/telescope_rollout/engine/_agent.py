@@ -10,11 +10,14 @@ sample and any further ones (an agent that rewrote its history) go to
 ``ScoredSample.extra_sequences`` with their reasons; then the environment scores the
 ``AgentEpisode``.
 
+An environment whose agent runs in a sandbox (``forwards_ports``) has its episode served on a Unix
+socket of its own, which the sandbox relays into the agent's network namespace.
+
 Failures are the sample's, with the reason: an agent that raises or exits badly, or runs past
-``agent_timeout_s``, is a ``rollout_error`` ("the agent raised ...", "the agent did not finish
-within ..."); an agent that made no answered call is an ``empty_trajectory`` (with the last
-refusal, if its calls were refused); a server that failed under a call is returned to the engine
-as that failure, as for any sample.
+``agent_timeout_s``, is a ``rollout_error`` ("the agent raised ...", "the agent exited with status
+...", "the agent did not finish within ..."); an agent that made no answered call is an
+``empty_trajectory`` (with the last refusal, if its calls were refused); a server that failed
+under a call is returned to the engine as that failure, as for any sample.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from telescope_rollout.engine._episode import (
 )
 from telescope_rollout.engine._prompts import PreparedPrompt
 from telescope_rollout.engine._results import ScoredSample, TrainingSequence
-from telescope_rollout.envs._agent import AgentEndpoint, AgentEnvironment, AgentEpisode
+from telescope_rollout.envs._agent import AgentEndpoint, AgentEnvironment, AgentEpisode, AgentError
 from telescope_rollout.gateway import CallPlan, Episode, GatewayLimits, Generate
 from telescope_rollout.inference._client import Completion, PromptTooLongError
 
@@ -57,8 +60,9 @@ async def run_agent_episode(
     episode = gateway.open_episode(
         play.prompts.turn_tokenizer.for_kwargs(env.template_kwargs()), _generator(out, play), limits
     )
-    endpoint = AgentEndpoint(episode.base_url, episode.api_key, gateway.model)
     try:
+        socket_path = await gateway.listen_unix(episode) if env.forwards_ports else None
+        endpoint = AgentEndpoint(episode.base_url, episode.api_key, gateway.model, socket_path)
         result = await _play(env, endpoint, prompt, episode)
     finally:
         gateway.close_episode(episode)
@@ -108,9 +112,8 @@ def _episode_failure(episode: Episode) -> Exception | None:
 def _agent_error(exc: Exception, episode: Episode) -> Exception:
     """The sample's error for an agent that raised ``exc``: what failed under its call (not the
     agent's reaction to it), else the agent's own exception."""
-    return _episode_failure(episode) or SampleError(
-        "rollout_error", f"the agent raised {type(exc).__name__}: {exc}"[:2000]
-    )
+    own = str(exc) if isinstance(exc, AgentError) else f"the agent raised {type(exc).__name__}: {exc}"
+    return _episode_failure(episode) or SampleError("rollout_error", own[:2000])
 
 
 def _generator(out: ScoredSample, play: Play) -> Generate:

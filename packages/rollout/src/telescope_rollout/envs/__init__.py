@@ -2,7 +2,8 @@
 
 Write a task by subclassing :class:`SingleTurnEnvironment`, :class:`MultiTurnEnvironment` or
 :class:`ToolEnvironment`, or train an agent written against the OpenAI API
-(:class:`AgentEnvironment`); score it with a :class:`Rubric` of reward functions (and the answer
+(:class:`AgentEnvironment`, or :class:`CommandAgentEnvironment` for a program run in the
+sandbox); score it with a :class:`Rubric` of reward functions (and the answer
 parsers of :mod:`telescope_rollout.parsers`). Environments that run code receive any
 :class:`SandboxLike`. Names resolve through the registry (``get_environment``): a ``module:Class``
 path, an entry point in the group ``telescope.environments``, or a built-in. The built-ins are the
@@ -18,7 +19,13 @@ from telescope_rollout._types import (
     Sample,
     TrajectoryStep,
 )
-from telescope_rollout.envs._agent import AgentEndpoint, AgentEnvironment, AgentEpisode
+from telescope_rollout.envs._agent import (
+    AgentEndpoint,
+    AgentEnvironment,
+    AgentEpisode,
+    AgentError,
+    CommandAgentEnvironment,
+)
 from telescope_rollout.envs._env import Environment, MultiTurnEnvironment, SingleTurnEnvironment
 from telescope_rollout.envs._math import verify_math_answer
 from telescope_rollout.envs._registry import (
@@ -29,7 +36,13 @@ from telescope_rollout.envs._registry import (
     list_environments,
 )
 from telescope_rollout.envs._rubric import Rubric
-from telescope_rollout.envs._sandbox import RunResult, RunResultLike, SandboxLike
+from telescope_rollout.envs._sandbox import (
+    CommandResultLike,
+    CommandSandboxLike,
+    RunResult,
+    RunResultLike,
+    SandboxLike,
+)
 from telescope_rollout.envs._toolcalls import ToolCall, parse_tool_calls
 from telescope_rollout.envs._tools import ToolEnvironment
 from telescope_rollout.envs._toolschema import func_to_tool_schema
@@ -37,19 +50,22 @@ from telescope_rollout.envs._toolschema import func_to_tool_schema
 # base classes
 __all__ = [
     "AgentEnvironment",
+    "CommandAgentEnvironment",
     "Environment",
     "MultiTurnEnvironment",
     "SingleTurnEnvironment",
     "ToolEnvironment",
 ]
 # agents on the OpenAI API
-__all__ += ["AgentEndpoint", "AgentEpisode"]
+__all__ += ["AgentEndpoint", "AgentEpisode", "AgentError"]
 # what they exchange
 __all__ += ["EvalMetricsResult", "Message", "RewardResult", "RolloutState", "Sample", "TrajectoryStep"]
 # scoring
 __all__ += ["Rubric", "verify_math_answer"]
 # tools and code
 __all__ += [
+    "CommandResultLike",
+    "CommandSandboxLike",
     "RunResult",
     "RunResultLike",
     "SandboxLike",

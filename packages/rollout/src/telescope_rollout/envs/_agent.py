@@ -7,27 +7,53 @@ by default :meth:`AgentEnvironment.run` with an ``openai.AsyncOpenAI`` client po
 sample; its tokens are the sampled ones. When the agent returns, :meth:`compute_reward` scores the
 :class:`AgentEpisode` (what ``run`` returned, the calls, the final conversation); by default what
 ``run`` returned is the reward.
+
+A :class:`CommandAgentEnvironment` runs a program instead (any language, the OpenAI SDK or plain
+HTTP) in the run's sandbox (``telescope-sandbox``'s local provider: bubblewrap, no network): the
+endpoint is reachable from inside only, at ``OPENAI_BASE_URL`` with ``OPENAI_API_KEY``; the
+sample's opening messages are in ``sample.json``; the files it leaves (``files_out``) are the
+reward's to read.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from telescope_rollout._types import Message, RewardResult, Sample
 from telescope_rollout.envs._env import Environment, as_reward_result, initial_messages, maybe_await
+from telescope_rollout.envs._sandbox import CommandResultLike, CommandSandboxLike
 
-__all__ = ["AgentEndpoint", "AgentEnvironment", "AgentEpisode"]
+__all__ = ["AgentEndpoint", "AgentEnvironment", "AgentEpisode", "AgentError", "CommandAgentEnvironment"]
+
+SAMPLE_FILE = "sample.json"
+"""Where a command agent finds its sample: ``{"messages": [...], "metadata": {...}}`` (the opening
+conversation and the sample's metadata, never its answer)."""
+
+
+class AgentError(RuntimeError):
+    """An agent's own failure; its message is the sample's error as it stands."""
 
 
 @dataclass(frozen=True)
 class AgentEndpoint:
     """Where one episode's agent sends its OpenAI calls: ``base_url`` (ending in ``/v1``), its own
-    ``api_key`` and the ``model`` name to ask for (any name is answered by the run's model)."""
+    ``api_key`` and the ``model`` name to ask for (any name is answered by the run's model). An
+    episode served for a sandbox has ``socket_path``: the Unix socket behind ``base_url``'s path."""
 
     base_url: str
     api_key: str
     model: str
+    socket_path: str | None = None
+
+    @property
+    def path(self) -> str:
+        """``base_url`` without scheme and host (``/e/<episode>/v1``)."""
+        return urlsplit(self.base_url).path
 
 
 @dataclass
@@ -43,6 +69,11 @@ class AgentEpisode:
     messages: list[Message] = field(default_factory=list[Message])
     segments: int = 1
     stop_reason: str = "agent_done"
+
+    @property
+    def files(self) -> Mapping[str, bytes]:
+        """The files a command agent left (its ``files_out`` that exist); empty for others."""
+        return getattr(self.result, "files", None) or {}
 
     @property
     def final_answer(self) -> str:
@@ -64,6 +95,8 @@ class AgentEnvironment(Environment):
     """An agent that has not returned by then is stopped; its sample fails with the reason."""
     tool_call_format: str = "xml"
     """How the model writes tool calls (``telescope_rollout.envs._toolcalls``)."""
+    forwards_ports: ClassVar[bool] = False
+    """True when the agent runs in a sandbox: its episode is served on a Unix socket of its own."""
     system_prompt: str | None = None
 
     def get_initial_prompt(self, sample: Sample) -> list[Message]:
@@ -99,3 +132,72 @@ class AgentEnvironment(Environment):
 
     async def score(self, episode: AgentEpisode, eos_token: str = "") -> RewardResult:
         return as_reward_result(await maybe_await(self.compute_reward(episode, eos_token)))
+
+
+class CommandAgentEnvironment(AgentEnvironment):
+    """An agent that is a program, run in the sandbox once per episode (module docstring).
+
+    Kwargs (besides the sandbox's: ``provider: local``, ``pool_size``): ``command`` (argv, run in
+    the work directory), ``files`` (name in the work directory -> host file to copy there, e.g. the
+    agent's script), ``files_out`` (names read back for the reward: ``episode.files``),
+    ``memory_mb``, ``port`` (of the endpoint inside, 8000). The program gets ``OPENAI_BASE_URL``,
+    ``OPENAI_API_KEY``, ``OPENAI_MODEL`` and ``TELESCOPE_SAMPLE`` (the path of ``sample.json``); an
+    exit status other than 0 fails the sample with the end of its stderr."""
+
+    needs: ClassVar[tuple[str, ...]] = ("sandbox",)
+    requires: ClassVar[tuple[str, ...]] = ()
+    forwards_ports: ClassVar[bool] = True
+    command: Sequence[str] = ()
+    files: Mapping[str, str] = {}
+    files_out: Sequence[str] = ()
+    memory_mb: int = 1024
+    port: int = 8000
+    sandbox: CommandSandboxLike | None = None
+
+    def agent_files(self, sample: Sample) -> dict[str, str | bytes]:
+        """What the work directory starts with: ``files`` (read from the host) and ``sample.json``."""
+        out: dict[str, str | bytes] = {}
+        for name, host in dict(self.files).items():
+            try:
+                out[name] = Path(host).read_bytes()
+            except OSError as exc:
+                raise AgentError(f"{type(self).__name__}: cannot read files[{name!r}]: {exc}") from exc
+        metadata = {k: v for k, v in sample.metadata.items() if not k.startswith("_")}  # not the run's own
+        opening = {"messages": self.get_initial_prompt(sample), "metadata": _jsonable(metadata)}
+        out[SAMPLE_FILE] = json.dumps(opening, ensure_ascii=False)
+        return out
+
+    async def play(self, endpoint: AgentEndpoint, sample: Sample) -> CommandResultLike:
+        """Run ``command`` in the sandbox against ``endpoint``; returns its result (``files``)."""
+        if self.sandbox is None or endpoint.socket_path is None:
+            raise AgentError(
+                f"{type(self).__name__} runs its agent in a sandbox: give it one (the run builds it from "
+                "the kwargs `provider: local`) and an endpoint on a Unix socket"
+            )
+        if not self.command:
+            raise AgentError(f"{type(self).__name__} has no command: set kwargs.command (an argv list)")
+        result = await self.sandbox.run_command(
+            [str(a) for a in self.command],
+            timeout_s=float(self.agent_timeout_s),
+            memory_mb=int(self.memory_mb),
+            env={
+                "OPENAI_BASE_URL": f"http://127.0.0.1:{self.port}{endpoint.path}",
+                "OPENAI_API_KEY": endpoint.api_key,
+                "OPENAI_MODEL": endpoint.model,
+                "TELESCOPE_SAMPLE": SAMPLE_FILE,
+            },
+            files=self.agent_files(sample),
+            files_out=[str(f) for f in self.files_out],
+            forward_ports={int(self.port): endpoint.socket_path},
+        )
+        if result.timed_out:
+            raise AgentError(f"the agent did not finish within {float(self.agent_timeout_s):g} s")
+        if result.exit_code != 0:
+            tail = result.stderr.strip()[-500:] or "(no stderr)"
+            raise AgentError(f"the agent exited with status {result.exit_code}: {tail}")
+        return result
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON can carry it (what JSON cannot is written as text)."""
+    return json.loads(json.dumps(value, default=str))

@@ -27,6 +27,7 @@ BUILTINS: dict[str, str] = {
     "i3_code": "telescope_rollout.envs.i3_code:I3CodeEnv",
     "quickstart_add": "telescope_rollout.envs.quickstart_add:QuickstartAddEnv",
     "quickstart_agent": "telescope_rollout.envs.quickstart_agent:QuickstartAgentEnv",
+    "quickstart_agent_command": "telescope_rollout.envs.quickstart_agent:QuickstartCommandAgentEnv",
     # dedicated evals (kind "eval"): benchmarks without a training set, usable in ``evals``
     "math500": "telescope_rollout.envs.evals:Math500Eval",
     "aime_2024": "telescope_rollout.envs.evals:Aime2024Eval",

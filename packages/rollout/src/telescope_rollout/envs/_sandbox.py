@@ -6,6 +6,7 @@ this shape (a telescope-sandbox pool, a remote service, or a test fake).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -34,6 +35,31 @@ class SandboxLike(Protocol):
         timeout_s: float = 10.0,
         memory_mb: int = 512,
     ) -> RunResultLike: ...
+
+
+@runtime_checkable
+class CommandResultLike(RunResultLike, Protocol):
+    """What one sandboxed command returns: a run's result and the files it was asked to send back."""
+
+    files: Mapping[str, bytes]
+
+
+@runtime_checkable
+class CommandSandboxLike(Protocol):
+    """Runs a command in isolation (telescope-sandbox's pool has this shape). ``forward_ports``
+    makes a host Unix socket reachable at ``127.0.0.1:<port>`` inside, and nothing else."""
+
+    async def run_command(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        env: Mapping[str, str] | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        files_out: Sequence[str] = (),
+        forward_ports: Mapping[int, str] | None = None,
+    ) -> CommandResultLike: ...
 
 
 @dataclass

@@ -13,6 +13,11 @@ waiting for its turn gets 410. More calls than
 ``GatewayLimits.max_calls`` or a prompt with no room left below ``max_model_len`` get 400 with
 the reason; a server that fails gets 503 and the failure is kept on the episode
 (:attr:`Episode.failure`) for the engine to act on.
+
+An episode whose agent runs in a sandbox (no route to the host's loopback) is served on a Unix
+socket of its own instead (:meth:`AgentGateway.listen_unix`, in a private temporary folder), which
+the sandbox relays to a port of its own loopback; such an episode answers on that socket only, and
+that socket answers no other episode.
 """
 
 from __future__ import annotations
@@ -21,7 +26,11 @@ import asyncio
 import contextlib
 import hmac
 import json
+import os
 import secrets
+import shutil
+import socket
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -105,6 +114,10 @@ class Episode:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     in_flight: set[asyncio.Task[Any]] = field(default_factory=set[asyncio.Task[Any]])
     """The handlers of calls being answered: cancelled when the episode closes."""
+    socket_path: str | None = None
+    """The episode's own Unix socket (:meth:`AgentGateway.listen_unix`); None: served on loopback TCP."""
+    unix_socket: socket.socket | None = None
+    unix_server: asyncio.Server | None = None
 
 
 class AgentGateway:
@@ -158,21 +171,56 @@ class AgentGateway:
         self.episodes[episode_id] = episode
         return episode
 
+    async def listen_unix(self, episode: Episode) -> str:
+        """Serve ``episode`` on a Unix socket of its own, and on nothing else; returns its path. The
+        socket is open to every user (a sandboxed agent runs as a user of its own); its folder is
+        private to this one."""
+        folder = tempfile.mkdtemp(prefix="telescope-agent-")
+        path = os.path.join(folder, "gateway.sock")
+        # bound here, so that close_episode finds what to close whenever this call is cancelled
+        episode.socket_path = path
+        episode.unix_socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        episode.unix_socket.bind(path)
+        os.chmod(path, 0o666)
+        server = await asyncio.get_running_loop().create_unix_server(
+            self._runner.server, sock=episode.unix_socket
+        )
+        if episode.closed:  # closed while the server started
+            server.close()
+        else:
+            episode.unix_server = server
+        return path
+
     def close_episode(self, episode: Episode) -> None:
         """No call of ``episode`` is answered after this (401, as an unknown episode): calls being
-        answered are cancelled (their generation too) and nothing more is recorded."""
+        answered are cancelled (their generation too) and nothing more is recorded; its Unix socket
+        is gone."""
         episode.closed = True
         self.episodes.pop(episode.id, None)
         for task in list(episode.in_flight):
             task.cancel()
+        if episode.unix_server is not None:
+            episode.unix_server.close()
+            episode.unix_server = None
+        if episode.unix_socket is not None:
+            episode.unix_socket.close()
+        if episode.socket_path is not None:
+            shutil.rmtree(os.path.dirname(episode.socket_path), ignore_errors=True)
 
     # ------------------------------------------------------------------ routes
     def _episode(self, request: Any) -> Episode:
-        """The request's episode, if its key is right, else 401 (a closed episode is forgotten)."""
+        """The request's episode, if its key is right and it came the episode's way (its own Unix
+        socket, or loopback TCP), else 401 (a closed episode is forgotten)."""
         episode = self.episodes.get(request.match_info["episode"])
         auth = str(request.headers.get("Authorization", ""))
         key = auth.removeprefix("Bearer ").strip()
-        if episode is None or not hmac.compare_digest(key.encode(), episode.api_key.encode()):
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        via = sockname if isinstance(sockname, str) else None
+        if (
+            episode is None
+            or via != episode.socket_path
+            or not hmac.compare_digest(key.encode(), episode.api_key.encode())
+        ):
             raise RequestError("unknown episode or wrong API key", code="invalid_api_key", status=401)
         return episode
 
