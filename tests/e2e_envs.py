@@ -11,6 +11,8 @@
 - ``HeldToolEnv``: ``EchoToolEnv`` whose first tool call waits two minutes, so its group is still
   in flight, its reward not begun, when the batches after it are assembled.
 - ``BrokenRewardEnv``: every reward raises the same error (a grader that is down).
+- ``DigitsCommandAgentEnv``: the built-in ``quickstart_agent_command`` (a program in the sandbox,
+  two calls), rewarded with the share of digits in the file it writes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from telescope_rollout import RewardResult, Sample, SingleTurnEnvironment
-from telescope_rollout.envs import ToolCall, ToolEnvironment
+from telescope_rollout.envs import AgentEpisode, ToolCall, ToolEnvironment
+from telescope_rollout.envs.quickstart_agent import QuickstartCommandAgentEnv
 
 
 class DigitsEnv(SingleTurnEnvironment):
@@ -118,3 +121,12 @@ class BrokenRewardEnv(DigitsEnv):
 
     def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
         raise RuntimeError("the grader is down")
+
+
+class DigitsCommandAgentEnv(QuickstartCommandAgentEnv):
+    """The sandboxed sums agent, rewarded with the share of digits in its ``answer.txt``."""
+
+    def compute_reward(self, episode: AgentEpisode, eos_token: str = "") -> RewardResult:
+        text = episode.files.get("answer.txt", b"").decode(errors="replace")
+        share = sum(c.isdigit() for c in text) / max(len(text), 1)
+        return RewardResult(share, {"digits": share})

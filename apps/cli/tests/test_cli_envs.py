@@ -13,7 +13,7 @@ def test_envs_list_shows_every_builtin_environment():
     )
     assert res.returncode == 0, res.stderr
     builtins = ["countdown", "hendrycks_math", "dapo_math", "deepscaler", "wordle", "i3_code"]
-    builtins += ["quickstart_add", "quickstart_agent"]
+    builtins += ["quickstart_add", "quickstart_agent", "quickstart_agent_command"]
     for name in builtins:
         assert name in res.stdout
     assert "multi" in res.stdout  # wordle is multi-turn

@@ -76,4 +76,5 @@ def test_example_list_is_complete():
         "wordle",
         "i3_code",
         "quickstart_agent",
+        "agent_command",
     }
