@@ -104,18 +104,26 @@ def test_model_output_is_text_and_the_render_toggles(page: Any, tmp_path: Path) 
     assert panel.locator("pre code").first.text_content() == "print(1)\n"
     assert panel.locator("details.reasoning").count() == 1
     assert panel.locator("details.reasoning").get_attribute("open") is None
-    assert not panel.get_by_text("secret plan").is_visible()
+    assert not panel.get_by_text("secret plan", exact=True).is_visible()
     assert page.is_checked("#fold-reasoning")
     page.uncheck("#fold-reasoning")
     assert panel.get_by_text("secret plan").first.is_visible()
     page.select_option("#render-mode", "raw")
-    assert panel.get_by_text("<think>secret plan</think>Final answer:", exact=False).count() == 1
+    assert (
+        panel.locator(".turn").get_by_text("<think>secret plan</think>Final answer:", exact=False).count()
+        == 1
+    )
     # HTML in model output stays text: no script ran, no element was made from it
     assert page.evaluate("window.__xss") is None
     assert panel.locator("img").count() == 0
     assert panel.locator("script").count() == 0
     assert panel.locator("b:text-is('bold?')").count() == 0
     assert "<script>window.__xss = 1</script>" in panel.text_content()
+    # the sample is an agent's: its tool calls' arguments and results are text too, and its second
+    # training sequence (a history the agent rewrote) is marked where it begins, with the reason
+    assert panel.locator(".tool").first.text_content().count("<script>window.__xss = 1</script>") == 2
+    assert panel.locator(".segment").all_text_contents() == ["training sequence 2 · history_rewritten@2"]
+    assert "2 (history_rewritten@2)" in panel.text_content()
     page.screenshot(path=str(tmp_path / "raw.png"), full_page=True)
     page.select_option("#render-mode", "markdown")  # leave the stored choice as it was
     assert page.errors == []

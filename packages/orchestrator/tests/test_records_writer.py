@@ -16,7 +16,7 @@ from telescope_orchestrator.record.writer import (
     turn_rows,
 )
 from telescope_rollout import DroppedGroup, EvalResult, RolloutBatch, ScoredGroup, ScoredSample
-from telescope_rollout.engine import Turn
+from telescope_rollout.engine import TrainingSequence, Turn
 
 
 def _turn(index, role, start, end, **kw):
@@ -62,6 +62,20 @@ def test_a_sample_row_holds_the_sample_whole():
     assert (row["queue_s"], row["generation_s"], row["reward_s"]) == (0.5, 2.0, 0.25)
     dropped = sample_row(4, "discarded", "zero_advantage", _sample(), decode=lambda ids: "x")
     assert dropped["trainer_input"] is None  # only kept samples reach the trainer
+
+
+def test_an_agent_sample_of_two_sequences_records_both_with_the_reason():
+    second = TrainingSequence([1, 2], [8, 9], [1, 1], [-0.5, -0.5], "history_truncated")
+    turns = [_turn(0, "model", 100.5, 101.0), _turn(1, "model", 101.5, 102.5, segment=1)]
+    call = {"generation_idx": 0, "tool_call_idx": 0, "call_id": "call_0_0", "tool_name": "add"}
+    agent = _sample(extra_sequences=[second], turns=turns, tool_calls=[call])
+    row = sample_row(4, "kept", None, agent, decode=lambda ids: ",".join(map(str, ids)))
+    assert row["trainer_input"] == "1,2,3,4,5,6,7\n--- sequence 2: history_truncated ---\n1,2,8,9"
+    assert (row["sequences"], row["split_reasons"], row["model_tokens"]) == (2, "history_truncated", 5)
+    assert [t["segment"] for t in turn_rows(4, "train", agent)] == [0, 1]
+    assert tool_call_rows(4, "train", agent)[0]["call_id"] == "call_0_0"
+    one = sample_row(4, "kept", None, _sample(), decode=lambda ids: "")
+    assert (one["sequences"], one["split_reasons"]) == (1, "")
 
 
 def test_turns_and_tool_calls_keep_their_order_and_fields():

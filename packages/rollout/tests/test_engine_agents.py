@@ -6,6 +6,7 @@ against the engine's gateway; the model is the fake server."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -82,6 +83,7 @@ async def test_an_agents_calls_are_one_sample_trained_on_the_sampled_tokens(toke
         assert s.prompt_ids == first
         assert second == [*s.prompt_ids, *s.completion_ids[: len(second) - len(first)]]
         assert s.extra_sequences == []
+        assert [t.segment for t in s.turns] == [0, 0, 0]
         assert s.reward in (0.02, 1.02)
         assert s.finish_reason == "agent_done"
     assert {r.max_tokens for r in server.requests} == {8}
@@ -93,6 +95,7 @@ async def test_an_agent_that_rewrites_its_history_makes_a_second_sequence_with_t
     assert s.error is None, s.error_detail
     (extra,) = s.extra_sequences
     assert extra.reason == "assistant_edited@1"
+    assert [t.segment for t in s.turns] == [0, 1]  # the second call began the second sequence
     assert [i for i, m in zip(extra.completion_ids, extra.completion_mask, strict=True) if m] == sampled[
         f"sample-{s.sample_id}-turn-1"
     ]
@@ -166,3 +169,65 @@ async def test_a_bad_agent_fails_its_sample_with_the_reason_and_the_run_stops_on
     assert len(opened) >= 8
     assert sorted(closed) == sorted(opened)
     assert engine.gateway is None  # the gateway stops with the engine
+
+
+ADD = {
+    "type": "function",
+    "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {}, "b": {}}}},
+}
+
+
+class ToolUser(TwoCalls):
+    """Asks with an ``add`` tool, runs each call the model made and sends the results back."""
+
+    async def run(self, client: Any, sample: Sample) -> Any:
+        messages: list[Any] = [{"role": "user", "content": sample.prompt}]
+        first = await client.chat.completions.create(model="m", messages=messages, tools=[ADD])
+        message = first.choices[0].message
+        messages.append(message.model_dump())
+        for call in message.tool_calls or []:
+            args = json.loads(call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])})
+        second = await client.chat.completions.create(model="m", messages=messages, tools=[ADD])
+        return second.choices[0].message.content
+
+
+async def test_an_agents_tool_calls_are_recorded_with_their_results(qwen_tokenizer):
+    calls = (
+        '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><tool_call>{oops</tool_call>'
+    )
+
+    def reply(req: FakeRequest) -> tuple[str, list[int]]:
+        text = calls if req.request_id.endswith("-turn-0") else "3"
+        return text, [*qwen_tokenizer.encode(text), qwen_tokenizer.eos_token_id]
+
+    engine = make_engine(
+        qwen_tokenizer,
+        FakeInferenceServer(reply=reply),
+        env=ToolUser(),
+        max_tokens=64,
+        max_model_len=2048,
+        discard_group_zero_advantage=False,
+    )
+    engine.environments = {"echo": engine.environments["echo"]}
+    async with engine:
+        batch = await engine.next_batch(timeout_s=60)
+    s = batch.groups[0].samples[0]
+    assert s.error is None, s.error_detail
+    assert [t.segment for t in s.turns] == [0, 0, 0]
+    assert [t.turn_type for t in s.turns] == ["generation", "tool_result", "generation"]
+    good, bad = s.tool_calls
+    assert (good["generation_idx"], good["call_id"], good["tool_name"]) == (0, "call_0_0", "add")
+    assert json.loads(good["arguments"]) == {"a": 1, "b": 2}
+    assert (good["result"], good["success"], good["error"]) == ("3", True, None)
+    assert good["duration_s"] >= 0
+    assert (bad["call_id"], bad["success"]) == ("", False)
+    assert "invalid JSON" in bad["error"]
+
+
+async def test_tools_for_a_template_that_never_shows_them_are_refused(tokenizer):
+    env = ToolUser()
+    engine = make_engine(tokenizer, FakeInferenceServer(), env=env)
+    async with engine:
+        with pytest.raises(RolloutError, match="chat template does not read `tools`"):
+            await engine.next_batch(timeout_s=60)

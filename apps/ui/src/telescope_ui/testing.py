@@ -168,6 +168,19 @@ def _episode(row: dict[str, Any], start: float, turns: int) -> tuple[list[dict[s
     return out_turns, tools, events
 
 
+def _agent_episode(
+    row: dict[str, Any], turns: list[dict[str, Any]], calls: list[dict[str, Any]], text: str
+) -> None:
+    """Make the sample an agent's that rewrote its history before its last call (a second training
+    sequence from there) and whose tool calls carry ``text`` as arguments and result."""
+    row.update(sequences=2, split_reasons="history_rewritten@2")
+    last = max(t["turn_index"] for t in turns)
+    for t in turns:
+        t["segment"] = int(t["turn_index"] == last)
+    for i, c in enumerate(calls):
+        c.update(arguments=json.dumps({"x": text}), result=text, call_id=f"call_{i}_0")
+
+
 def _samples(
     step: int, t0: float, args: dict[str, Any], rng: random.Random
 ) -> tuple[list[dict[str, Any]], ...]:
@@ -182,6 +195,8 @@ def _samples(
         text = args["completion"] if special else f"step {step} sample {i}: the answer is {i % 97}"
         row = _sample_row(step, i, step * n + i, step * (n // size) + i // size, text, args, rng)
         more = _episode(row, t0 + rng.random() * args["step_s"] * 0.2, args["turns"])
+        if special:
+            _agent_episode(row, more[0], more[1], text)
         samples.append(row)
         turns += more[0]
         tools += more[1]

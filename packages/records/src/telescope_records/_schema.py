@@ -102,7 +102,7 @@ _SAMPLE_TIMES = (
 
 SAMPLES = Table(
     "samples",
-    1,
+    2,
     "step",
     "Every training sample, kept, discarded or cancelled, with its reason: one row per completion.",
     (
@@ -129,7 +129,24 @@ SAMPLES = Table(
         _c("off_policy_steps", I32, "weight updates that happened while it generated"),
         _c("lane", I32, "the server lane it ran in, -1 if none"),
         *_SAMPLE_TIMES,
-        _c("trainer_input", STR, "kept samples: prompt and completion ids decoded as the trainer got them"),
+        _c(
+            "trainer_input",
+            STR,
+            "kept samples: prompt and completion ids decoded as the trainer got them (each further "
+            "sequence after a line `--- sequence <k>: <reason> ---`)",
+        ),
+        _c(
+            "sequences",
+            I32,
+            "training sequences it made: 1, more when an agent rewrote its history (each trained with "
+            "its advantage)",
+        ),
+        _c(
+            "split_reasons",
+            STR,
+            "why each sequence after the first began, comma separated (tools_changed, resent, "
+            "assistant_edited@i, history_rewritten@i, history_truncated); empty for one",
+        ),
     ),
 )
 
@@ -154,7 +171,7 @@ EVAL_SAMPLES = Table(
 
 TURNS = Table(
     "turns",
-    1,
+    2,
     "step",
     "Every model turn and environment response of every sample, in order.",
     (
@@ -184,12 +201,13 @@ TURNS = Table(
         _c("prefill_s", F64, "vLLM's prefill time, where reported"),
         _c("decode_s", F64, "vLLM's decode time, where reported"),
         _c("e2e_s", F64, "the request's round trip measured by the client"),
+        _c("segment", I32, "the sample's training sequence it is in: 0, or k for its sequence k + 1"),
     ),
 )
 
 TOOL_CALLS = Table(
     "tool_calls",
-    1,
+    2,
     "step",
     "Every tool call of every sample.",
     (
@@ -210,6 +228,7 @@ TOOL_CALLS = Table(
         _c("duration_s", F64, "seconds the tool took"),
         _c("sandbox", STR, "the sandbox it ran in, or empty"),
         _c("truncated", BOOL, "arguments, raw text or result were cut (by the environment or the record)"),
+        _c("call_id", STR, "agents: the call's OpenAI id (`call_<k>_<i>`), which the tool result names"),
     ),
 )
 

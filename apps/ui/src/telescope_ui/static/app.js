@@ -455,7 +455,8 @@ function sampleBody(s) {
     el("div", {}, Object.entries(s.metrics || {}).map(([k, v]) => metricChip(k, v, ranges))),
     kv({ env: s.env, group: s.group_id, "prompt index": s.sample_index, tokens: `${s.prompt_tokens} prompt, ${s.completion_tokens} completion (${s.model_tokens ?? "–"} by the model)`,
       "stop reason": s.stop_reason, truncated: s.truncated, versions: `${s.version_start} → ${s.version_end} (off-policy ${s.off_policy_steps ?? 0})`,
-      server: s.server, timing: `queue ${fmt(s.queue_s, 2)} s, generation ${fmt(s.generation_s, 2)} s, reward ${fmt(s.reward_s, 3)} s` }),
+      server: s.server, timing: `queue ${fmt(s.queue_s, 2)} s, generation ${fmt(s.generation_s, 2)} s, reward ${fmt(s.reward_s, 3)} s`,
+      ...(s.sequences > 1 ? { "training sequences": `${s.sequences} (${s.split_reasons || ""})` } : {}) }),
   ];
   if (s.error) out.push(el("h3", {}, "Error"), el("div", { class: "text" }, `${s.error}: ${s.error_detail || ""}`));
   if (Object.keys(s.golden_answers || {}).length) out.push(el("h3", {}, "Golden answers"), kv(s.golden_answers));
@@ -464,8 +465,13 @@ function sampleBody(s) {
   out.push(el("h3", {}, "Prompt"), el("div", { class: "text", id: "sample-prompt" }, s.prompt || ""));
   out.push(el("h3", {}, "Turns"));
   const calls = s.tool_calls || [];
-  let modelTurn = 0;
+  const reasons = (s.split_reasons || "").split(",");
+  let modelTurn = 0, segment = 0;
   for (const t of s.turns || []) {
+    if ((t.segment || 0) !== segment) {  // an agent rewrote its history: a new training sequence
+      segment = t.segment || 0;
+      out.push(el("div", { class: "segment muted" }, `training sequence ${segment + 1} · ${reasons[segment - 1] || ""}`));
+    }
     out.push(el("div", { class: `turn ${t.role}` }, el("div", { class: "muted" },
       `${t.role === "model" ? "model" : t.turn_type} · ${t.tokens} tokens` + (t.role === "model" ? ` · ${t.stop_reason || ""} · ${t.server || ""} · v${t.version_start}→${t.version_end}` : "")),
     textBlock(t.text || "")));
@@ -482,7 +488,7 @@ function sampleBody(s) {
 
 function toolCall(c) {
   return el("div", { class: `tool ${c.success ? "" : "failed"}` },
-    el("div", { class: "muted" }, `tool ${c.name} · ${c.success ? "ok" : "failed"}` + (c.exit_code !== null ? ` · exit ${c.exit_code}` : "") + ` · ${fmt(c.duration_s, 3)} s` + (c.sandbox ? ` · ${c.sandbox}` : "")),
+    el("div", { class: "muted" }, `tool ${c.name}` + (c.call_id ? ` (${c.call_id})` : "") + ` · ${c.success ? "ok" : "failed"}` + (c.exit_code !== null ? ` · exit ${c.exit_code}` : "") + ` · ${fmt(c.duration_s, 3)} s` + (c.sandbox ? ` · ${c.sandbox}` : "")),
     el("div", { class: "text" }, `arguments: ${c.arguments}`),
     c.error ? el("div", { class: "text" }, `error: ${c.error}`) : null,
     el("div", { class: "text" }, c.result || ""));

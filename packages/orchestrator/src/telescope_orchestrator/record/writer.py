@@ -82,7 +82,12 @@ def sample_row(
     """One row of ``samples``; ``decode`` (kept samples) fills ``trainer_input``."""
     trainer_input = None
     if decode is not None and status == "kept":
-        trainer_input = decode(list(s.prompt_ids) + list(s.completion_ids))
+        parts = [decode(list(s.prompt_ids) + list(s.completion_ids))]
+        for k, x in enumerate(s.extra_sequences, start=2):
+            parts.append(
+                f"\n--- sequence {k}: {x.reason} ---\n{decode(list(x.prompt_ids) + list(x.completion_ids))}"
+            )
+        trainer_input = "".join(parts)
     return {
         **_common(s),
         "step": step,
@@ -99,6 +104,8 @@ def sample_row(
         "off_policy_steps": s.off_policy_steps,
         "lane": s.lane,
         "trainer_input": trainer_input,
+        "sequences": 1 + len(s.extra_sequences),
+        "split_reasons": ",".join(x.reason for x in s.extra_sequences),
     }
 
 
@@ -135,6 +142,7 @@ def _turn_row(step: int, source: str, sample_id: int, t: Turn) -> Row:
         "ended_at": t.end,
         "request_id": t.request_id,
         **{k: t.timings.get(k) for k in _TURN_TIMINGS},
+        "segment": t.segment,
     }
 
 
@@ -164,6 +172,7 @@ def tool_call_rows(step: int, source: str, s: ScoredSample) -> list[Row]:
             "duration_s": c.get("duration_s"),
             "sandbox": c.get("sandbox"),
             "truncated": c.get("truncated"),
+            "call_id": c.get("call_id"),
         }
         for i, c in enumerate(s.tool_calls)
     ]

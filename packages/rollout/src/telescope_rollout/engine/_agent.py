@@ -23,10 +23,12 @@ under a call is returned to the engine as that failure, as for any sample.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable
 from typing import Any
 
+from telescope_rollout._types import Message
 from telescope_rollout.engine._episode import (
     Play,
     SampleError,
@@ -126,7 +128,9 @@ def _generator(out: ScoredSample, play: Play) -> Generate:
         nonlocal calls, last_end
         turns = len(out.turns)
         if plan.tail:  # what the agent brought since its last call (tool results, a user turn)
-            out.turns.append(env_turn(out, plan.tail, len(plan.context_ids), last_end, time.time()))
+            turn = env_turn(out, plan.tail, len(plan.context_ids), last_end, time.time())
+            turn.turn_type = _tail_type(plan.tail)
+            out.turns.append(turn)
         k, calls = calls, calls + 1
         comp = await _answered(
             out,
@@ -144,9 +148,18 @@ def _generator(out: ScoredSample, play: Play) -> Generate:
         last_end = time.time()
         if comp is None:
             raise PromptTooLongError(len(plan.prompt_ids), play.settings.max_model_len, out.server)
+        for turn in out.turns[turns:]:
+            turn.segment = plan.segment
         return comp
 
     return generate
+
+
+def _tail_type(tail: list[Message]) -> str:
+    """The record's turn type of the messages an agent brought: ``tool_result`` (tool messages only),
+    ``env_response`` (a user message among them) or ``context`` (system or assistant messages)."""
+    roles = {m["role"] for m in tail}
+    return "tool_result" if roles == {"tool"} else "env_response" if "user" in roles else "context"
 
 
 async def _answered(out: ScoredSample, turns: int, call: Awaitable[Completion | None]) -> Completion | None:
@@ -181,7 +194,44 @@ def _record_sequences(out: ScoredSample, episode: Episode, play: Play) -> None:
         )
         for s in rest
     ]
+    out.tool_calls = tool_call_records(episode)
     last = episode.calls[-1]
     out.num_turns = len(episode.calls)
     out.finish_reason = "length" if last.finish_reason == "length" else "agent_done"
     out.is_truncated = last.finish_reason == "length"
+
+
+def tool_call_records(episode: Episode) -> list[dict[str, Any]]:
+    """The tool calls the model made in ``episode``, as the record's ``tool_calls`` rows read them
+    (``ToolEnvironment``'s keys, plus the OpenAI ``call_id``): each with its result and how long the
+    agent took to send it back (a later call's ``tool`` message with that id), or the reason it has
+    none (a malformed call, or no result sent)."""
+    results: dict[str, tuple[str, float]] = {}
+    for call in episode.calls:
+        for m in call.tail:
+            if m["role"] == "tool" and m.get("tool_call_id"):
+                results.setdefault(str(m["tool_call_id"]), (str(m.get("content") or ""), call.start))
+    records: list[dict[str, Any]] = []
+    for call in episode.calls:
+        returned: list[dict[str, Any]] = call.message.get("tool_calls") or []
+        ids = iter(str(c["id"]) for c in returned)
+        for parsed in call.tool_calls:
+            call_id = next(ids, "") if parsed.name and not parsed.error else ""
+            result = results.get(call_id) if call_id else None
+            records.append(
+                {
+                    "generation_idx": call.index,
+                    "tool_call_idx": len(records),
+                    "call_id": call_id,
+                    "tool_name": parsed.name,
+                    "arguments": json.dumps(parsed.arguments, ensure_ascii=False),
+                    "raw_text": parsed.raw,
+                    "result": result[0] if result else None,
+                    "success": result is not None,
+                    "error": parsed.error or (None if result else "the agent sent back no result for it"),
+                    "start": call.end,
+                    "duration_s": result[1] - call.end if result else None,
+                    "sandbox": "",
+                }
+            )
+    return records

@@ -49,6 +49,9 @@ class Turn:
     """When the answer came back / ``env.step`` returned."""
     request_id: str = ""
     """Model turns: the request id sent to the server."""
+    segment: int = 0
+    """The training sequence of the sample the turn is in: 0, or for an agent that rewrote its
+    history the index of the further sequence (``ScoredSample.extra_sequences[segment - 1]``)."""
     timings: dict[str, float] = field(default_factory=dict[str, float])
     """Model turns, seconds: ``e2e_s`` (the request's round trip measured by the client) always;
     vLLM's own ``queue_s``, ``prefill_s``, ``decode_s``, ``inference_s`` (prefill + decode) and

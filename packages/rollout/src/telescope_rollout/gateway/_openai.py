@@ -19,7 +19,7 @@ import time
 from typing import Any, cast
 
 from telescope_rollout._types import Message
-from telescope_rollout.envs._toolcalls import parse_tool_calls, strip_tool_call_blocks
+from telescope_rollout.envs._toolcalls import ToolCall, strip_tool_call_blocks
 from telescope_rollout.gateway._messages import RequestError, canonical_messages
 
 __all__ = [
@@ -81,14 +81,12 @@ def requested_max_tokens(body: dict[str, Any]) -> int | None:
     return None
 
 
-def answer_message(
-    text: str, *, tools: bool, tool_call_format: str, call: int
-) -> tuple[dict[str, Any], Message]:
-    """The assistant message for a completion ``text``: as OpenAI answers it (``arguments`` as JSON
-    text) and in canonical form (what the agent must send back to extend the episode). Tool calls
-    are read only when the request had tools and did not say ``tool_choice: none``; a malformed
-    call stays in the content as the model wrote it."""
-    calls = [c for c in parse_tool_calls(text, tool_call_format) if not c.error and c.name] if tools else []
+def answer_message(text: str, parsed: list[ToolCall], *, call: int) -> tuple[dict[str, Any], Message]:
+    """The assistant message for a completion ``text`` whose tool calls are ``parsed`` (none when the
+    request had no tools or said ``tool_choice: none``): as OpenAI answers it (``arguments`` as JSON
+    text) and in canonical form (what the agent must send back to extend the episode). A text whose
+    calls are all malformed stays the content as the model wrote it."""
+    calls = [c for c in parsed if not c.error and c.name]
     if not calls:
         message: dict[str, Any] = {"role": "assistant", "content": text}
     else:

@@ -38,8 +38,10 @@ from typing import Any, cast
 
 import structlog
 
+from telescope_rollout._types import Message
 from telescope_rollout.chat._multiturn import TurnTokenizer
 from telescope_rollout.chat._template import TemplateError
+from telescope_rollout.envs._toolcalls import ToolCall, parse_tool_calls
 from telescope_rollout.gateway._messages import RequestError, canonical_messages, canonical_tools
 from telescope_rollout.gateway._openai import (
     answer_message,
@@ -91,6 +93,10 @@ class AgentCall:
     message: dict[str, Any]
     start: float
     end: float
+    tail: list[Message] = field(default_factory=list[Message])
+    """The messages it brought after the previous call's answer (tool results, a user turn)."""
+    tool_calls: list[ToolCall] = field(default_factory=list[ToolCall])
+    """The tool calls read from its answer, malformed ones included (``error`` set)."""
 
 
 @dataclass
@@ -313,6 +319,13 @@ class AgentGateway:
             )
         check_sampling(body)
         tools = canonical_tools(body.get("tools"))
+        template = episode.tokens.tt.tokenizer.template
+        if tools and template is not None and not template.supports_tools:
+            raise RequestError(
+                "this model's chat template does not read `tools`, so the model would never see them: "
+                "set chat_template in the config to one that does, or send no tools",
+                param="tools",
+            )
         plan = episode.tokens.plan(canonical_messages(body.get("messages")), tools)
         room = limits.max_model_len - len(plan.prompt_ids)
         budget = min(limits.max_tokens, room, requested_max_tokens(body) or limits.max_tokens)
@@ -326,12 +339,9 @@ class AgentGateway:
         completion = await self._generate(episode, plan, budget)
         if episode.closed:  # it ended while this call generated: its record is final
             raise RequestError("this episode has ended", code="episode_ended", status=410)
-        message, answer = answer_message(
-            completion.text,
-            tools=tools is not None and body.get("tool_choice") != "none",
-            tool_call_format=limits.tool_call_format,
-            call=len(episode.calls),
-        )
+        reads_calls = tools is not None and body.get("tool_choice") != "none"
+        parsed = parse_tool_calls(completion.text, limits.tool_call_format) if reads_calls else []
+        message, answer = answer_message(completion.text, parsed, call=len(episode.calls))
         episode.tokens.commit(plan, completion.token_ids, completion.logprobs, completion.text, answer)
         finish = "tool_calls" if message.get("tool_calls") else (completion.finish_reason or "stop")
         episode.calls.append(
@@ -346,6 +356,8 @@ class AgentGateway:
                 message=message,
                 start=start,
                 end=time.time(),
+                tail=list(plan.tail),
+                tool_calls=parsed,
             )
         )
         return message, finish, (len(plan.prompt_ids), len(completion.token_ids))

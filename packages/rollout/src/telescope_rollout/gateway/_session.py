@@ -56,6 +56,8 @@ class CallPlan:
     context_ids: list[int] = field(default_factory=list[int])
     tokens: MultiTurnTokens | None = None
     split: str | None = None
+    segment: int = 0
+    """The segment (training sequence) of the episode the call belongs to, from 0."""
 
 
 class EpisodeTokens:
@@ -83,11 +85,17 @@ class EpisodeTokens:
             seg = self.segments[-1].tokens
             tail = messages[len(self._expected) :]
             ids = seg.env_turn_ids(tail)
-            return CallPlan(
-                messages, key, [*seg.trajectory.next_prompt_ids, *ids], tail=tail, context_ids=ids
-            )
+            prompt = [*seg.trajectory.next_prompt_ids, *ids]
+            return CallPlan(messages, key, prompt, tail=tail, context_ids=ids, segment=len(self.segments) - 1)
         tokens = MultiTurnTokens(self.tt.for_kwargs({"tools": tools} if tools else None), messages)
-        return CallPlan(messages, key, tokens.trajectory.prompt_ids, tokens=tokens, split=reason)
+        return CallPlan(
+            messages,
+            key,
+            tokens.trajectory.prompt_ids,
+            tokens=tokens,
+            split=reason,
+            segment=len(self.segments),
+        )
 
     def _divergence(self, messages: list[Message], key: str) -> str | None:
         """Why ``messages`` do not extend the episode (None: they do)."""
