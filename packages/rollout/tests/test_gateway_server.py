@@ -263,3 +263,52 @@ async def test_an_episode_on_its_own_unix_socket_answers_there_only(qwen_tokeniz
         assert await status(plain, None) == 200
         gateway.close_episode(boxed)
         assert not os.path.exists(os.path.dirname(path))
+
+
+async def test_completions_take_token_ids_and_text_and_extend_the_episode_or_split_with_the_reason(
+    qwen_tokenizer,
+):
+    tok = qwen_tokenizer
+    model = Scripted(tok, ["Paris", "France", "Lyon", "x", "y"])
+    async with AgentGateway() as gateway:
+        episode = gateway.open_episode(TurnTokenizer(tok), model, LIMITS)
+        first_prompt = tok.encode("Q: capital? A:")
+        async with _client(episode) as client:
+            one = await client.completions.create(
+                model="m", prompt=first_prompt, extra_body={"return_token_ids": True}
+            )
+            assert one.object == "text_completion"
+            assert one.choices[0].text == "Paris"
+            sampled = model.sampled[0]
+            extra: Any = one.choices[0].model_extra
+            assert (extra["prompt_token_ids"], extra["token_ids"]) == (first_prompt, sampled)
+            # token-in: everything so far and more ids extends the episode
+            more = tok.encode(" Country:")
+            await client.completions.create(model="m", prompt=[*first_prompt, *sampled, *more])
+            # text: everything so far, decoded, and more text extends it too (the tail encoded alone)
+            so_far = tok.decode([*first_prompt, *sampled, *more, *model.sampled[1]])
+            chunks = [
+                c
+                async for c in await client.completions.create(
+                    model="m", prompt=so_far + " City:", stream=True
+                )
+            ]
+            assert "".join(c.choices[0].text for c in chunks if c.choices) == "Lyon"
+            (seg,) = episode.tokens.segments
+            t = seg.tokens.trajectory
+            assert t.prompt_ids == first_prompt
+            city = tok.encode(" City:")
+            assert t.completion_ids == [*sampled, *more, *model.sampled[1], *city, *model.sampled[2]]
+            assert t.completion_mask == [1] * len(sampled) + [0] * len(more) + [1] * len(model.sampled[1]) + [
+                0
+            ] * len(city) + [1] * len(model.sampled[2])
+            # a prompt that drops the history is a new sequence, with the reason
+            await client.completions.create(model="m", prompt=first_prompt)
+            await client.chat.completions.create(model="m", messages=QUESTION)
+        assert [s.reason for s in episode.tokens.segments] == ["", "history_truncated", "endpoint_changed"]
+        assert model.prompts[1] == [*first_prompt, *sampled, *more]
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {episode.api_key}"}) as http:
+            for bad in ("", [], ["a", "b"], [1, -2], [True]):
+                async with http.post(episode.base_url + "/completions", json={"prompt": bad}) as r:
+                    assert r.status == 400
+                    assert "prompt must be one non-empty text" in (await r.json())["error"]["message"]

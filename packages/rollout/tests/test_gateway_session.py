@@ -173,3 +173,25 @@ def test_the_canonical_form_drops_sdk_fields_and_reads_developer_as_system():
          "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "not json"}}]},
         {"role": "tool", "content": "ab", "tool_call_id": "c"},
     ]  # fmt: skip
+
+
+def test_completion_prompts_split_with_the_reason(tokenizer):
+    episode = EpisodeTokens(TurnTokenizer(tokenizer))
+    prompt = [5, 6, 7]
+
+    def call(ids: list[int], sampled: list[int]):
+        plan = episode.plan_completion(ids)
+        episode.commit(plan, sampled, [-0.5] * len(sampled), "", {"role": "assistant", "content": ""})
+        return plan
+
+    assert call(prompt, [8, 9]).split == ""
+    so_far = [5, 6, 7, 8, 9]
+    cont = call(so_far, [10])  # equal to everything so far: the answer goes on
+    assert (cont.split, cont.context_ids) == (None, [])
+    assert call([5, 6, 7, 8, 9, 10], [11]).split is None  # nothing in between: still one sequence
+    assert call([5, 6, 7, 8, 9, 10, 11], [12]).split is None
+    assert call([5, 6, 7, 8, 9, 10, 11], [13]).split == "resent"  # the previous prompt again
+    assert call([5, 6, 99], [1]).split == "history_rewritten@2"
+    assert call([5], [2]).split == "history_truncated"
+    t = episode.segments[0].tokens.trajectory
+    assert (t.prompt_ids, t.completion_ids, t.completion_mask) == (prompt, [8, 9, 10, 11, 12], [1] * 5)

@@ -127,9 +127,10 @@ def _generator(out: ScoredSample, play: Play) -> Generate:
     async def generate(plan: CallPlan, budget: int) -> Completion:
         nonlocal calls, last_end
         turns = len(out.turns)
-        if plan.tail:  # what the agent brought since its last call (tool results, a user turn)
-            turn = env_turn(out, plan.tail, len(plan.context_ids), last_end, time.time())
-            turn.turn_type = _tail_type(plan.tail)
+        if plan.tail or plan.context_ids:  # what the agent brought since its last call
+            reply = plan.tail or [{"role": "user", "content": plan.context_text}]  # /completions: its text
+            turn = env_turn(out, reply, len(plan.context_ids), last_end, time.time())
+            turn.turn_type = _tail_type(plan.tail) if plan.tail else "context"
             out.turns.append(turn)
         k, calls = calls, calls + 1
         comp = await _answered(

@@ -6,8 +6,10 @@ penalties, guided decoding, a forced ``tool_choice``. ``temperature``, ``top_p``
 the run's (the config's sampling settings), whatever the request says. ``max_tokens`` (or
 ``max_completion_tokens``) can only shorten the run's ``max_tokens``.
 
-Answers are ``chat.completion`` objects, or with ``stream`` the same content as
-``chat.completion.chunk`` server-sent events ending with ``data: [DONE]``. Tool calls the model
+Answers are ``chat.completion`` objects (``/completions``: ``text_completion``), or with ``stream``
+the same content as ``chat.completion.chunk`` (``text_completion``) server-sent events ending with
+``data: [DONE]``; ``return_token_ids`` (vLLM's name) adds the prompt's and the answer's token ids.
+``/completions`` takes one ``prompt``: token ids (used as they are) or text. Tool calls the model
 wrote in its template's form (``<tool_call>`` blocks) come back as OpenAI ``tool_calls`` with
 ``arguments`` as JSON text and ids ``call_<call>_<i>``; the text outside them is the ``content``.
 """
@@ -24,11 +26,13 @@ from telescope_rollout.gateway._messages import RequestError, canonical_messages
 
 __all__ = [
     "answer_message",
-    "chat_chunks",
     "chat_response",
     "check_sampling",
+    "completion_prompt",
+    "completion_response",
     "error_body",
     "requested_max_tokens",
+    "stream_chunks",
 ]
 
 _REFUSED = {
@@ -114,42 +118,107 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def chat_response(
-    response_id: str, model: str, message: dict[str, Any], finish_reason: str, usage: tuple[int, int]
-) -> dict[str, Any]:
-    """A ``chat.completion`` object of one choice."""
-    return {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
-        "usage": _usage(*usage),
-    }
-
-
-def chat_chunks(
     response_id: str,
     model: str,
     message: dict[str, Any],
     finish_reason: str,
-    usage: tuple[int, int] | None,
-) -> list[dict[str, Any]]:
-    """The same answer as ``chat.completion.chunk`` events: the role, the content, the tool calls
-    (each whole, with its ``index``), the finish reason, and with ``usage`` a last chunk holding it."""
-    base = {"id": response_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+    usage: tuple[int, int],
+    token_ids: tuple[list[int], list[int]] | None = None,
+) -> dict[str, Any]:
+    """A ``chat.completion`` object of one choice; with ``token_ids`` (the request asked
+    ``return_token_ids``, vLLM's name) the prompt's and the answer's ids too."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+    }
+    out: dict[str, Any] = {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(*usage),
+    }
+    if token_ids is not None:
+        out["prompt_token_ids"], choice["token_ids"] = token_ids
+    return out
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
-    out = [chunk({"role": "assistant", "content": ""})]
-    if message.get("content"):
-        out.append(chunk({"content": message["content"]}))
-    calls: list[dict[str, Any]] = message.get("tool_calls") or []
-    if calls:
-        out.append(chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
-    out.append(chunk({}, finish_reason))
-    if usage is not None:
-        out.append({**base, "choices": [], "usage": _usage(*usage)})
+def completion_response(
+    response_id: str,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage: tuple[int, int],
+    token_ids: tuple[list[int], list[int]] | None = None,
+) -> dict[str, Any]:
+    """A ``text_completion`` object of one choice (``token_ids`` as in :func:`chat_response`)."""
+    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    out: dict[str, Any] = {
+        "id": response_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(*usage),
+    }
+    if token_ids is not None:
+        choice["prompt_token_ids"], choice["token_ids"] = token_ids
+    return out
+
+
+def completion_prompt(body: dict[str, Any]) -> list[int] | str:
+    """A ``/completions`` request's ``prompt``: token ids or text (one prompt: ``n`` is 1)."""
+    prompt: object = body.get("prompt")
+    if isinstance(prompt, list):
+        items = cast(list[object], prompt)
+        if len(items) == 1 and isinstance(items[0], str | list):
+            prompt = cast(object, items[0])  # a batch of one prompt
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(prompt, list):
+        ids = cast(list[object], prompt)
+        if ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            return cast(list[int], ids)
+    raise RequestError(
+        "prompt must be one non-empty text or one non-empty list of token ids (a batch of prompts is "
+        "not supported: each call is one turn of one episode)",
+        param="prompt",
+    )
+
+
+def stream_chunks(whole: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """A whole ``chat.completion`` or ``text_completion`` as the chunks a stream sends: for chat the
+    role, the content, the tool calls (each whole, with its ``index``) and the finish reason; for a
+    completion the text and the finish reason; with ``include_usage`` a last chunk holding it."""
+    chat = whole["object"] == "chat.completion"
+    base = {
+        "id": whole["id"],
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": whole["created"],
+        "model": whole["model"],
+    }
+    choice: dict[str, Any] = whole["choices"][0]
+    finish: str = choice["finish_reason"]
+
+    def chunk(part: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, **part, "logprobs": None, "finish_reason": finish_reason}]}
+
+    if chat:
+        message: dict[str, Any] = choice["message"]
+        out = [chunk({"delta": {"role": "assistant", "content": ""}})]
+        if message.get("content"):
+            out.append(chunk({"delta": {"content": message["content"]}}))
+        calls: list[dict[str, Any]] = message.get("tool_calls") or []
+        if calls:
+            out.append(chunk({"delta": {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}}))
+        out.append(chunk({"delta": {}}, finish))
+    else:
+        out = [chunk({"text": choice["text"]}), chunk({"text": ""}, finish)]
+    if include_usage:
+        out.append({**base, "choices": [], "usage": whole["usage"]})
     return out
 
 

@@ -45,11 +45,13 @@ from telescope_rollout.envs._toolcalls import ToolCall, parse_tool_calls
 from telescope_rollout.gateway._messages import RequestError, canonical_messages, canonical_tools
 from telescope_rollout.gateway._openai import (
     answer_message,
-    chat_chunks,
     chat_response,
     check_sampling,
+    completion_prompt,
+    completion_response,
     error_body,
     requested_max_tokens,
+    stream_chunks,
 )
 from telescope_rollout.gateway._session import CallPlan, EpisodeTokens
 from telescope_rollout.inference._client import Completion, InferenceError, PromptTooLongError
@@ -97,6 +99,9 @@ class AgentCall:
     """The messages it brought after the previous call's answer (tool results, a user turn)."""
     tool_calls: list[ToolCall] = field(default_factory=list[ToolCall])
     """The tool calls read from its answer, malformed ones included (``error`` set)."""
+    endpoint: str = "chat"
+    """``chat`` or ``completions``."""
+    prompt_ids: list[int] = field(default_factory=list[int])
 
 
 @dataclass
@@ -140,6 +145,7 @@ class AgentGateway:
 
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/e/{episode}/v1/chat/completions", self._chat)
+        app.router.add_post("/e/{episode}/v1/completions", self._completions)
         app.router.add_get("/e/{episode}/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=5.0)
         await self._runner.setup()
@@ -241,6 +247,13 @@ class AgentGateway:
         return web.json_response({"object": "list", "data": [model]})
 
     async def _chat(self, request: Any) -> Any:
+        return await self._call(request, "chat")
+
+    async def _completions(self, request: Any) -> Any:
+        return await self._call(request, "completions")
+
+    async def _call(self, request: Any, endpoint: str) -> Any:
+        """One call to ``endpoint`` (``chat`` or ``completions``): answered, or refused with the reason."""
         from aiohttp import web
 
         episode: Episode | None = None
@@ -251,8 +264,8 @@ class AgentGateway:
                 episode.in_flight.add(task)
             body = await _json_body(request, episode.limits.max_request_bytes)
             async with episode.lock:
-                answer = await self._answer(episode, body)
-            return await self._respond(request, episode, body, answer)
+                call = await self._answer(episode, body, endpoint)
+            return await self._respond(request, episode, body, call)
         except RequestError as err:
             if episode is not None and err.status != 401:
                 episode.refused.append(err.message)
@@ -272,20 +285,20 @@ class AgentGateway:
             if episode is not None and task is not None:
                 episode.in_flight.discard(task)
 
-    async def _respond(
-        self,
-        request: Any,
-        episode: Episode,
-        body: dict[str, Any],
-        answer: tuple[dict[str, Any], str, tuple[int, int]],
-    ) -> Any:
-        """The answer as a ``chat.completion``, or streamed as ``chat.completion.chunk`` events."""
+    async def _respond(self, request: Any, episode: Episode, body: dict[str, Any], call: AgentCall) -> Any:
+        """The answer as a ``chat.completion`` / ``text_completion``, or streamed as their chunks."""
         from aiohttp import web
 
-        message, finish, usage = answer
-        response_id = f"chatcmpl-{episode.id}-{len(episode.calls) - 1}"
+        usage = (call.prompt_tokens, len(call.token_ids))
+        ids = (call.prompt_ids, call.token_ids) if body.get("return_token_ids") else None
+        if call.endpoint == "chat":
+            response_id = f"chatcmpl-{episode.id}-{call.index}"
+            whole = chat_response(response_id, self.model, call.message, call.finish_reason, usage, ids)
+        else:
+            response_id = f"cmpl-{episode.id}-{call.index}"
+            whole = completion_response(response_id, self.model, call.text, call.finish_reason, usage, ids)
         if not body.get("stream"):
-            return web.json_response(chat_response(response_id, self.model, message, finish, usage))
+            return web.json_response(whole)
         options: object = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(cast(dict[str, Any], options).get("include_usage"))
         stream = web.StreamResponse(
@@ -293,18 +306,30 @@ class AgentGateway:
         )
         with contextlib.suppress(ConnectionError):  # an agent that hung up does not read its answer
             await stream.prepare(request)
-            for chunk in chat_chunks(
-                response_id, self.model, message, finish, usage if include_usage else None
-            ):
+            for chunk in stream_chunks(whole, include_usage):
                 await stream.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
             await stream.write(b"data: [DONE]\n\n")
             await stream.write_eof()
         return stream
 
-    async def _answer(
-        self, episode: Episode, body: dict[str, Any]
-    ) -> tuple[dict[str, Any], str, tuple[int, int]]:
-        """Plan, generate and commit one chat call; returns the message, finish reason and usage."""
+    def _plan(
+        self, episode: Episode, body: dict[str, Any], endpoint: str
+    ) -> tuple[CallPlan, list[Any] | None]:
+        """The call's plan and, for a chat call, its canonical tools."""
+        if endpoint == "completions":
+            return episode.tokens.plan_completion(completion_prompt(body)), None
+        tools = canonical_tools(body.get("tools"))
+        template = episode.tokens.tt.tokenizer.template
+        if tools and template is not None and not template.supports_tools:
+            raise RequestError(
+                "this model's chat template does not read `tools`, so the model would never see them: "
+                "set chat_template in the config to one that does, or send no tools",
+                param="tools",
+            )
+        return episode.tokens.plan(canonical_messages(body.get("messages")), tools), tools
+
+    async def _answer(self, episode: Episode, body: dict[str, Any], endpoint: str) -> AgentCall:
+        """Plan, generate and commit one call; returns it (answered)."""
         if episode.closed:
             raise RequestError(
                 "this episode has ended: its calls are no longer answered", code="episode_ended", status=410
@@ -318,15 +343,7 @@ class AgentGateway:
                 code="max_calls_reached",
             )
         check_sampling(body)
-        tools = canonical_tools(body.get("tools"))
-        template = episode.tokens.tt.tokenizer.template
-        if tools and template is not None and not template.supports_tools:
-            raise RequestError(
-                "this model's chat template does not read `tools`, so the model would never see them: "
-                "set chat_template in the config to one that does, or send no tools",
-                param="tools",
-            )
-        plan = episode.tokens.plan(canonical_messages(body.get("messages")), tools)
+        plan, tools = self._plan(episode, body, endpoint)
         room = limits.max_model_len - len(plan.prompt_ids)
         budget = min(limits.max_tokens, room, requested_max_tokens(body) or limits.max_tokens)
         if budget <= 0:
@@ -344,23 +361,24 @@ class AgentGateway:
         message, answer = answer_message(completion.text, parsed, call=len(episode.calls))
         episode.tokens.commit(plan, completion.token_ids, completion.logprobs, completion.text, answer)
         finish = "tool_calls" if message.get("tool_calls") else (completion.finish_reason or "stop")
-        episode.calls.append(
-            AgentCall(
-                index=len(episode.calls),
-                segment=len(episode.tokens.segments) - 1,
-                split=plan.split,
-                prompt_tokens=len(plan.prompt_ids),
-                token_ids=list(completion.token_ids),
-                text=completion.text,
-                finish_reason=finish,
-                message=message,
-                start=start,
-                end=time.time(),
-                tail=list(plan.tail),
-                tool_calls=parsed,
-            )
+        call = AgentCall(
+            index=len(episode.calls),
+            segment=plan.segment,
+            split=plan.split,
+            prompt_tokens=len(plan.prompt_ids),
+            token_ids=list(completion.token_ids),
+            text=completion.text,
+            finish_reason=finish,
+            message=message,
+            start=start,
+            end=time.time(),
+            tail=list(plan.tail),
+            tool_calls=parsed,
+            endpoint=endpoint,
+            prompt_ids=list(plan.prompt_ids),
         )
-        return message, finish, (len(plan.prompt_ids), len(completion.token_ids))
+        episode.calls.append(call)
+        return call
 
     @staticmethod
     async def _generate(episode: Episode, plan: CallPlan, budget: int) -> Completion:

@@ -18,29 +18,55 @@ its messages), with the reason:
 
 A segment is created only when its call is answered (:meth:`EpisodeTokens.commit`), so none is
 empty. Comparison is on the canonical form of ``gateway._messages``.
+
+Calls to ``/completions`` (:meth:`EpisodeTokens.plan_completion`) send the prompt itself: token ids
+(true token-in) or text. A prompt extends the episode when it starts with everything so far (the
+segment's prompt, the sampled ids and the context since, as ids, or decoded for a text prompt);
+what follows is context (its text encoded on its own), and a prompt equal to everything so far
+continues the answer. Otherwise a new segment begins: ``resent``, ``history_truncated`` (a
+prefix of everything so far), ``history_rewritten@<token>`` (the first token that differs) or
+``endpoint_changed`` (the episode's previous call was to the other endpoint).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from telescope_rollout._types import Message
-from telescope_rollout.chat._multiturn import MultiTurnTokens, TurnTokenizer
+from telescope_rollout.chat._multiturn import MultiTurnTokens, TokenTrajectory, TurnTokenizer
 from telescope_rollout.gateway._messages import RequestError, tools_key
 
-__all__ = ["CallPlan", "EpisodeTokens", "Segment"]
+__all__ = ["CallPlan", "EpisodeTokens", "PromptTokens", "Segment"]
+
+
+class PromptTokens:
+    """The token state of a ``/completions`` segment: a trajectory from raw prompt ids (no
+    messages, no template), with :class:`MultiTurnTokens`' interface for what a segment does."""
+
+    def __init__(self, prompt_ids: list[int]) -> None:
+        self.trajectory = TokenTrajectory(prompt_ids=list(prompt_ids))
+        self.messages: list[Message] = []
+        self.last_prompt: list[int] = list(prompt_ids)
+
+    def add_context(self, ids: list[int], messages: list[Message]) -> list[int]:
+        self.trajectory.add_context_tokens(list(ids))
+        return self.trajectory.next_prompt_ids
+
+    def add_model_turn(self, ids: list[int], logprobs: list[float] | None = None, text: str = "") -> None:
+        self.trajectory.add_model_tokens(list(ids), logprobs)
 
 
 @dataclass
 class Segment:
-    """One training sequence of an episode: its tokens, why it began ("" for the first) and how
-    many calls it holds."""
+    """One training sequence of an episode: its tokens, why it began ("" for the first), how many
+    calls it holds and which endpoint made them (``chat`` or ``completions``)."""
 
-    tokens: MultiTurnTokens
+    tokens: MultiTurnTokens | PromptTokens
     reason: str
     tools_key: str
     calls: int = 0
+    endpoint: str = "chat"
 
 
 @dataclass
@@ -54,10 +80,12 @@ class CallPlan:
     prompt_ids: list[int]
     tail: list[Message] = field(default_factory=list[Message])
     context_ids: list[int] = field(default_factory=list[int])
-    tokens: MultiTurnTokens | None = None
+    tokens: MultiTurnTokens | PromptTokens | None = None
     split: str | None = None
     segment: int = 0
     """The segment (training sequence) of the episode the call belongs to, from 0."""
+    context_text: str = ""
+    """``/completions``: the text of ``context_ids`` (chat calls have their ``tail`` messages)."""
 
 
 class EpisodeTokens:
@@ -82,7 +110,7 @@ class EpisodeTokens:
         key = tools_key(tools)
         reason = self._divergence(messages, key) if self.segments else ""
         if reason is None:
-            seg = self.segments[-1].tokens
+            seg = cast(MultiTurnTokens, self.segments[-1].tokens)  # a chat segment (_divergence)
             tail = messages[len(self._expected) :]
             ids = seg.env_turn_ids(tail)
             prompt = [*seg.trajectory.next_prompt_ids, *ids]
@@ -97,8 +125,41 @@ class EpisodeTokens:
             segment=len(self.segments),
         )
 
+    def plan_completion(self, prompt: list[int] | str) -> CallPlan:
+        """The prompt of a ``/completions`` call (module docstring); changes nothing."""
+        tok = self.tt.tokenizer
+        last = self.segments[-1] if self.segments else None
+        if last is None or not isinstance(last.tokens, PromptTokens):
+            ids = prompt if isinstance(prompt, list) else tok.encode(prompt)
+            return self._new_prompt(ids, "endpoint_changed" if last is not None else "")
+        have = last.tokens.trajectory.next_prompt_ids
+        if isinstance(prompt, str):
+            have_text = tok.decode(have)
+            if prompt.startswith(have_text):
+                context = prompt[len(have_text) :]
+                return self._extension([*have, *tok.encode(context)], have, context)
+            ids = tok.encode(prompt)
+        else:
+            ids = prompt
+        if ids[: len(have)] == have:
+            return self._extension(ids, have, tok.decode(ids[len(have) :]))
+        return self._new_prompt(ids, _token_divergence(ids, have, last.tokens.last_prompt))
+
+    def _new_prompt(self, ids: list[int], reason: str) -> CallPlan:
+        tokens = PromptTokens(ids)
+        return CallPlan([], "", list(ids), tokens=tokens, split=reason, segment=len(self.segments))
+
+    def _extension(self, prompt_ids: list[int], have: list[int], context_text: str) -> CallPlan:
+        context = prompt_ids[len(have) :]
+        segment = len(self.segments) - 1
+        return CallPlan(
+            [], "", list(prompt_ids), context_ids=context, segment=segment, context_text=context_text
+        )
+
     def _divergence(self, messages: list[Message], key: str) -> str | None:
         """Why ``messages`` do not extend the episode (None: they do)."""
+        if self.segments[-1].endpoint != "chat":
+            return "endpoint_changed"
         if key != self.segments[-1].tools_key:
             return "tools_changed"
         if messages == self._last:
@@ -117,12 +178,26 @@ class EpisodeTokens:
         ``answer``, the assistant message returned (canonical), which the next call must echo.
         Returns the segment the call belongs to."""
         if plan.tokens is not None:
-            self.segments.append(Segment(plan.tokens, plan.split or "", plan.tools_key))
+            endpoint = "completions" if isinstance(plan.tokens, PromptTokens) else "chat"
+            self.segments.append(Segment(plan.tokens, plan.split or "", plan.tools_key, endpoint=endpoint))
         seg = self.segments[-1]
         if plan.tokens is None:
             seg.tokens.add_context(plan.context_ids, plan.tail)
+        if isinstance(seg.tokens, PromptTokens):
+            seg.tokens.last_prompt = list(plan.prompt_ids)
         seg.tokens.add_model_turn(ids, logprobs, text)
         seg.calls += 1
         self._last = plan.messages
         self._expected = [*plan.messages, answer]
         return seg
+
+
+def _token_divergence(ids: list[int], have: list[int], last_prompt: list[int]) -> str:
+    """Why prompt ``ids`` do not extend ``have`` (everything so far): a retry of the last prompt, a
+    shorter history, or the first token that differs."""
+    if ids == last_prompt:
+        return "resent"
+    if have[: len(ids)] == ids:
+        return "history_truncated"
+    first = next(i for i, (a, b) in enumerate(zip(ids, have, strict=False)) if a != b)
+    return f"history_rewritten@{first}"
