@@ -13,6 +13,11 @@
 - ``BrokenRewardEnv``: every reward raises the same error (a grader that is down).
 - ``DigitsCommandAgentEnv``: the built-in ``quickstart_agent_command`` (a program in the sandbox,
   two calls), rewarded with the share of digits in the file it writes.
+- ``ToolAgentEnv``: an agent on the openai client with an ``echo`` tool (``TOOLS_TEMPLATE`` shows
+  tools to the tiny model): three calls, each answer sent back as the result of an ``echo`` call
+  (a random model writes no call syntax; a call it did write is answered as such), then a fourth
+  call without the first exchange (a history it rewrote: a second training sequence). It returns
+  the token ids each answer reported (``return_token_ids``); reward: the digits' share.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from telescope_rollout import RewardResult, Sample, SingleTurnEnvironment
+from telescope_rollout import AgentEnvironment, RewardResult, Sample, SingleTurnEnvironment
 from telescope_rollout.envs import AgentEpisode, ToolCall, ToolEnvironment
 from telescope_rollout.envs.quickstart_agent import QuickstartCommandAgentEnv
 
@@ -130,3 +135,58 @@ class DigitsCommandAgentEnv(QuickstartCommandAgentEnv):
         text = episode.files.get("answer.txt", b"").decode(errors="replace")
         share = sum(c.isdigit() for c in text) / max(len(text), 1)
         return RewardResult(share, {"digits": share})
+
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t.function.name }} {% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }}</tool_call>{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""ChatML that shows ``tools`` and renders tool calls and results (the tiny model's own ignores tools)."""
+ECHO = {
+    "type": "function",
+    "function": {
+        "name": "echo",
+        "description": "Say the text back.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+    },
+}
+
+
+class ToolAgentEnv(AgentEnvironment):
+    """Three tool-using calls, then one with a rewritten history (module docstring)."""
+
+    reward_min = 0.0
+    reward_max = 1.0
+    max_calls = 8
+
+    def load_dataset(self, num_samples: int = -1, **kwargs: Any) -> list[Sample]:
+        return self._set_samples([Sample(f"Count to {n}.", str(n)) for n in range(50)], num_samples)
+
+    async def run(self, client: Any, sample: Sample) -> list[list[int]]:
+        messages: list[Any] = [{"role": "user", "content": sample.prompt}]
+        sampled: list[list[int]] = []
+        for k in range(4):
+            if k == 3:  # the agent compacts its history: the first exchange goes
+                messages = [messages[0], *messages[3:]]
+            reply = await client.chat.completions.create(
+                model="policy", messages=messages, tools=[ECHO], extra_body={"return_token_ids": True}
+            )
+            choice = reply.choices[0]
+            sampled.append(list(choice.model_extra["token_ids"]))
+            message = choice.message
+            messages.append(message.model_dump())
+            calls = [(c.id, c.function.arguments) for c in message.tool_calls or []]
+            for call_id, text in calls or [(f"echo_{k}", json.dumps({"text": message.content or ""}))]:
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": text[:200]})
+        return sampled
+
+    def compute_reward(self, episode: AgentEpisode, eos_token: str = "") -> RewardResult:
+        text = "".join(str(c["message"].get("content") or "") for c in episode.calls)
+        share = sum(ch.isdigit() for ch in text) / max(len(text), 1)
+        reported = {"turn_order": 0, "info_key": "token_ids", "info_value": json.dumps(episode.result)}
+        return RewardResult(share, {"digits": share}, info_turns=[{**reported, "info_type": "text"}])

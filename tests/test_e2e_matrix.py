@@ -45,6 +45,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from e2e_envs import TOOLS_TEMPLATE
 from e2e_support import (
     ROOT,
     SCALE_DOWN,
@@ -124,6 +125,32 @@ def test_every_builtin_environment_from_its_example(case, tmp_path, tiny_model_d
         print(f"kl_divergence_inference at T=0.7 per step: {kl}")
         assert all(abs(k) < 1e-3 for k in kl), kl
         assert all(m["async_level"] == 0 for m in lines)
+
+
+@pytest.mark.xdist_group("e2e_a")
+@pytest.mark.parametrize("temperature", ["1.0", "0.7"])
+def test_a_tool_using_agent_that_rewrites_its_history_trains_on_its_sampled_tokens(
+    temperature, tmp_path, tiny_model_dir
+):
+    run = train(
+        tmp_path / "run", *base_args(tiny_model_dir), *SCALE_DOWN,
+        "--environments", '[{"name": "e2e_envs:ToolAgentEnv"}]', "--chat_template", TOOLS_TEMPLATE,
+        "--max_async_rollout", "0", "--temperature", temperature, "--use_tis", "true", "--max_tokens", "8",
+    )  # fmt: skip
+    lines = check_finished(run, 2)
+    kl = [m["kl_divergence_inference"] for m in lines]
+    print(f"kl_divergence_inference at T={temperature} per step: {kl}")
+    assert all(abs(k) < 1e-3 for k in kl), kl
+    kept = [r for step in (1, 2) for r in run.rollouts(step) if r["status"] == "kept"]
+    assert kept
+    # four calls, the last after a rewritten history: two training sequences, in the record
+    assert {(r["num_turns"], r["sequences"], r["split_reasons"]) for r in kept} == {
+        (4, 2, "history_rewritten@1")
+    }
+    assert all(r["trainer_input"].count("--- sequence 2: history_rewritten@1 ---") == 1 for r in kept)
+    turns = record_rows(run.run_dir, "select role, turn_type, segment from turns where step = 1")
+    assert {t for t in turns if t[0] == "env"} == {("env", "tool_result", 0)}
+    assert ("model", "generation", 1) in turns
 
 
 @pytest.mark.xdist_group("e2e_a")

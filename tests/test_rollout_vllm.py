@@ -7,12 +7,14 @@ vLLM server runs at a time; the rest share the session's ``vllm_server``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
 from typing import Any
 
 import pytest
+from e2e_envs import TOOLS_TEMPLATE, ToolAgentEnv
 
 from telescope_orchestrator.cluster.vllm_server import (
     ServerDiedError,
@@ -228,3 +230,29 @@ async def test_multi_turn_and_tool_environments_end_to_end(vllm_server, tiny_mod
             assert s.tool_calls[0]["result"] == "3"
             assert s.reward == 1.0
             assert "[add] 3" in tok.decode(s.completion_ids)
+
+
+async def test_a_tool_using_agent_trains_on_exactly_the_tokens_vllm_sampled(vllm_server, tiny_model_dir):
+    """``e2e_envs.ToolAgentEnv`` on the real openai client: three calls with a tool, then one with a
+    rewritten history; what the trainer gets (the sample's sequences, mask 1) is exactly the ids each
+    answer reported to the agent, and the rewrite is a second sequence with its reason."""
+    tok = Tokenizer.from_pretrained(tiny_model_dir, chat_template=TOOLS_TEMPLATE)
+    async with InferenceClient([vllm_server.url], timeout_s=120) as client:
+        engine = engine_for({"agent": ToolAgentEnv()}, tok, client, max_tokens=8, max_model_len=1024)
+        async with engine:
+            batch = await engine.next_batch(timeout_s=400)
+    assert batch.samples
+    for s in batch.samples:
+        assert s.error is None, s.error_detail
+        reported = json.loads(next(i["info_value"] for i in s.info_turns if i["info_key"] == "token_ids"))
+        assert len(reported) == s.num_turns == 4
+        trained = [i for i, m in zip(s.completion_ids, s.completion_mask, strict=True) if m]
+        assert trained == [i for ids in reported[:3] for i in ids]
+        (second,) = s.extra_sequences
+        assert second.reason == "history_rewritten@1"
+        assert [
+            i for i, m in zip(second.completion_ids, second.completion_mask, strict=True) if m
+        ] == reported[3]
+        assert [t.turn_type for t in s.turns if t.role == "env"] == ["tool_result"] * 2
+        assert [t.segment for t in s.turns] == [0, 0, 0, 0, 0, 1]
+        assert "<tool_response>" in tok.decode(s.completion_ids)  # the results, framed by the template
