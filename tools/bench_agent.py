@@ -37,6 +37,7 @@ import httpx
 
 PORT = 23457
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SERVED = "policy"
 
 
 @dataclass
@@ -55,7 +56,7 @@ def _launch(model: str, log: Path) -> subprocess.Popen[bytes]:
     """The server on core 0, as a run pins it (its model in its engine process)."""
     from telescope_orchestrator.cluster.vllm_server import ServerSettings, server_command, server_env
 
-    settings = ServerSettings(model=model, device="cpu", max_model_len=2048, seed=0)
+    settings = ServerSettings(model=model, device="cpu", max_model_len=1024, seed=0, served_model_name=SERVED)
     cmd = server_command(
         settings, PORT, extension_cls="telescope_weightsync.vllm_worker.WeightReceiver", pinned_cores=1
     )
@@ -83,40 +84,27 @@ def _sampling(tokens: int) -> dict[str, Any]:
 
 
 async def _gateway_pass(model_dir: str, client: Any, args: argparse.Namespace, salt: str) -> Pass:
-    import openai
-
     from telescope_rollout import Tokenizer
     from telescope_rollout.chat import TurnTokenizer
     from telescope_rollout.gateway import AgentGateway, CallPlan, GatewayLimits
     from telescope_rollout.inference import CompletionRequest
 
     tt = TurnTokenizer(Tokenizer.from_pretrained(model_dir))
-    limits = GatewayLimits(max_model_len=2048, max_tokens=args.tokens)
+    limits = GatewayLimits(max_model_len=1024, max_tokens=args.tokens)
     out = Pass()
     url = f"http://127.0.0.1:{PORT}"
 
     async def episode(gateway: AgentGateway, i: int) -> None:
         sent: list[tuple[list[int], int]] = []
-        inside: list[float] = []
 
         async def generate(plan: CallPlan, budget: int) -> Any:
             sent.append((list(plan.prompt_ids), budget))
-            t0 = time.perf_counter()
             request = CompletionRequest(url, plan.prompt_ids, budget, _sampling(budget), cache_salt=salt)
-            done = await client.generate(request)
-            inside.append(time.perf_counter() - t0)
-            return done
+            return await client.generate(request)
 
         ep = gateway.open_episode(tt, generate, limits)
         try:
-            agent = openai.AsyncOpenAI(base_url=ep.base_url, api_key=ep.api_key, max_retries=0)
-            async with agent:
-                messages: list[Any] = [{"role": "user", "content": f"Question {i}: count on from {i}."}]
-                for _ in range(args.calls):
-                    t0 = time.perf_counter()
-                    reply = await agent.chat.completions.create(model="m", messages=messages)
-                    out.overhead_ms.append((time.perf_counter() - t0 - inside[-1]) * 1000)
-                    messages += [reply.choices[0].message.model_dump(), {"role": "user", "content": "Go on."}]
+            await _agent(ep.base_url, ep.api_key, i, args, {})
         finally:
             gateway.close_episode(ep)
         out.prompts[i] = sent
@@ -126,6 +114,30 @@ async def _gateway_pass(model_dir: str, client: Any, args: argparse.Namespace, s
         await asyncio.gather(*[episode(gateway, i) for i in range(args.episodes)])
         out.seconds = time.perf_counter() - t0
     return out
+
+
+async def _agent(
+    base_url: str, api_key: str, i: int, args: argparse.Namespace, extra: dict[str, Any]
+) -> None:
+    """One episode's agent: ``--calls`` chat calls, each answer sent back with a new user turn."""
+    import openai
+
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as agent:
+        messages: list[Any] = [{"role": "user", "content": f"Question {i}: count on from {i}."}]
+        for _ in range(args.calls):
+            reply = await agent.chat.completions.create(
+                model=SERVED, messages=messages, max_tokens=args.tokens, extra_body=extra
+            )
+            messages += [reply.choices[0].message.model_dump(), {"role": "user", "content": "Go on."}]
+
+
+async def _vllm_chat_pass(args: argparse.Namespace, salt: str) -> Pass:
+    """The same agents pointed at vLLM's own OpenAI server (its chat template, no token-in/out)."""
+    extra = {**_sampling(args.tokens), "cache_salt": salt}
+    url = f"http://127.0.0.1:{PORT}/v1"
+    t0 = time.perf_counter()
+    await asyncio.gather(*[_agent(url, "none", i, args, extra) for i in range(args.episodes)])
+    return Pass(seconds=time.perf_counter() - t0)
 
 
 async def _direct_pass(client: Any, prompts: dict[int, list[tuple[list[int], int]]], salt: str) -> Pass:
@@ -142,23 +154,28 @@ async def _direct_pass(client: Any, prompts: dict[int, list[tuple[list[int], int
     return Pass(seconds=time.perf_counter() - t0)
 
 
-async def _run(model_dir: str, args: argparse.Namespace) -> tuple[list[Pass], list[Pass]]:
+async def _run(model_dir: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Seconds per pass of each kind: ``gateway``, ``vllm_chat``, ``tokens`` (module docstring)."""
     from telescope_rollout import InferenceClient
 
-    gateway: list[Pass] = []
-    direct: list[Pass] = []
+    times: dict[str, list[float]] = {"gateway": [], "vllm_chat": [], "tokens": []}
     async with InferenceClient([f"http://127.0.0.1:{PORT}"], timeout_s=600) as client:
         recorded = (await _gateway_pass(model_dir, client, args, "warm-g")).prompts  # warm-up of each
+        await _vllm_chat_pass(args, "warm-v")
         await _direct_pass(client, recorded, "warm-d")
-        order = [k for i in range(args.repeats) for k in (("g", "d") if i % 2 == 0 else ("d", "g"))]
-        for n, kind in enumerate(order):
-            if kind == "g":
-                gateway.append(await _gateway_pass(model_dir, client, args, f"pass-{n}"))
-            else:
-                direct.append(await _direct_pass(client, recorded, f"pass-{n}"))
-            done = (gateway if kind == "g" else direct)[-1]
-            print(f"{'gateway' if kind == 'g' else 'direct '}: {done.seconds:.2f} s", flush=True)
-    return gateway, direct
+        kinds = list(times)
+        for n in range(args.repeats):
+            for kind in kinds if n % 2 == 0 else kinds[::-1]:
+                salt = f"pass-{n}-{kind}"
+                if kind == "gateway":
+                    done = await _gateway_pass(model_dir, client, args, salt)
+                elif kind == "vllm_chat":
+                    done = await _vllm_chat_pass(args, salt)
+                else:
+                    done = await _direct_pass(client, recorded, salt)
+                times[kind].append(done.seconds)
+                print(f"{kind}: {done.seconds:.2f} s", flush=True)
+    return times
 
 
 def main() -> None:
@@ -179,17 +196,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         proc = _launch(model, Path(tmp) / "server.log")
         try:
-            gateway, direct = asyncio.run(_run(model, args))
+            times = asyncio.run(_run(model, args))
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-    g = statistics.median(p.seconds for p in gateway)
-    d = statistics.median(p.seconds for p in direct)
-    overhead = statistics.median(ms for p in gateway for ms in p.overhead_ms)
+    g, v, d = (statistics.median(times[k]) for k in ("gateway", "vllm_chat", "tokens"))
     calls = args.episodes * args.calls
     print(
-        f"RESULT endpoint_vs_direct={d / g:.3f} gateway_s={g:.2f} direct_s={d:.2f} episodes={args.episodes} "
-        f"calls_per_s={calls / g:.1f} p50_call_overhead_ms={overhead:.1f}"
+        f"RESULT endpoint_vs_direct={v / g:.3f} endpoint_vs_tokens={d / g:.3f} gateway_s={g:.2f} "
+        f"vllm_chat_s={v:.2f} tokens_s={d:.2f} episodes={args.episodes} calls_per_s={calls / g:.1f}"
     )
 
 

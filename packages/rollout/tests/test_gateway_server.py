@@ -312,3 +312,34 @@ async def test_completions_take_token_ids_and_text_and_extend_the_episode_or_spl
                 async with http.post(episode.base_url + "/completions", json={"prompt": bad}) as r:
                     assert r.status == 400
                     assert "prompt must be one non-empty text" in (await r.json())["error"]["message"]
+
+
+async def test_an_agent_that_floods_its_endpoint_gets_429_past_its_pending_calls(qwen_tokenizer):
+    release = asyncio.Event()
+    scripted = Scripted(qwen_tokenizer, ["ok"] * 10)
+
+    async def held(plan: CallPlan, max_tokens: int) -> Completion:
+        await release.wait()
+        return await scripted(plan, max_tokens)
+
+    async with AgentGateway() as gateway:
+        episode = gateway.open_episode(TurnTokenizer(qwen_tokenizer), held, LIMITS)
+        headers = {"Authorization": f"Bearer {episode.api_key}"}
+        async with aiohttp.ClientSession(headers=headers) as http:
+
+            async def call() -> int:
+                async with http.post(
+                    episode.base_url + "/chat/completions", json={"messages": QUESTION}
+                ) as r:
+                    return r.status
+
+            calls = [asyncio.create_task(call()) for _ in range(6)]
+            while len(episode.in_flight) < LIMITS.max_pending_calls:
+                await asyncio.sleep(0.01)
+            done, _ = await asyncio.wait(calls, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.sleep(0.2)  # the other flooding call is refused at once too
+            assert sorted(t.result() for t in calls if t.done()) == [429, 429]
+            release.set()
+            statuses = sorted(await asyncio.gather(*calls))
+    assert statuses == [200] * 4 + [429] * 2
+    assert episode.refused == []  # told to wait, not refused: it does not use up max_calls

@@ -79,6 +79,9 @@ class GatewayLimits:
     stops there)."""
     max_request_bytes: int = MAX_BODY_BYTES
     tool_call_format: str = "xml"
+    max_pending_calls: int = 4
+    """Calls of one episode waiting or being answered at once: more get 429 at once (an agent that
+    floods its endpoint holds no more than this many request bodies)."""
 
 
 @dataclass
@@ -260,6 +263,14 @@ class AgentGateway:
         task = asyncio.current_task()
         try:
             episode = self._episode(request)
+            if len(episode.in_flight) >= episode.limits.max_pending_calls:
+                episode = None  # not counted: the agent is told to wait, not refused
+                raise RequestError(
+                    "too many calls of this episode at once: its calls are answered one at a time, "
+                    "wait for an answer before the next call",
+                    code="rate_limit_exceeded",
+                    status=429,
+                )
             if task is not None:
                 episode.in_flight.add(task)
             body = await _json_body(request, episode.limits.max_request_bytes)
