@@ -336,7 +336,7 @@ async def test_an_agent_that_floods_its_endpoint_gets_429_past_its_pending_calls
             calls = [asyncio.create_task(call()) for _ in range(6)]
             while len(episode.in_flight) < LIMITS.max_pending_calls:
                 await asyncio.sleep(0.01)
-            done, _ = await asyncio.wait(calls, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(calls, timeout=5, return_when=asyncio.FIRST_COMPLETED)
             await asyncio.sleep(0.2)  # the other flooding call is refused at once too
             assert sorted(t.result() for t in calls if t.done()) == [429, 429]
             release.set()
