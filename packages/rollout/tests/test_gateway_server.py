@@ -343,3 +343,68 @@ async def test_an_agent_that_floods_its_endpoint_gets_429_past_its_pending_calls
             statuses = sorted(await asyncio.gather(*calls))
     assert statuses == [200] * 4 + [429] * 2
     assert episode.refused == []  # told to wait, not refused: it does not use up max_calls
+
+
+async def test_anthropics_messages_api_reaches_the_same_episode_with_its_own_client(qwen_tokenizer):
+    import anthropic
+
+    call = '<tool_call>{"name": "add", "arguments": {"a": 12, "b": 30}}</tool_call>'
+    model = Scripted(qwen_tokenizer, [call, "42", "ok"])
+    tools = [
+        {
+            "name": "add",
+            "description": "Add two integers.",
+            "input_schema": TOOLS[0]["function"]["parameters"],
+        }
+    ]
+    async with AgentGateway() as gateway:
+        episode = gateway.open_episode(TurnTokenizer(qwen_tokenizer), model, LIMITS)
+        base = episode.base_url.removesuffix("/v1")  # Anthropic's SDK adds /v1/messages
+        client: Any = anthropic.AsyncAnthropic(base_url=base, api_key=episode.api_key, max_retries=0)
+        async with client:
+            messages: list[Any] = [{"role": "user", "content": "What is 12 + 30?"}]
+            first = await client.messages.create(
+                model="m", max_tokens=64, system="Use the tools.", messages=messages, tools=tools
+            )
+            assert first.stop_reason == "tool_use"
+            (use,) = first.content
+            assert (use.type, use.id, use.name, use.input) == (
+                "tool_use",
+                "call_0_0",
+                "add",
+                {"a": 12, "b": 30},
+            )
+            messages += [
+                {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "42"}],
+                },
+            ]
+            async with client.messages.stream(
+                model="m", max_tokens=64, system="Use the tools.", messages=messages, tools=tools
+            ) as stream:
+                second = await stream.get_final_message()
+            assert [b.text for b in second.content] == ["42"]
+            assert (second.stop_reason, second.usage.output_tokens) == ("end_turn", len(model.sampled[1]))
+            image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+            with pytest.raises(anthropic.BadRequestError, match="only text, tool_use"):
+                await client.messages.create(
+                    model="m", max_tokens=8, messages=[{"role": "user", "content": [image]}]
+                )
+        wrong: Any = anthropic.AsyncAnthropic(base_url=base, api_key="nope", max_retries=0)
+        async with wrong:
+            with pytest.raises(anthropic.AuthenticationError):
+                await wrong.messages.create(
+                    model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+                )
+    # both calls were one training sequence: the tool result extended the episode
+    (seg,) = episode.tokens.segments
+    trained = [
+        i
+        for i, m in zip(
+            seg.tokens.trajectory.completion_ids, seg.tokens.trajectory.completion_mask, strict=True
+        )
+        if m
+    ]
+    assert trained == [*model.sampled[0], *model.sampled[1]]

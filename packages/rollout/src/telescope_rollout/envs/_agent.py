@@ -141,7 +141,8 @@ class CommandAgentEnvironment(AgentEnvironment):
     the work directory), ``files`` (name in the work directory -> host file to copy there, e.g. the
     agent's script), ``files_out`` (names read back for the reward: ``episode.files``),
     ``memory_mb``, ``port`` (of the endpoint inside, 8000). The program gets ``OPENAI_BASE_URL``,
-    ``OPENAI_API_KEY``, ``OPENAI_MODEL`` and ``TELESCOPE_SAMPLE`` (the path of ``sample.json``); an
+    ``OPENAI_API_KEY``, ``OPENAI_MODEL``, ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY`` (the same
+    episode through Anthropic's Messages API) and ``TELESCOPE_SAMPLE`` (the path of ``sample.json``); an
     exit status other than 0 fails the sample with the end of its stderr."""
 
     needs: ClassVar[tuple[str, ...]] = ("sandbox",)
@@ -184,6 +185,9 @@ class CommandAgentEnvironment(AgentEnvironment):
                 "OPENAI_BASE_URL": f"http://127.0.0.1:{self.port}{endpoint.path}",
                 "OPENAI_API_KEY": endpoint.api_key,
                 "OPENAI_MODEL": endpoint.model,
+                # Anthropic's SDK adds /v1/messages itself
+                "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{self.port}{endpoint.path.removesuffix('/v1')}",
+                "ANTHROPIC_API_KEY": endpoint.api_key,
                 "TELESCOPE_SAMPLE": SAMPLE_FILE,
             },
             files=self.agent_files(sample),

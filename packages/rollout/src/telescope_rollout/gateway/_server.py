@@ -42,6 +42,7 @@ from telescope_rollout._types import Message
 from telescope_rollout.chat._multiturn import TurnTokenizer
 from telescope_rollout.chat._template import TemplateError
 from telescope_rollout.envs._toolcalls import ToolCall, parse_tool_calls
+from telescope_rollout.gateway import _anthropic as anthropic
 from telescope_rollout.gateway._messages import RequestError, canonical_messages, canonical_tools
 from telescope_rollout.gateway._openai import (
     answer_message,
@@ -149,6 +150,7 @@ class AgentGateway:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/e/{episode}/v1/chat/completions", self._chat)
         app.router.add_post("/e/{episode}/v1/completions", self._completions)
+        app.router.add_post("/e/{episode}/v1/messages", self._messages)
         app.router.add_get("/e/{episode}/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=5.0)
         await self._runner.setup()
@@ -228,7 +230,7 @@ class AgentGateway:
         socket, or loopback TCP), else 401 (a closed episode is forgotten)."""
         episode = self.episodes.get(request.match_info["episode"])
         auth = str(request.headers.get("Authorization", ""))
-        key = auth.removeprefix("Bearer ").strip()
+        key = auth.removeprefix("Bearer ").strip() or str(request.headers.get("x-api-key", ""))  # Anthropic's
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
         via = sockname if isinstance(sockname, str) else None
         if (
@@ -255,10 +257,19 @@ class AgentGateway:
     async def _completions(self, request: Any) -> Any:
         return await self._call(request, "completions")
 
-    async def _call(self, request: Any, endpoint: str) -> Any:
-        """One call to ``endpoint`` (``chat`` or ``completions``): answered, or refused with the reason."""
+    async def _messages(self, request: Any) -> Any:
+        return await self._call(request, "messages")
+
+    @staticmethod
+    def _error(err: RequestError, endpoint: str) -> Any:
         from aiohttp import web
 
+        body = anthropic.error_body(err) if endpoint == "messages" else error_body(err)
+        return web.json_response(body, status=err.status)
+
+    async def _call(self, request: Any, endpoint: str) -> Any:
+        """One call to ``endpoint`` (``chat``, ``completions`` or Anthropic's ``messages``): answered, or
+        refused with the reason."""
         episode: Episode | None = None
         task = asyncio.current_task()
         try:
@@ -274,24 +285,26 @@ class AgentGateway:
             if task is not None:
                 episode.in_flight.add(task)
             body = await _json_body(request, episode.limits.max_request_bytes)
+            if endpoint == "messages":
+                body = anthropic.openai_request(body)
             async with episode.lock:
                 call = await self._answer(episode, body, endpoint)
             return await self._respond(request, episode, body, call)
         except RequestError as err:
             if episode is not None and err.status != 401:
                 episode.refused.append(err.message)
-            return web.json_response(error_body(err), status=err.status)
+            return self._error(err, endpoint)
         except TemplateError as exc:  # the model's chat template refused the conversation
             err = RequestError(f"the chat template cannot render this conversation: {exc}", param="messages")
             if episode is not None:
                 episode.refused.append(err.message)
-            return web.json_response(error_body(err), status=err.status)
+            return self._error(err, endpoint)
         except Exception as exc:  # a bug of ours: the agent gets a 500 body, the sample the reason
             log.error("agent gateway call failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
             if episode is not None:
                 episode.error = f"the agent gateway failed: {type(exc).__name__}: {exc}"
             err = RequestError("the agent gateway failed on this call", code="server_error", status=500)
-            return web.json_response(error_body(err), status=err.status)
+            return self._error(err, endpoint)
         finally:
             if episode is not None and task is not None:
                 episode.in_flight.discard(task)
@@ -302,6 +315,18 @@ class AgentGateway:
 
         usage = (call.prompt_tokens, len(call.token_ids))
         ids = (call.prompt_ids, call.token_ids) if body.get("return_token_ids") else None
+        if call.endpoint == "messages":
+            message_id = f"msg_{episode.id}_{call.index}"
+            whole = anthropic.message_response(
+                message_id, self.model, call.message, call.finish_reason, usage
+            )
+            if not body.get("stream"):
+                return web.json_response(whole)
+            events = [
+                f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+                for name, data in anthropic.message_events(whole)
+            ]
+            return await _stream(request, events)
         if call.endpoint == "chat":
             response_id = f"chatcmpl-{episode.id}-{call.index}"
             whole = chat_response(response_id, self.model, call.message, call.finish_reason, usage, ids)
@@ -312,16 +337,10 @@ class AgentGateway:
             return web.json_response(whole)
         options: object = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(cast(dict[str, Any], options).get("include_usage"))
-        stream = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        with contextlib.suppress(ConnectionError):  # an agent that hung up does not read its answer
-            await stream.prepare(request)
-            for chunk in stream_chunks(whole, include_usage):
-                await stream.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
-            await stream.write(b"data: [DONE]\n\n")
-            await stream.write_eof()
-        return stream
+        events = [
+            f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in stream_chunks(whole, include_usage)
+        ]
+        return await _stream(request, [*events, "data: [DONE]\n\n"])
 
     def _plan(
         self, episode: Episode, body: dict[str, Any], endpoint: str
@@ -400,6 +419,19 @@ class AgentGateway:
         except InferenceError as exc:
             episode.failure = exc
             raise RequestError(f"the model server failed: {exc}", code="server_error", status=503) from exc
+
+
+async def _stream(request: Any, events: list[str]) -> Any:
+    """A ``text/event-stream`` answer of ``events``, each whole."""
+    from aiohttp import web
+
+    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    with contextlib.suppress(ConnectionError):  # an agent that hung up does not read its answer
+        await stream.prepare(request)
+        for event in events:
+            await stream.write(event.encode())
+        await stream.write_eof()
+    return stream
 
 
 async def _json_body(request: Any, max_bytes: int) -> dict[str, Any]:
