@@ -4,12 +4,13 @@ The agent is a program in bubblewrap (no network): it reaches its episode's endp
 ``127.0.0.1:8000`` inside, relayed to the episode's own Unix socket; the model is the fake server.
 The built-in ``quickstart_agent_command`` (plain HTTP) makes two calls, both model turns of one
 sample trained on the sampled ids, and is rewarded on the file it writes. A program that exits
-badly, hangs, never calls, or tries another episode's URL fails its sample with the reason, and
+badly, hangs, never calls, or tries an episode path not its own fails its sample with the reason, and
 nothing is left: no episode, no socket folder, no process.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -132,7 +133,7 @@ async def test_a_command_agent_in_bubblewrap_is_trained_on_its_calls_and_rewarde
         assert s.extra_sequences == []
 
 
-OTHER_EPISODE = """
+UNKNOWN_EPISODE = """
 import os, urllib.error, urllib.request
 url = os.environ["OPENAI_BASE_URL"].rsplit("/e/", 1)[0] + "/e/0000000000000000/v1/models"
 auth = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
@@ -141,7 +142,8 @@ try:
 except urllib.error.HTTPError as e:
     raise SystemExit(f"status {e.code}")
 """
-"""Another episode's path with this episode's key, on this episode's socket."""
+"""An episode path that is not its own, with its key, on its socket (that a socket answers no other
+open episode is tested in packages/rollout/tests/test_gateway_server.py)."""
 
 
 @pytest.mark.parametrize(
@@ -151,9 +153,9 @@ except urllib.error.HTTPError as e:
          "the agent exited with status 2: boom"),
         ("import time\ntime.sleep(60)\n", "rollout_error", "the agent did not finish within 2 s"),
         ("print('no call')\n", "empty_trajectory", "the agent made no model call"),
-        (OTHER_EPISODE, "rollout_error", "the agent exited with status 1: status 401"),
+        (UNKNOWN_EPISODE, "rollout_error", "the agent exited with status 1: status 401"),
     ],
-    ids=["exits", "hangs", "never_calls", "other_episode"],
+    ids=["exits", "hangs", "never_calls", "unknown_episode"],
 )  # fmt: skip
 async def test_a_bad_command_agent_fails_its_sample_with_the_reason(
     tokenizer, code, kind, detail, monkeypatch
@@ -169,7 +171,10 @@ async def test_a_bad_command_agent_fails_its_sample_with_the_reason(
 def test_the_builtin_is_registered_and_reads_its_script():
     env = get_environment("quickstart_agent_command")
     assert isinstance(env, CommandAgentEnvironment)
-    files = env.agent_files(Sample("What is 1 + 2?", "3", {"a": 1, "_env_name": "x"}))
+    sample = Sample("What is 1 + 2?", "3", {"a": 1, "tests": "secret", "_env_name": "x"})
+    files = env.agent_files(sample)
     assert b"urllib.request" in files["sums_agent.py"]  # type: ignore[operator]
-    assert '"metadata": {"a": 1}' in str(files["sample.json"])  # the answer and the run's keys stay out
-    assert '3"' not in str(files["sample.json"]).split("metadata")[1]
+    opening = json.loads(files["sample.json"])
+    assert opening == {"messages": [{"role": "user", "content": "What is 1 + 2?"}], "metadata": {}}
+    env.shared_metadata = ["a"]  # what the environment chooses to show
+    assert json.loads(env.agent_files(sample)["sample.json"])["metadata"] == {"a": 1}

@@ -312,6 +312,12 @@ async def test_completions_take_token_ids_and_text_and_extend_the_episode_or_spl
                 async with http.post(episode.base_url + "/completions", json={"prompt": bad}) as r:
                     assert r.status == 400
                     assert "prompt must be one non-empty text" in (await r.json())["error"]["message"]
+            async with http.post(episode.base_url + "/completions", json={"prompt": [1, 10**7]}) as r:
+                assert r.status == 400
+                assert (
+                    "token id 10000000, but this model's tokenizer has"
+                    in (await r.json())["error"]["message"]
+                )
 
 
 async def test_an_agent_that_floods_its_endpoint_gets_429_past_its_pending_calls(qwen_tokenizer):
@@ -391,6 +397,16 @@ async def test_anthropics_messages_api_reaches_the_same_episode_with_its_own_cli
             with pytest.raises(anthropic.BadRequestError, match="only text, tool_use"):
                 await client.messages.create(
                     model="m", max_tokens=8, messages=[{"role": "user", "content": [image]}]
+                )
+            result = {"type": "tool_result", "tool_use_id": "x", "content": [image]}
+            with pytest.raises(anthropic.BadRequestError, match="only text results are supported"):
+                await client.messages.create(
+                    model="m", max_tokens=8, messages=[{"role": "user", "content": [result]}]
+                )
+            search = {"type": "web_search_20250305", "name": "web_search"}
+            with pytest.raises(anthropic.BadRequestError, match="must be a custom tool"):
+                await client.messages.create(
+                    model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}], tools=[search]
                 )
         wrong: Any = anthropic.AsyncAnthropic(base_url=base, api_key="nope", max_retries=0)
         async with wrong:

@@ -195,3 +195,16 @@ def test_completion_prompts_split_with_the_reason(tokenizer):
     assert call([5], [2]).split == "history_truncated"
     t = episode.segments[0].tokens.trajectory
     assert (t.prompt_ids, t.completion_ids, t.completion_mask) == (prompt, [8, 9, 10, 11, 12], [1] * 5)
+
+
+def test_a_text_prompt_sent_again_is_resent(tokenizer):
+    episode = EpisodeTokens(TurnTokenizer(tokenizer))
+    answer = {"role": "assistant", "content": ""}
+    first = episode.plan_completion("The quick brown")
+    sampled = tokenizer.encode(" fox")
+    episode.commit(first, sampled, [-0.5] * len(sampled), " fox", answer)
+    text = tokenizer.decode([*first.prompt_ids, *sampled]) + " jumps"
+    second = episode.plan_completion(text)
+    assert second.split is None  # everything so far, decoded, then more text
+    episode.commit(second, [7], [-0.5], "", answer)
+    assert episode.plan_completion(text).split == "resent"

@@ -156,3 +156,46 @@ async def test_bad_forward_requests_say_what_is_wrong(
 
     with pytest.raises(SandboxRequestError, match="'remote-like' sandbox cannot reach a host socket"):
         await NoForwarding().run_command(["true"], forward_ports={8000: servers["one"]})
+
+
+MANY = r"""
+import socket, time
+held = [socket.create_connection(("127.0.0.1", 8000), timeout=5) for _ in range(20)]
+time.sleep(1.0)
+for s in held:
+    s.close()
+s = socket.create_connection(("127.0.0.1", 8000), timeout=5)
+s.sendall(b"ping\n")
+print(s.makefile().readline().strip())
+"""
+
+
+async def test_connections_past_the_cap_wait_and_the_relay_goes_on(sandbox: LocalSandbox, tmp_path: Path):
+    """20 connections held open: the host never sees more than ``MAX_PAIRS`` at once (the rest wait
+    in the backlog); once they close, the program's next connection is answered."""
+    from telescope_sandbox._shim import MAX_PAIRS
+
+    live, peak = [0], [0]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        try:
+            if await reader.readline() == b"ping\n":
+                writer.write(b"pong\n")
+                await writer.drain()
+            await reader.read()
+        finally:
+            live[0] -= 1
+            writer.close()
+
+    path = str(tmp_path / "count.sock")
+    server = await asyncio.start_unix_server(handle, path)
+    os.chmod(path, 0o666)
+    try:
+        r = await sandbox.run(MANY, forward_ports={8000: path}, timeout_s=20)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "pong\n", "")
+    assert peak[0] == MAX_PAIRS

@@ -145,7 +145,8 @@ SAMPLES = Table(
             "split_reasons",
             STR,
             "why each sequence after the first began, comma separated (tools_changed, resent, "
-            "assistant_edited@i, history_rewritten@i, history_truncated); empty for one",
+            "assistant_edited@i, history_rewritten@i, history_truncated, endpoint_changed; i counts "
+            "messages, or tokens for /completions); empty for one",
         ),
     ),
 )

@@ -25,7 +25,7 @@ With ``forward`` pairs ``[port, socket path]`` the parent first listens on ``127
 run's own loopback, before the program starts, so its first connection finds it) and, while the
 program runs, relays each connection to the Unix socket bound in at that path (``socket`` and
 ``selectors`` are imported for that only), in this one thread: a thread or a process more would
-count against the run's ``RLIMIT_NPROC``.
+count against the run's ``RLIMIT_NPROC``. At most ``MAX_PAIRS`` connections are relayed at once.
 """
 
 from __future__ import annotations  # the annotations below are not evaluated: the user's Python may be older
@@ -143,6 +143,7 @@ class _End:
         self.eof = False  # it sent its last byte
         self.shut = False  # and that was passed on (its peer's writing side shut)
         self.events = 0
+        self.closed = False  # its pair was dropped (a later event of the same select is stale)
 
 
 def _wants(end: _End) -> int:
@@ -162,18 +163,34 @@ def _update(sel: Any, end: _End) -> None:
         end.events = events
 
 
+MAX_PAIRS = 16
+"""Connections relayed at once: past them the listeners wait (each pair holds a descriptor of the
+host's service, which the program must not exhaust)."""
+_open = [0]  # pairs open now
+_waiting: list[tuple[Any, str]] = []  # listeners taken off the selector while MAX_PAIRS are open
+
+
 def _drop(sel: Any, end: _End) -> None:
+    if end.closed:
+        return
     for e in (end, end.peer):
+        e.closed = True
         if e.events:
             sel.unregister(e.sock)
             e.events = 0
         e.sock.close()
+    _open[0] -= 1
+    while _waiting:
+        listener, path = _waiting.pop()
+        sel.register(listener, 1, path)
 
 
 def _service(sel: Any, end: _End, events: int) -> None:
     """Move bytes for one ready socket; a closed or failed connection is dropped whole."""
     import socket
 
+    if end.closed:
+        return
     try:
         if events & 1:
             data = end.sock.recv(1 << 16)
@@ -198,25 +215,35 @@ def _service(sel: Any, end: _End, events: int) -> None:
 
 
 def _accept(sel: Any, listener: Any, path: str) -> None:
+    """Pair a new connection with one to the host's socket (never blocking: a host service that
+    is full refuses the connection); at ``MAX_PAIRS`` (or out of descriptors) stop accepting until
+    a pair ends."""
     import socket
 
     try:
         client, _ = listener.accept()
-    except OSError:
+    except BlockingIOError:
         return
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        upstream.settimeout(5.0)
-        upstream.connect(path)
-    except OSError:
-        upstream.close()
-        client.close()
-        return
-    a, b = _End(client), _End(upstream)
-    a.peer, b.peer = b, a
-    for end in (a, b):
-        end.sock.setblocking(False)
-        _update(sel, end)
+    except OSError:  # out of descriptors: wait for a pair to end rather than spin
+        client = None
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) if client is not None else None
+    if client is not None and upstream is not None:
+        upstream.setblocking(False)
+        if upstream.connect_ex(path) == 0:
+            a, b = _End(client), _End(upstream)
+            a.peer, b.peer = b, a
+            for end in (a, b):
+                end.sock.setblocking(False)
+                _update(sel, end)
+            _open[0] += 1
+        else:
+            upstream.close()
+            client.close()
+    if client is None or _open[0] >= MAX_PAIRS:
+        for key in list(sel.get_map().values()):
+            if isinstance(key.data, str):
+                sel.unregister(key.fileobj)
+                _waiting.append((key.fileobj, key.data))
 
 
 def _relay(listeners: list[tuple[Any, str]], pid: int) -> None:
@@ -228,7 +255,10 @@ def _relay(listeners: list[tuple[Any, str]], pid: int) -> None:
         sel.register(listener, selectors.EVENT_READ, path)
     # The program's end wakes the loop through a pidfd (Python >= 3.9), else a look every 0.1 s
     # that leaves its status to ``wait4``.
-    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Python < 3.9, a kernel < 5.3, or a seccomp filter
+        pidfd = None
     if pidfd is not None:
         sel.register(pidfd, selectors.EVENT_READ, None)
     while True:

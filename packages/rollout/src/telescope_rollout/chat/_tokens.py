@@ -60,6 +60,11 @@ class Tokenizer:
         """Token ids of ``text``; special tokens written in the text are recognised."""
         return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids it knows, added tokens included (ids are below this)."""
+        return int(self.backend.get_vocab_size(with_added_tokens=True))
+
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

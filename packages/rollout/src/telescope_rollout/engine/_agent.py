@@ -207,11 +207,10 @@ def tool_call_records(episode: Episode) -> list[dict[str, Any]]:
     (``ToolEnvironment``'s keys, plus the OpenAI ``call_id``): each with its result and how long the
     agent took to send it back (a later call's ``tool`` message with that id), or the reason it has
     none (a malformed call, or no result sent)."""
-    results: dict[str, tuple[str, float]] = {}
+    results: dict[str, tuple[str, float]] = {}  # call id -> its result, when the agent first sent it
     for call in episode.calls:
-        for m in call.tail:
-            if m["role"] == "tool" and m.get("tool_call_id"):
-                results.setdefault(str(m["tool_call_id"]), (str(m.get("content") or ""), call.start))
+        for call_id, content in call.tool_results.items():
+            results.setdefault(call_id, (content, call.start))
     records: list[dict[str, Any]] = []
     for call in episode.calls:
         returned: list[dict[str, Any]] = call.message.get("tool_calls") or []

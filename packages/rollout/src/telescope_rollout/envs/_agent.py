@@ -32,7 +32,7 @@ __all__ = ["AgentEndpoint", "AgentEnvironment", "AgentEpisode", "AgentError", "C
 
 SAMPLE_FILE = "sample.json"
 """Where a command agent finds its sample: ``{"messages": [...], "metadata": {...}}`` (the opening
-conversation and the sample's metadata, never its answer)."""
+conversation and the metadata keys in ``shared_metadata``, never its answer)."""
 
 
 class AgentError(RuntimeError):
@@ -140,7 +140,9 @@ class CommandAgentEnvironment(AgentEnvironment):
     Kwargs (besides the sandbox's: ``provider: local``, ``pool_size``): ``command`` (argv, run in
     the work directory), ``files`` (name in the work directory -> host file to copy there, e.g. the
     agent's script), ``files_out`` (names read back for the reward: ``episode.files``),
-    ``memory_mb``, ``port`` (of the endpoint inside, 8000). The program gets ``OPENAI_BASE_URL``,
+    ``memory_mb``, ``port`` (of the endpoint inside, 8000), ``shared_metadata`` (the sample's metadata
+    keys it may see). ``agent_timeout_s`` counts from the request for a sandbox (a full pool's wait
+    included: give the pool as many slots as episodes run at once). The program gets ``OPENAI_BASE_URL``,
     ``OPENAI_API_KEY``, ``OPENAI_MODEL``, ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY`` (the same
     episode through Anthropic's Messages API) and ``TELESCOPE_SAMPLE`` (the path of ``sample.json``); an
     exit status other than 0 fails the sample with the end of its stderr."""
@@ -153,6 +155,9 @@ class CommandAgentEnvironment(AgentEnvironment):
     files_out: Sequence[str] = ()
     memory_mb: int = 1024
     port: int = 8000
+    shared_metadata: Sequence[str] = ()
+    """The sample's metadata keys the program sees in ``sample.json`` (none by default: metadata
+    may hold what grades it)."""
     sandbox: CommandSandboxLike | None = None
 
     def agent_files(self, sample: Sample) -> dict[str, str | bytes]:
@@ -163,7 +168,7 @@ class CommandAgentEnvironment(AgentEnvironment):
                 out[name] = Path(host).read_bytes()
             except OSError as exc:
                 raise AgentError(f"{type(self).__name__}: cannot read files[{name!r}]: {exc}") from exc
-        metadata = {k: v for k, v in sample.metadata.items() if not k.startswith("_")}  # not the run's own
+        metadata = {k: sample.metadata[k] for k in self.shared_metadata if k in sample.metadata}
         opening = {"messages": self.get_initial_prompt(sample), "metadata": _jsonable(metadata)}
         out[SAMPLE_FILE] = json.dumps(opening, ensure_ascii=False)
         return out
@@ -177,7 +182,25 @@ class CommandAgentEnvironment(AgentEnvironment):
             )
         if not self.command:
             raise AgentError(f"{type(self).__name__} has no command: set kwargs.command (an argv list)")
-        result = await self.sandbox.run_command(
+        try:
+            result = await self._run(endpoint, sample)
+        except AgentError:
+            raise
+        except Exception as exc:  # the sandbox's own failure, not the agent's
+            raise AgentError(f"the sandbox failed to run the agent: {type(exc).__name__}: {exc}") from exc
+        if result.timed_out:
+            raise AgentError(f"the agent did not finish within {float(self.agent_timeout_s):g} s")
+        if result.exit_code != 0:
+            killed = getattr(result, "killed_by", None)
+            how = f" (stopped by its {killed} limit)" if killed and killed != "signal" else ""
+            tail = result.stderr.strip()[-500:] or "(no stderr)"
+            raise AgentError(f"the agent exited with status {result.exit_code}{how}: {tail}")
+        return result
+
+    async def _run(self, endpoint: AgentEndpoint, sample: Sample) -> CommandResultLike:
+        assert self.sandbox is not None  # checked by play
+        assert endpoint.socket_path is not None
+        return await self.sandbox.run_command(
             [str(a) for a in self.command],
             timeout_s=float(self.agent_timeout_s),
             memory_mb=int(self.memory_mb),
@@ -194,12 +217,6 @@ class CommandAgentEnvironment(AgentEnvironment):
             files_out=[str(f) for f in self.files_out],
             forward_ports={int(self.port): endpoint.socket_path},
         )
-        if result.timed_out:
-            raise AgentError(f"the agent did not finish within {float(self.agent_timeout_s):g} s")
-        if result.exit_code != 0:
-            tail = result.stderr.strip()[-500:] or "(no stderr)"
-            raise AgentError(f"the agent exited with status {result.exit_code}: {tail}")
-        return result
 
 
 def _jsonable(value: Any) -> Any:

@@ -43,11 +43,16 @@ def _blocks(content: object, where: str) -> list[dict[str, Any]]:
     )
 
 
-def _text(value: object) -> str:
-    """A ``tool_result``'s content as text (a string, or its text blocks joined)."""
+def _text(value: object, where: str) -> str:
+    """A ``tool_result``'s content as text (a string, or its text blocks joined; others refused)."""
     if isinstance(value, str) or value is None:
         return value or ""
-    return "".join(str(b.get("text", "")) for b in _blocks(value, "tool_result") if b.get("type") == "text")
+    blocks = _blocks(value, where)
+    if any(b.get("type") != "text" for b in blocks):
+        raise RequestError(
+            f"{where} holds a block other than text: only text results are supported", param=where
+        )
+    return "".join(str(b.get("text", "")) for b in blocks)
 
 
 def _message(raw: object, i: int) -> list[dict[str, Any]]:
@@ -77,7 +82,7 @@ def _message(raw: object, i: int) -> list[dict[str, Any]]:
                 {
                     "role": "tool",
                     "tool_call_id": block.get("tool_use_id"),
-                    "content": _text(block.get("content")),
+                    "content": _text(block.get("content"), f"{where}.content[{j}].content"),
                 }
             )
         else:
@@ -99,8 +104,12 @@ def _tools(value: object) -> list[dict[str, Any]] | None:
     out: list[dict[str, Any]] = []
     for i, raw in enumerate(cast(list[object], value)):
         tool = cast(dict[str, Any], raw) if isinstance(raw, dict) else {}
-        if not isinstance(tool.get("name"), str):
-            raise RequestError(f"tools[{i}] must have a name and an input_schema", param=f"tools[{i}]")
+        if not isinstance(tool.get("name"), str) or tool.get("type", "custom") != "custom":
+            raise RequestError(
+                f"tools[{i}] must be a custom tool with a name and an input_schema (server tools such as "
+                "web search run on Anthropic's side, which this endpoint is not)",
+                param=f"tools[{i}]",
+            )
         function: dict[str, Any] = {
             "name": tool["name"],
             "description": tool.get("description", ""),

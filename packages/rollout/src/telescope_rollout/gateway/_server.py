@@ -38,7 +38,6 @@ from typing import Any, cast
 
 import structlog
 
-from telescope_rollout._types import Message
 from telescope_rollout.chat._multiturn import TurnTokenizer
 from telescope_rollout.chat._template import TemplateError
 from telescope_rollout.envs._toolcalls import ToolCall, parse_tool_calls
@@ -99,8 +98,8 @@ class AgentCall:
     message: dict[str, Any]
     start: float
     end: float
-    tail: list[Message] = field(default_factory=list[Message])
-    """The messages it brought after the previous call's answer (tool results, a user turn)."""
+    tool_results: dict[str, str] = field(default_factory=dict[str, str])
+    """The tool results its request held: call id -> content."""
     tool_calls: list[ToolCall] = field(default_factory=list[ToolCall])
     """The tool calls read from its answer, malformed ones included (``error`` set)."""
     endpoint: str = "chat"
@@ -199,13 +198,12 @@ class AgentGateway:
         episode.unix_socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         episode.unix_socket.bind(path)
         os.chmod(path, 0o666)
-        server = await asyncio.get_running_loop().create_unix_server(
-            self._runner.server, sock=episode.unix_socket
+        # not serving yet, so that the server is known before the first await that may be cancelled
+        episode.unix_server = await asyncio.get_running_loop().create_unix_server(
+            self._runner.server, sock=episode.unix_socket, start_serving=False
         )
-        if episode.closed:  # closed while the server started
-            server.close()
-        else:
-            episode.unix_server = server
+        if not episode.closed:
+            await episode.unix_server.start_serving()
         return path
 
     def close_episode(self, episode: Episode) -> None:
@@ -217,9 +215,9 @@ class AgentGateway:
         for task in list(episode.in_flight):
             task.cancel()
         if episode.unix_server is not None:
-            episode.unix_server.close()
+            episode.unix_server.close()  # closes its socket, and stops the loop watching it
             episode.unix_server = None
-        if episode.unix_socket is not None:
+        elif episode.unix_socket is not None:
             episode.unix_socket.close()
         if episode.socket_path is not None:
             shutil.rmtree(os.path.dirname(episode.socket_path), ignore_errors=True)
@@ -402,7 +400,11 @@ class AgentGateway:
             message=message,
             start=start,
             end=time.time(),
-            tail=list(plan.tail),
+            tool_results={
+                str(m["tool_call_id"]): str(m.get("content") or "")
+                for m in plan.messages
+                if m["role"] == "tool" and m.get("tool_call_id")
+            },
             tool_calls=parsed,
             endpoint=endpoint,
             prompt_ids=list(plan.prompt_ids),

@@ -48,6 +48,10 @@ class PromptTokens:
         self.trajectory = TokenTrajectory(prompt_ids=list(prompt_ids))
         self.messages: list[Message] = []
         self.last_prompt: list[int] = list(prompt_ids)
+        self.last_text: str | None = None
+        """The last call's prompt, when it was text."""
+        self.added = 0
+        """Special tokens the tokenizer put before a text prompt (a BOS), not in the agent's text."""
 
     def add_context(self, ids: list[int], messages: list[Message]) -> list[int]:
         self.trajectory.add_context_tokens(list(ids))
@@ -86,6 +90,8 @@ class CallPlan:
     """The segment (training sequence) of the episode the call belongs to, from 0."""
     context_text: str = ""
     """``/completions``: the text of ``context_ids`` (chat calls have their ``tail`` messages)."""
+    prompt_text: str | None = None
+    """``/completions``: the prompt as the agent sent it, when text (a retry of it is ``resent``)."""
 
 
 class EpisodeTokens:
@@ -128,33 +134,49 @@ class EpisodeTokens:
     def plan_completion(self, prompt: list[int] | str) -> CallPlan:
         """The prompt of a ``/completions`` call (module docstring); changes nothing."""
         tok = self.tt.tokenizer
+        if isinstance(prompt, list) and max(prompt) >= tok.vocab_size:
+            raise RequestError(
+                f"prompt holds token id {max(prompt)}, but this model's tokenizer has {tok.vocab_size} ids",
+                param="prompt",
+            )
         last = self.segments[-1] if self.segments else None
         if last is None or not isinstance(last.tokens, PromptTokens):
-            ids = prompt if isinstance(prompt, list) else tok.encode(prompt)
-            return self._new_prompt(ids, "endpoint_changed" if last is not None else "")
-        have = last.tokens.trajectory.next_prompt_ids
+            return self._new_prompt(prompt, "endpoint_changed" if last is not None else "")
+        seg = last.tokens
+        have = seg.trajectory.next_prompt_ids
         if isinstance(prompt, str):
-            have_text = tok.decode(have)
+            if prompt == seg.last_text:
+                return self._new_prompt(prompt, "resent")
+            have_text = tok.decode(have[seg.added :])  # as the agent wrote it: no added BOS
             if prompt.startswith(have_text):
                 context = prompt[len(have_text) :]
-                return self._extension([*have, *tok.encode(context)], have, context)
-            ids = tok.encode(prompt)
-        else:
-            ids = prompt
-        if ids[: len(have)] == have:
-            return self._extension(ids, have, tok.decode(ids[len(have) :]))
-        return self._new_prompt(ids, _token_divergence(ids, have, last.tokens.last_prompt))
+                return self._extension([*have, *tok.encode(context)], have, context, prompt)
+            return self._new_prompt(prompt, _token_divergence(_encoded(tok, prompt), have, seg.last_prompt))
+        if prompt[: len(have)] == have:
+            return self._extension(prompt, have, tok.decode(prompt[len(have) :]))
+        return self._new_prompt(prompt, _token_divergence(prompt, have, seg.last_prompt))
 
-    def _new_prompt(self, ids: list[int], reason: str) -> CallPlan:
+    def _new_prompt(self, prompt: list[int] | str, reason: str) -> CallPlan:
+        """A new segment from ``prompt``: ids as given, or text encoded as vLLM encodes a text prompt
+        (with the tokenizer's special tokens, e.g. a BOS)."""
+        tok = self.tt.tokenizer
+        ids = prompt if isinstance(prompt, list) else _encoded(tok, prompt)
         tokens = PromptTokens(ids)
+        if isinstance(prompt, str):
+            tokens.added = len(ids) - len(tok.encode(prompt))
+            tokens.last_text = prompt
         return CallPlan([], "", list(ids), tokens=tokens, split=reason, segment=len(self.segments))
 
-    def _extension(self, prompt_ids: list[int], have: list[int], context_text: str) -> CallPlan:
+    def _extension(
+        self, prompt_ids: list[int], have: list[int], context_text: str, text: str | None = None
+    ) -> CallPlan:
         context = prompt_ids[len(have) :]
         segment = len(self.segments) - 1
-        return CallPlan(
+        plan = CallPlan(
             [], "", list(prompt_ids), context_ids=context, segment=segment, context_text=context_text
         )
+        plan.prompt_text = text
+        return plan
 
     def _divergence(self, messages: list[Message], key: str) -> str | None:
         """Why ``messages`` do not extend the episode (None: they do)."""
@@ -185,11 +207,18 @@ class EpisodeTokens:
             seg.tokens.add_context(plan.context_ids, plan.tail)
         if isinstance(seg.tokens, PromptTokens):
             seg.tokens.last_prompt = list(plan.prompt_ids)
+            if plan.tokens is None:
+                seg.tokens.last_text = plan.prompt_text
         seg.tokens.add_model_turn(ids, logprobs, text)
         seg.calls += 1
         self._last = plan.messages
         self._expected = [*plan.messages, answer]
         return seg
+
+
+def _encoded(tok: Any, text: str) -> list[int]:
+    """``text`` as vLLM's ``/completions`` encodes a text prompt: with the tokenizer's special tokens."""
+    return tok.encode(text, add_special_tokens=True)
 
 
 def _token_divergence(ids: list[int], have: list[int], last_prompt: list[int]) -> str:
