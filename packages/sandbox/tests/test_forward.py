@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,9 +63,17 @@ async def _serve(name: str, tmp: Path) -> tuple[web.AppRunner, str]:
 
 
 @pytest.fixture
-async def servers(tmp_path: Path) -> AsyncIterator[dict[str, str]]:
-    tmp = Path(tempfile.mkdtemp(dir=tmp_path))
-    started = [await _serve(name, tmp) for name in ("one", "two")]
+def short_dir() -> Iterator[Path]:
+    """A folder with a short path: a Unix socket's path holds at most 107 bytes, and pytest's
+    ``tmp_path`` can be longer (a CI machine's temp folder, long test names)."""
+    folder = Path(tempfile.mkdtemp(prefix="fwd-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+async def servers(short_dir: Path) -> AsyncIterator[dict[str, str]]:
+    started = [await _serve(name, short_dir) for name in ("one", "two")]
     yield {"one": started[0][1], "two": started[1][1]}
     for runner, _ in started:
         await runner.cleanup()
@@ -111,8 +120,8 @@ async def test_concurrent_runs_each_reach_their_own_socket(sandbox: LocalSandbox
     assert [r.stdout.split()[1][:4] for r in results] == ["one:", "two:", "one:", "two:"]
 
 
-async def test_a_run_killed_with_a_connection_open_leaves_nothing(sandbox: LocalSandbox, tmp_path: Path):
-    path = str(tmp_path / "hang.sock")
+async def test_a_run_killed_with_a_connection_open_leaves_nothing(sandbox: LocalSandbox, short_dir: Path):
+    path = str(short_dir / "hang.sock")
     accepted: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -170,7 +179,7 @@ print(s.makefile().readline().strip())
 """
 
 
-async def test_connections_past_the_cap_wait_and_the_relay_goes_on(sandbox: LocalSandbox, tmp_path: Path):
+async def test_connections_past_the_cap_wait_and_the_relay_goes_on(sandbox: LocalSandbox, short_dir: Path):
     """20 connections held open: the host never sees more than ``MAX_PAIRS`` at once (the rest wait
     in the backlog); once they close, the program's next connection is answered."""
     from telescope_sandbox._shim import MAX_PAIRS
@@ -189,7 +198,7 @@ async def test_connections_past_the_cap_wait_and_the_relay_goes_on(sandbox: Loca
             live[0] -= 1
             writer.close()
 
-    path = str(tmp_path / "count.sock")
+    path = str(short_dir / "count.sock")
     server = await asyncio.start_unix_server(handle, path)
     os.chmod(path, 0o666)
     try:

@@ -191,7 +191,10 @@ class AgentGateway:
         """Serve ``episode`` on a Unix socket of its own, and on nothing else; returns its path. The
         socket is open to every user (a sandboxed agent runs as a user of its own); its folder is
         private to this one."""
-        folder = tempfile.mkdtemp(prefix="telescope-agent-")
+        # a socket's path holds at most 107 bytes: a long TMPDIR gives way to /tmp
+        folder = tempfile.mkdtemp(
+            prefix="telescope-agent-", dir=None if len(tempfile.gettempdir()) < 64 else "/tmp"
+        )
         path = os.path.join(folder, "gateway.sock")
         # bound here, so that close_episode finds what to close whenever this call is cancelled
         episode.socket_path = path
