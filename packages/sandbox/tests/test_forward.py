@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from telescope_sandbox import ExecResult, LocalSandbox, Sandbox, SandboxRequestError
 from telescope_sandbox._provider import ExecRequest
@@ -44,22 +43,40 @@ for port in map(int, sys.argv[1:]):
 """
 
 
-async def _serve(name: str, tmp: Path) -> tuple[web.AppRunner, str]:
-    """An HTTP server on a Unix socket under ``tmp``: ``POST /echo`` answers ``name`` and three
-    times the body's length in bytes."""
+class _Echo:
+    """A bare HTTP server on a Unix socket (the sandbox package depends on no HTTP library): every
+    request is answered ``<name>:`` and three times its body's length in bytes, then closed."""
 
-    async def echo(request: web.Request) -> web.Response:
-        data = await request.read()
-        return web.Response(body=name.encode() + b":" + b"a" * (3 * len(data)))
+    def __init__(self, name: str) -> None:
+        self.name = name
 
-    app = web.Application(client_max_size=1 << 26)
-    app.router.add_post("/echo", echo)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
+            data = await reader.readexactly(length)
+            body = self.name.encode() + b":" + b"a" * (3 * len(data))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+            )
+            await writer.drain()
+        finally:
+            writer.close()
+
+
+async def _serve(name: str, tmp: Path) -> tuple[asyncio.Server, str]:
+    """:class:`_Echo` as ``name`` on a Unix socket under ``tmp``."""
     path = str(tmp / f"{name}.sock")
-    await web.UnixSite(runner, path).start()
+    server = await asyncio.start_unix_server(_Echo(name), path, limit=1 << 16)
     os.chmod(path, 0o666)  # as root the program is a fresh user
-    return runner, path
+    return server, path
 
 
 @pytest.fixture
@@ -75,8 +92,9 @@ def short_dir() -> Iterator[Path]:
 async def servers(short_dir: Path) -> AsyncIterator[dict[str, str]]:
     started = [await _serve(name, short_dir) for name in ("one", "two")]
     yield {"one": started[0][1], "two": started[1][1]}
-    for runner, _ in started:
-        await runner.cleanup()
+    for server, _ in started:
+        server.close()
+        await server.wait_closed()
 
 
 @pytest.mark.parametrize("user_namespace", [None, True], ids=["default", "user_namespace"])
