@@ -133,14 +133,7 @@ def chat_response(
         "logprobs": None,
         "finish_reason": finish_reason,
     }
-    out: dict[str, Any] = {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": _usage(*usage),
-    }
+    out = _envelope(response_id, "chat.completion", model, choice, usage)
     if token_ids is not None:
         out["prompt_token_ids"], choice["token_ids"] = token_ids
     return out
@@ -156,17 +149,24 @@ def completion_response(
 ) -> dict[str, Any]:
     """A ``text_completion`` object of one choice (``token_ids`` as in :func:`chat_response`)."""
     choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    out: dict[str, Any] = {
+    out = _envelope(response_id, "text_completion", model, choice, usage)
+    if token_ids is not None:
+        choice["prompt_token_ids"], choice["token_ids"] = token_ids
+    return out
+
+
+def _envelope(
+    response_id: str, kind: str, model: str, choice: dict[str, Any], usage: tuple[int, int]
+) -> dict[str, Any]:
+    """The fields every answer object shares around its one ``choice``."""
+    return {
         "id": response_id,
-        "object": "text_completion",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
         "usage": _usage(*usage),
     }
-    if token_ids is not None:
-        choice["prompt_token_ids"], choice["token_ids"] = token_ids
-    return out
 
 
 def completion_prompt(body: dict[str, Any]) -> list[int] | str:

@@ -172,11 +172,15 @@ class EpisodeTokens:
     ) -> CallPlan:
         context = prompt_ids[len(have) :]
         segment = len(self.segments) - 1
-        plan = CallPlan(
-            [], "", list(prompt_ids), context_ids=context, segment=segment, context_text=context_text
+        return CallPlan(
+            [],
+            "",
+            list(prompt_ids),
+            context_ids=context,
+            segment=segment,
+            context_text=context_text,
+            prompt_text=text,
         )
-        plan.prompt_text = text
-        return plan
 
     def _divergence(self, messages: list[Message], key: str) -> str | None:
         """Why ``messages`` do not extend the episode (None: they do)."""
