@@ -29,4 +29,4 @@ def test_public_names_exist():
     # the root is the math; what the backends share is in the namespace, not in both
     assert not set(ta.__all__) & set(ta.backend.__all__)
     assert len(ta.__all__) <= 50
-    assert ta.ALGORITHMS == ("grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo")
+    assert ta.ALGORITHMS == ("grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo", "opd")

@@ -26,6 +26,13 @@ CONFIGS = [
     {"algorithm": "cispo", "clip_low": 0.05, "clip_high": 0.05, **ALL_MODIFIERS},
     {"algorithm": "gspo", "clip_low": 0.01, "clip_high": 0.01, "clip_ratio_c": 2.0},
     {"algorithm": "sapo", **ALL_MODIFIERS},
+    {
+        "algorithm": "opd",
+        "distill_coef": 0.7,
+        "distill_reward_weight": 0.3,
+        "ref_kl_coef": 0.2,
+        **ALL_MODIFIERS,
+    },
 ]
 
 
@@ -42,6 +49,8 @@ def make_samples(seed, lengths=(5, 9, 3, 7, 6)):
                 "entropy": torch.rand(n, generator=g).requires_grad_(),
                 "rollout": -torch.rand(n, generator=g) * 2,
                 "old": -torch.rand(n, generator=g) * 2,
+                "teacher": -torch.rand(n, generator=g) * 2,
+                "ref": -torch.rand(n, generator=g) * 2,
                 "mask": mask,
                 "adv": (-1.0) ** i * (0.5 + torch.rand((), generator=g)),
             }
@@ -65,6 +74,8 @@ def padded(samples, extra=0):
         "entropy": stack("entropy", 5.0),
         "rollout_logprobs": stack("rollout"),
         "old_logprobs": stack("old"),
+        "teacher_logprobs": stack("teacher"),
+        "ref_logprobs": stack("ref"),
         "loss_mask": stack("mask", False),
         "advantages": torch.stack([s["adv"] for s in samples]),
     }
@@ -73,7 +84,17 @@ def padded(samples, extra=0):
 def packed(samples, rows, extra=0, use_segment_ids=False):
     """Pack samples into the given rows (lists of sample indices), padding every row to one length."""
     cols = {
-        k: [] for k in ("logprobs", "entropy", "rollout_logprobs", "old_logprobs", "loss_mask", "advantages")
+        k: []
+        for k in (
+            "logprobs",
+            "entropy",
+            "rollout_logprobs",
+            "old_logprobs",
+            "teacher_logprobs",
+            "ref_logprobs",
+            "loss_mask",
+            "advantages",
+        )
     }
     pos_rows, seg_rows = [], []
     lengths = [sum(len(samples[i]["mask"]) for i in r) for r in rows]
@@ -85,6 +106,8 @@ def packed(samples, rows, extra=0, use_segment_ids=False):
             ("entropy", "entropy", 5.0),
             ("rollout_logprobs", "rollout", 0.0),
             ("old_logprobs", "old", 0.0),
+            ("teacher_logprobs", "teacher", 0.0),
+            ("ref_logprobs", "ref", 0.0),
             ("loss_mask", "mask", False),
         ):
             parts = [samples[i][src] for i in r]

@@ -244,6 +244,89 @@ def test_kl_penalty_k2_and_k3():
     assert_close(ta.kl_penalty(torch.tensor([-20.0]), torch.zeros(1), estimator="k3"), torch.tensor([10.0]))
 
 
+def test_kl_penalty_k1_is_the_log_ratio():
+    # k1: δ = [0.5, −1, 0] → penalty sum −0.5; its gradient is 1 per token
+    logprobs = lp(-1.0, -2.0, -0.5)
+    rollout = behind(logprobs, 0.5, -1.0, 0.0)
+    inputs = ta.LossInputs(logprobs, advantages=torch.tensor([0.0]), loss_mask=MASK, rollout_logprobs=rollout)
+    loss, metrics = ta.compute_loss(inputs, ta.LossOptions(kl_penalty_tau=0.2, kl_estimator="k1"))
+    assert_close(loss, torch.tensor(0.2 * -0.5 / 3))
+    assert_close(metrics["kl_penalty"], torch.tensor(-0.5 / 3))
+    assert_close(grad(loss, logprobs), torch.full((3,), 0.2 / 3))
+
+
+def test_reference_kl_against_the_reference_logprobs():
+    # GRPO, A = 1, ℓ = [−1, −2, −0.5]: policy part [1, 2, 0.5]. Reference δ^ref = [ln2, 0, −0.5], β = 0.5,
+    # k3: e^{−δ} − 1 + δ = [0.5 − 1 + 0.693147, 0, 1.648721 − 1 − 0.5] = [0.193147, 0, 0.148721]
+    # loss = (3.5 + 0.5·0.341868)/3 = 1.223645; ref_kl metric (without β) 0.341868/3 = 0.113956
+    # gradient: −A/3 + β·(1 − e^{−δ})/3 = [−1/3 + 0.5·0.5/3, −1/3, −1/3 + 0.5·(1 − 1.648721)/3]
+    logprobs = lp(-1.0, -2.0, -0.5)
+    ref = behind(logprobs, LN2, 0.0, -0.5)
+    rollout = logprobs.detach().clone()
+    inputs = ta.LossInputs(
+        logprobs, advantages=torch.tensor([1.0]), loss_mask=MASK, rollout_logprobs=rollout, ref_logprobs=ref
+    )
+    loss, metrics = ta.compute_loss(inputs, ta.LossOptions(ref_kl_coef=0.5))
+    assert_close(loss, torch.tensor((3.5 + 0.5 * 0.341868) / 3))
+    assert_close(metrics["ref_kl"], torch.tensor(0.341868 / 3))
+    expected = torch.tensor([-1 / 3 + 0.25 / 3, -1 / 3, -1 / 3 + 0.5 * (1 - math.exp(0.5)) / 3])
+    assert_close(grad(loss, logprobs), expected)
+    # the rollout-policy KL and the reference KL are separate terms: τ adds its own penalty (δ^roll = 0 here)
+    both, _ = ta.compute_loss(inputs, ta.LossOptions(ref_kl_coef=0.5, kl_penalty_tau=1.0))
+    assert_close(both, loss)
+    # k2 against the reference: δ² = [0.480453, 0, 0.25] → ref_kl = 0.730453/3
+    _, m2 = ta.compute_loss(inputs, ta.LossOptions(ref_kl_coef=0.5, ref_kl_estimator="k2"))
+    assert_close(m2["ref_kl"], torch.tensor((LN2**2 + 0.25) / 3))
+    # with β = 0 the metric is still reported and the loss is the policy term alone
+    plain, m0 = ta.compute_loss(inputs, ta.LossOptions())
+    assert_close(plain, torch.tensor(3.5 / 3))
+    assert_close(m0["ref_kl"], metrics["ref_kl"])
+
+
+def test_reference_kl_is_zero_where_the_reference_is_the_policy():
+    logprobs = lp(-1.0, -2.0, -0.5)
+    same = logprobs.detach().clone()
+    for estimator in ta.KL_ESTIMATORS:
+        inputs = ta.LossInputs(logprobs, advantages=torch.tensor([0.0]), loss_mask=MASK, ref_logprobs=same)
+        loss, metrics = ta.compute_loss(inputs, ta.LossOptions(ref_kl_coef=1.0, ref_kl_estimator=estimator))
+        assert_close(metrics["ref_kl"], torch.tensor(0.0))
+        assert_close(loss, torch.tensor(0.0))
+
+
+def test_opd_advantage_is_the_teacher_log_ratio():
+    # ℓ^roll = [−1, −2, −0.5], ℓ^T = [−0.5, −3, −0.5] → ℓ^T − ℓ^roll = [0.5, −1, 0].
+    # c = 2, w = 0: A_t = [1, −2, 0]; REINFORCE on ℓ = ℓ^roll: L = −ℓ·A = [1, −4, 0] → −3/3 = −1;
+    # dL/dℓ_t = −A_t/3 = [−1/3, 2/3, 0]. teacher_reverse_kl = mean(ℓ^roll − ℓ^T) = (−0.5 + 1 + 0)/3
+    logprobs = lp(-1.0, -2.0, -0.5)
+    rollout = logprobs.detach().clone()
+    teacher = torch.tensor([[0.0, -0.5, -3.0, -0.5]])
+    inputs = ta.LossInputs(
+        logprobs,
+        advantages=torch.tensor([4.0]),
+        loss_mask=MASK,
+        rollout_logprobs=rollout,
+        teacher_logprobs=teacher,
+    )
+    loss, metrics = ta.compute_loss(inputs, ta.LossOptions(algorithm="opd", distill_coef=2.0))
+    assert_close(loss, torch.tensor(-1.0))
+    assert_close(grad(loss, logprobs), torch.tensor([-1 / 3, 2 / 3, 0.0]))
+    assert_close(metrics["teacher_reverse_kl"], torch.tensor(0.5 / 3))
+    # w = 0.5 adds half the environment's advantage (4): A_t = [3, 0, 2] → L = [3, 0, 1] → 4/3
+    loss, _ = ta.compute_loss(
+        inputs, ta.LossOptions(algorithm="opd", distill_coef=2.0, distill_reward_weight=0.5)
+    )
+    assert_close(loss, torch.tensor(4 / 3))
+    # the pure function
+    a = ta.distill_advantages(
+        torch.tensor([4.0]), torch.tensor([-0.5]), torch.tensor([-1.0]), coef=2.0, reward_weight=0.5
+    )
+    assert_close(a, torch.tensor([3.0]))
+    # under PPO clip at ratio 1 the surrogate is −A_t = [−1, 2, 0] → 1/3, with REINFORCE's gradient
+    clipped, _ = ta.compute_loss(inputs, ta.LossOptions(algorithm="opd", use_ppo_clip=True, distill_coef=2.0))
+    assert_close(clipped, torch.tensor(1 / 3))
+    assert_close(grad(clipped, logprobs), torch.tensor([-1 / 3, 2 / 3, 0.0]))
+
+
 def test_seq_is_masking_drops_whole_samples():
     # Packed row, two samples. δ^roll sample A = [0.1, 0.1] → g = e^0.1 = 1.105 ∈ [0.8, 1.2]: kept;
     # sample B = [0.3, 0.5] → g = e^0.4 = 1.492: dropped. REINFORCE, A = 1, ℓ = −1 on A's tokens:
@@ -332,6 +415,12 @@ def test_all_masked_micro_batch_is_zero_not_nan():
         ({"kl_penalty_tau": 0.1}, {}, "rollout_logprobs"),
         ({"entropy_coef": 0.1}, {}, "entropy"),
         ({"dr_grpo_loss_agg_mode": "seq_mean"}, {}, "dr_grpo_loss_agg_mode"),
+        ({"kl_estimator": "k4"}, {}, "unknown kl_estimator"),
+        ({"ref_kl_estimator": "abs"}, {}, "unknown ref_kl_estimator"),
+        ({"algorithm": "opd"}, {"rollout_logprobs": torch.zeros(1, 4)}, "teacher_logprobs"),
+        ({"algorithm": "opd"}, {"teacher_logprobs": torch.zeros(1, 4)}, "teacher_logprobs and rollout"),
+        ({"ref_kl_coef": 0.1}, {}, "ref_logprobs"),
+        ({}, {"ref_logprobs": torch.zeros(1, 3)}, "ref_logprobs has shape"),
         (
             {"algorithm": "sapo", "use_ppo_clip": True},
             {"rollout_logprobs": torch.zeros(1, 4)},

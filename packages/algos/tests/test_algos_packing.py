@@ -62,6 +62,27 @@ def test_truncation_and_first_token_and_logprob_length():
     assert_close(mb.rollout_logprobs, torch.tensor([[0.0, -1.0, 0.0, 0.0]]))
 
 
+def test_teacher_and_reference_logprobs_are_packed_like_the_rollout_ones():
+    # a has teacher logprobs, b none (→ 0.0 like a missing rollout logprob); nobody has reference ones
+    a = sample(2, 2, teacher_logprobs=[-0.5, None])
+    b = sample(1, 1)
+    [[mb]] = ta.pack_samples([a, b], seq_len=16, pad_to_multiple_of=3)
+    assert mb.ref_logprobs is None
+    assert mb.teacher_logprobs is not None
+    assert_close(mb.teacher_logprobs, torch.tensor([[0.0, 0.0, -0.5, 0.0, 0.0, 0.0]]))
+    # branches of a shared prompt keep their own tokens' values
+    c = sample(2, 2, ref_logprobs=[-1.0, -2.0])
+    d = sample(2, 2, ref_logprobs=[-3.0, -4.0])
+    [[mb]] = ta.pack_samples([c, d], seq_len=16, share_prompts=True)
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 1, 2, 3]]
+    assert mb.teacher_logprobs is None
+    assert_close(mb.ref_logprobs, torch.tensor([[0.0, 0.0, -1.0, -2.0, 0.0, -3.0, -4.0]]))
+    padded = ta.pad_micro_batch(mb, 4)
+    assert padded.ref_logprobs is not None
+    assert padded.ref_logprobs.shape == (1, 8)
+    assert padded.teacher_logprobs is None
+
+
 def test_ranks_get_equal_counts_dummies_and_zigzag():
     # lengths 9, 8, 7, 6, 5 with seq_len 10 → five micro-batches; three ranks → one dummy (a copy of
     # the first, length 9, mask 0). Sorted 9, 9(dummy), 8, 7, 6, 5 dealt 0 1 2 | 2 1 0.

@@ -27,8 +27,9 @@ from telescope_algos.backend import (
 
 # The loss fields both backends read (the list the Megatron backend once kept by hand).
 LOSS_FIELDS = [
-    "algorithm", "clip_high", "clip_low", "clip_ratio_c", "dr_grpo_loss_agg_mode", "entropy_coef",
-    "kl_estimator", "kl_penalty_tau", "sapo_tau_neg", "sapo_tau_pos", "seq_is_mask_high",
+    "algorithm", "clip_high", "clip_low", "clip_ratio_c", "distill_coef", "distill_reward_weight",
+    "dr_grpo_loss_agg_mode", "entropy_coef", "kl_estimator", "kl_penalty_tau", "ref_kl_coef",
+    "ref_kl_estimator", "sapo_tau_neg", "sapo_tau_pos", "seq_is_mask_high",
     "seq_is_mask_low", "seq_is_masking", "tis_cap", "tis_floor", "tis_logprob_clamp", "tis_mode",
     "use_ppo_clip", "use_tis",
 ]  # fmt: skip

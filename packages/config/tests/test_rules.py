@@ -461,3 +461,37 @@ def test_timeline_fields_load_with_a_note_when_set_to_another_value(run):
     assert resolved.notes[1].startswith("rollout_block_size has no effect in Telescope")
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == list(resolved.notes)
     assert resolved.config.rollout_block_size == 7  # kept as written
+
+
+def test_opd_needs_a_teacher_and_a_teacher_needs_opd(run, problems, only):
+    p = only(problems({"algorithm": "opd"}), "teacher_model")
+    assert p.value is None
+    assert "teacher_model is null" in p.rule
+    assert "shares the model's tokenizer" in p.fix
+    p = only(problems({"teacher_model": "Qwen/Qwen3-8B"}), "teacher_model")
+    assert "only by algorithm opd" in p.rule
+    assert "algorithm: opd" in p.fix
+    assert run({"algorithm": "opd", "teacher_model": "Qwen/Qwen3-8B"}).config.teacher_model == "Qwen/Qwen3-8B"
+
+
+def test_opd_keeps_groups_of_equal_rewards_with_a_warning(run):
+    with structlog.testing.capture_logs() as logs:
+        resolved = run({"algorithm": "opd", "teacher_model": "t"})
+    assert resolved.config.discard_group_zero_advantage is False
+    assert len(resolved.notes) == 1
+    assert "discard_group_zero_advantage" in resolved.notes[0]
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [resolved.notes[0]]
+    quiet = run({"algorithm": "opd", "teacher_model": "t", "discard_group_zero_advantage": False})
+    assert quiet.notes == ()
+
+
+def test_whole_teacher_and_reference_servers(run, problems, only):
+    p = only(problems({"teacher_num_workers": 3, "teacher_tensor_parallel_size": 2}), "teacher_num_workers")
+    assert "multiple of teacher_tensor_parallel_size (2)" in p.rule
+    bad = {"ref_num_workers": 1, "inference_num_workers": 2, "inference_tensor_parallel_size": 2}
+    assert run(bad).config.ref_num_workers == 1  # no reference model: the field is not read
+    p = only(problems({**bad, "ref_kl_coef": 0.1}), "ref_num_workers")
+    assert "inference_tensor_parallel_size (2)" in p.rule
+    assert "multiple of 2" in p.fix
+    p = only(problems({**bad, "ref_model": "m"}), "ref_num_workers")
+    assert run({**bad, "ref_num_workers": 2, "ref_kl_coef": 0.1}).config.ref_kl_coef == 0.1

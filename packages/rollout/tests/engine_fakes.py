@@ -51,6 +51,7 @@ def make_engine(
     clock=None,
     advantage_fn=group_advantages,
     reward_shaping=None,
+    scorers=(),
     **overrides,
 ) -> RolloutEngine:
     env = env if env is not None else EchoEnv()
@@ -64,5 +65,5 @@ def make_engine(
     sampler = MultiEnvSampler([SamplerEntry("echo", 1.0, len(env))], seed=0)
     return RolloutEngine(
         settings, environments={"echo": env}, sampler=sampler, tokenizer=tokenizer, client=server,
-        advantage_fn=advantage_fn, reward_shaping=reward_shaping, clock=clock,
+        advantage_fn=advantage_fn, reward_shaping=reward_shaping, clock=clock, scorers=scorers,
     )  # fmt: skip

@@ -19,6 +19,7 @@ from telescope_algos._advantages import (
     batch_normalised,
     center_advantages,
     compute_advantages,
+    distill_advantages,
     dr_grpo_advantages,
     group_advantages,
     grpo_advantages,
@@ -27,7 +28,7 @@ from telescope_algos._advantages import (
     whiten_advantages,
 )
 from telescope_algos._filters import is_gibberish, is_overlong, is_repetitive, overlong_penalty
-from telescope_algos._modifiers import dual_clip, kl_penalty, seq_is_mask, tis_weights
+from telescope_algos._modifiers import KL_ESTIMATORS, dual_clip, kl_penalty, seq_is_mask, tis_weights
 from telescope_algos._objective import POLICY_TERMS, LossInputs, LossOptions, compute_loss
 from telescope_algos._packing import (
     MicroBatch,
@@ -61,6 +62,7 @@ __all__ += [
     "batch_normalised",
     "center_advantages",
     "compute_advantages",
+    "distill_advantages",
     "dr_grpo_advantages",
     "group_advantages",
     "grpo_advantages",
@@ -83,6 +85,7 @@ __all__ += [
 ]
 # modifiers & filters
 __all__ += [
+    "KL_ESTIMATORS",
     "dual_clip",
     "is_gibberish",
     "is_overlong",

@@ -19,6 +19,9 @@ center          r − μ                                       r (raw reward)
 whiten          (A − mean) / (std + 1e-4) over the batch    0 for a batch of one
 reinforce_pp    whiten(center(r))                           see center and whiten
 ==============  ==========================================  =========================
+
+On-policy distillation (``opd``) takes GRPO's group advantage of the environment reward and adds a
+per-token term from a teacher: :func:`distill_advantages`.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from typing import Literal
 
 import torch
 
-Algorithm = Literal["grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo"]
-ALGORITHMS: tuple[str, ...] = ("grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo")
+Algorithm = Literal["grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo", "opd"]
+ALGORITHMS: tuple[str, ...] = ("grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo", "opd")
 _EPS = 1e-4
 
 
@@ -109,7 +112,8 @@ def compute_advantages(
 
     Args:
         rewards: ``[num_groups, group_size]``, every group of the step (batch normalisation needs them all).
-        algorithm: one of :data:`ALGORITHMS`. cispo, gspo and sapo use GRPO's advantages.
+        algorithm: one of :data:`ALGORITHMS`. cispo, gspo, sapo and opd use GRPO's advantages (opd
+            adds its per-token teacher term in the loss: :func:`distill_advantages`).
         advantage_norm: ``"group"`` or ``"batch"``. ``"batch"`` centres per group and whitens over the batch
             (:func:`reinforce_pp_advantages`); it is not defined for rloo and dr_grpo (ValueError).
             ``reinforce_pp`` always whitens over the batch, whatever this says.
@@ -153,3 +157,25 @@ def group_advantages(
     if batch_normalised(algorithm, advantage_norm):
         return [float(a) for a in center_advantages(row)[0]]
     return [float(a) for a in compute_advantages(row, algorithm=algorithm, advantage_norm=advantage_norm)[0]]
+
+
+def distill_advantages(
+    advantages: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    *,
+    coef: float = 1.0,
+    reward_weight: float = 0.0,
+) -> torch.Tensor:
+    """On-policy distillation's per-token advantage: ``A_t = w · A + c · (ℓ^T_t − ℓ^roll_t)``.
+
+    The student sampled token t with log-probability ℓ^roll_t; the teacher gives it ℓ^T_t. The
+    per-token reward ``ℓ^T_t − ℓ^roll_t`` is minus the one-sample estimate of the reverse KL
+    ``KL(π_student ‖ π_teacher)`` at that position, so a policy gradient on it moves the student
+    toward the teacher on the student's own samples (Agarwal et al., arXiv:2306.13649; Thinking
+    Machines, "On-Policy Distillation", 2025). ``A`` is the environment reward's advantage
+    (weight ``w = reward_weight``, 0: distillation alone), ``c = coef``. Same shape in, same shape
+    out, no gradient (all three are data). docs/algorithms.md#on-policy-distillation.
+    """
+    with torch.no_grad():
+        return reward_weight * advantages + coef * (teacher_logprobs - rollout_logprobs)

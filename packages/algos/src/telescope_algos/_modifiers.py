@@ -1,12 +1,14 @@
-"""Loss modifiers that wrap any policy term: sequence IS masking, dual clip, TIS and the KL penalty.
+"""Loss modifiers that wrap any policy term: sequence IS masking, dual clip, TIS and the KL penalties.
 
 :func:`telescope_algos.compute_loss` applies them in this order (docs/algorithms.md#modifiers):
 
 1. :func:`seq_is_mask` on the loss mask; 2. the policy term (``_policy_terms``, PPO clip included);
-3. :func:`dual_clip`; 4. multiply by :func:`tis_weights`; 5. add ``τ ·`` :func:`kl_penalty`; 6. mask.
+3. :func:`dual_clip`; 4. multiply by :func:`tis_weights`; 5. add ``τ ·`` :func:`kl_penalty` to the
+rollout policy and ``β ·`` :func:`kl_penalty` to the frozen reference model; 6. mask.
 
-All of them measure the distance to the **rollout** policy with δ^roll = ℓ − ℓ^roll (there is no frozen
-reference model). Shapes: ``[rows, seq]`` aligned with ``input_ids``.
+All but the reference KL measure the distance to the **rollout** policy with δ^roll = ℓ − ℓ^roll; the
+reference KL uses δ^ref = ℓ − ℓ^ref with the same estimators. Shapes: ``[rows, seq]`` aligned with
+``input_ids``.
 """
 
 from __future__ import annotations
@@ -76,18 +78,27 @@ def tis_weights(
         raise ValueError(f"unknown tis_mode {mode!r}; known: truncate, icepop")
 
 
-def kl_penalty(
-    logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, *, estimator: Literal["k2", "k3"] | str = "k2"
-) -> torch.Tensor:
-    """Per-token KL penalty to the rollout policy (Schulman, "Approximating KL divergence", 2020).
+KL_ESTIMATORS = ("k1", "k2", "k3")
 
-    δ = ℓ − ℓ^roll. ``k2``: δ² (without the usual ½). ``k3``: ``e^{−δ} − 1 + δ`` with δ clamped
-    to ±20 and the result capped at 10. Differentiable through ``logprobs``.
+
+def kl_penalty(
+    logprobs: torch.Tensor,
+    other_logprobs: torch.Tensor,
+    *,
+    estimator: Literal["k1", "k2", "k3"] | str = "k2",
+) -> torch.Tensor:
+    """Per-token KL penalty toward another policy (Schulman, "Approximating KL divergence", 2020):
+    the rollout policy (``kl_penalty_tau``) or the frozen reference model (``ref_kl_coef``).
+
+    δ = ℓ − ℓ^other. ``k1``: δ. ``k2``: δ² (without the usual ½). ``k3``: ``e^{−δ} − 1 + δ`` with δ
+    clamped to ±20 and the result capped at 10. Differentiable through ``logprobs``.
     """
-    delta = logprobs - rollout_logprobs
+    delta = logprobs - other_logprobs
+    if estimator == "k1":
+        return delta
     if estimator == "k2":
         return delta.square()
     if estimator == "k3":
         d = delta.clamp(-20.0, 20.0)
         return (torch.exp(-d) - 1.0 + d).clamp(max=10.0)
-    raise ValueError(f"unknown kl_estimator {estimator!r}; known: k2, k3")
+    raise ValueError(f"unknown KL estimator {estimator!r}; known: {', '.join(KL_ESTIMATORS)}")

@@ -2,7 +2,9 @@
 
 Three steps, each a short function: **validate** the inputs against the :class:`LossOptions`;
 the **per-token loss**: sequence IS masking, then the algorithm's policy term (looked up in
-:data:`POLICY_TERMS`), then dual clip, TIS and the KL penalty; **aggregate** it into one number
+:data:`POLICY_TERMS`; ``opd`` first turns the advantages into per-token ones with the teacher's
+logprobs, :func:`~telescope_algos.distill_advantages`), then dual clip, TIS and the KL penalties (to
+the rollout policy and to the frozen reference model); **aggregate** it into one number
 (``token_mean``, or Dr. GRPO's ``token_sum_norm``) and subtract the entropy bonus. The formulas
 and their order: docs/algorithms.md#the-loss-of-one-micro-batch.
 
@@ -23,13 +25,13 @@ from typing import Literal, NamedTuple
 import torch
 
 from telescope_algos import _policy_terms as terms
-from telescope_algos._advantages import ALGORITHMS, Algorithm
-from telescope_algos._modifiers import dual_clip, kl_penalty, seq_is_mask, tis_weights
+from telescope_algos._advantages import ALGORITHMS, Algorithm, distill_advantages
+from telescope_algos._modifiers import KL_ESTIMATORS, dual_clip, kl_penalty, seq_is_mask, tis_weights
 from telescope_algos._policy_terms import PolicyInputs
 from telescope_algos._segments import find_segments, segment_mean, segment_sum
 
 Number = float | int | torch.Tensor
-_REINFORCE = ("grpo", "rloo", "reinforce_pp", "dr_grpo")
+_REINFORCE = ("grpo", "rloo", "reinforce_pp", "dr_grpo", "opd")
 _NEEDS_REF = ("cispo", "gspo", "sapo")
 _AGG_MODES = ("token_mean", "token_sum_norm")
 _LOG_RATIO_CLAMP = 20.0
@@ -42,12 +44,15 @@ class LossOptions:
 
     Build it from a run config with :func:`telescope_algos.backend.loss_options`; the defaults are the
     config's. ``algorithm`` picks the policy term (:data:`POLICY_TERMS`): grpo, rloo, reinforce_pp and
-    dr_grpo use REINFORCE (PPO's clipped surrogate with ``use_ppo_clip``), cispo, gspo and sapo their
-    own. ``clip_low``/``clip_high`` bound the ratio of PPO clip, CISPO and GSPO; ``clip_ratio_c`` (None:
-    off) is dual clip; ``use_tis``/``tis_*`` truncated importance sampling; ``seq_is_*`` sequence-level
-    IS masking; ``kl_penalty_tau``/``kl_estimator`` the KL penalty to the rollout policy;
-    ``entropy_coef`` the entropy bonus; ``sapo_tau_*`` SAPO's gate temperatures;
-    ``dr_grpo_loss_agg_mode`` dr_grpo's aggregation. See docs/algorithms.md.
+    dr_grpo (and opd, on its per-token advantages) use REINFORCE (PPO's clipped surrogate with
+    ``use_ppo_clip``), cispo, gspo and sapo their own. ``clip_low``/``clip_high`` bound the ratio of
+    PPO clip, CISPO and GSPO; ``clip_ratio_c`` (None: off) is dual clip; ``use_tis``/``tis_*``
+    truncated importance sampling; ``seq_is_*`` sequence-level IS masking;
+    ``kl_penalty_tau``/``kl_estimator`` the KL penalty to the rollout policy; ``entropy_coef`` the
+    entropy bonus; ``sapo_tau_*`` SAPO's gate temperatures; ``dr_grpo_loss_agg_mode`` dr_grpo's
+    aggregation; ``distill_coef``/``distill_reward_weight`` the weights of opd's teacher term and of
+    the environment's advantage; ``ref_kl_coef``/``ref_kl_estimator`` the KL penalty to the frozen
+    reference model. See docs/algorithms.md.
     """
 
     algorithm: Algorithm | str = "grpo"
@@ -64,7 +69,11 @@ class LossOptions:
     seq_is_mask_low: float = 0.8
     seq_is_mask_high: float = 1.2
     kl_penalty_tau: float = 0.0
-    kl_estimator: Literal["k2", "k3"] | str = "k2"
+    kl_estimator: Literal["k1", "k2", "k3"] | str = "k2"
+    ref_kl_coef: float = 0.0
+    ref_kl_estimator: Literal["k1", "k2", "k3"] | str = "k3"
+    distill_coef: float = 1.0
+    distill_reward_weight: float = 0.0
     entropy_coef: float = 0.0
     sapo_tau_pos: float = 1.0
     sapo_tau_neg: float = 1.05
@@ -108,6 +117,8 @@ class LossInputs:
         old_logprobs: the pre-update policy recomputed by the trainer (``ppo_clip_ref_logprobs: batch``).
         entropy: per-token entropy (``token_logprobs_and_entropy``); needed by ``entropy_coef > 0``
             (then with gradient) and for the ``entropy`` metric.
+        teacher_logprobs: ℓ^T, a teacher model's logprob of each taken token; needed by ``opd``.
+        ref_logprobs: ℓ^ref, the frozen reference model's; needed by ``ref_kl_coef > 0``.
         position_ids, segment_ids: the packed layout (at most one of them).
         num_tokens: denominator of ``token_mean`` and of the entropy bonus: the loss-token count of the
             whole step (``step_counts``: every micro-batch, every rank); clamped to ≥ 1. None: the
@@ -125,6 +136,8 @@ class LossInputs:
     rollout_logprobs: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
     segment_ids: torch.Tensor | None = None
     num_tokens: Number | None = None
@@ -157,7 +170,10 @@ def compute_loss(inputs: LossInputs, options: LossOptions) -> tuple[torch.Tensor
         ``kl_divergence_inference`` (k3 form ``e^δ − 1 − δ`` of δ^roll, if rollout logprobs are given),
         ``clip_low_frac`` / ``clip_high_frac`` (PPO clip, CISPO, GSPO: ratio clipped at the lower / upper
         bound where it changed the loss, for CISPO where it changed the weight), ``dual_clip_frac``,
-        ``tis_mean``, ``tis_zero_frac`` (icepop), ``kl_penalty`` (without τ), ``entropy_bonus``; plus
+        ``tis_mean``, ``tis_zero_frac`` (icepop), ``kl_penalty`` (without τ), ``ref_kl`` (the reference
+        penalty without β), ``teacher_reverse_kl`` (mean ``ℓ^roll − ℓ^T``, the k1 estimate of
+        ``KL(student ‖ teacher)`` on the sampled tokens, if teacher logprobs are given),
+        ``entropy_bonus``; plus
         ``seq_is_masked_frac``, a fraction of the loss tokens *before* masking.
 
     Raises:
@@ -187,6 +203,8 @@ def _prepare(x: LossInputs, o: LossOptions) -> _Batch:
         ("rollout_logprobs", x.rollout_logprobs),
         ("old_logprobs", x.old_logprobs),
         ("entropy", x.entropy),
+        ("teacher_logprobs", x.teacher_logprobs),
+        ("ref_logprobs", x.ref_logprobs),
     ):
         _check_shape(name, t, lp.shape)
     _check_requirements(o, x)
@@ -199,6 +217,16 @@ def _prepare(x: LossInputs, o: LossOptions) -> _Batch:
         assert x.rollout_logprobs is not None  # _check_requirements
         low, high = o.seq_is_mask_low, o.seq_is_mask_high
         mask = seq_is_mask(lp, x.rollout_logprobs, mask, segments, low=low, high=high)
+    if o.algorithm == "opd":
+        assert x.teacher_logprobs is not None  # _check_requirements
+        assert x.rollout_logprobs is not None
+        adv = distill_advantages(
+            adv,
+            x.teacher_logprobs.to(lp.dtype),
+            x.rollout_logprobs.to(lp.dtype),
+            coef=o.distill_coef,
+            reward_weight=o.distill_reward_weight,
+        )
     ref = x.old_logprobs if x.old_logprobs is not None else x.rollout_logprobs
     return _Batch(lp, ref, adv, mask, segments, data=x, input_mask=input_mask)
 
@@ -211,6 +239,9 @@ def _check_shape(name: str, t: torch.Tensor | None, shape: torch.Size) -> None:
 def _check_options(o: LossOptions) -> None:
     if o.algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {o.algorithm!r}; known: {', '.join(ALGORITHMS)}")
+    for name, estimator in (("kl_estimator", o.kl_estimator), ("ref_kl_estimator", o.ref_kl_estimator)):
+        if estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown {name} {estimator!r}; known: {', '.join(KL_ESTIMATORS)}")
     if o.dr_grpo_loss_agg_mode not in _AGG_MODES:
         raise ValueError(
             f"unknown dr_grpo_loss_agg_mode {o.dr_grpo_loss_agg_mode!r}; known: {', '.join(_AGG_MODES)}"
@@ -258,13 +289,20 @@ def _check_requirements(o: LossOptions, x: LossInputs) -> None:
         )
     if o.entropy_coef > 0 and x.entropy is None:
         raise ValueError("entropy_coef > 0 needs the per-token entropy (with gradient)")
+    if o.algorithm == "opd" and (x.teacher_logprobs is None or x.rollout_logprobs is None):
+        raise ValueError(
+            "algorithm='opd' needs teacher_logprobs and rollout_logprobs (ℓ^T − ℓ^roll per token)"
+        )
+    if o.ref_kl_coef > 0 and x.ref_logprobs is None:
+        raise ValueError("ref_kl_coef > 0 compares against the reference model: pass ref_logprobs")
 
 
 # -- per-token loss ----------------------------------------------------------------------------
 
 
 def _per_token_loss(b: _Batch, o: LossOptions) -> _PerToken:
-    """Policy term, then dual clip, × TIS weight, + τ · KL penalty (docs/algorithms.md#modifiers)."""
+    """Policy term, then dual clip, × TIS weight, + τ · KL penalty + β · reference KL
+    (docs/algorithms.md#modifiers)."""
     per_token = POLICY_TERMS[o.algorithm](b, o)
     before_dual = per_token
     if o.clip_ratio_c is not None:
@@ -285,6 +323,10 @@ def _per_token_loss(b: _Batch, o: LossOptions) -> _PerToken:
         assert b.data.rollout_logprobs is not None  # _check_requirements
         penalty = kl_penalty(b.logprobs, b.data.rollout_logprobs, estimator=o.kl_estimator)
         per_token = per_token + o.kl_penalty_tau * penalty
+    if o.ref_kl_coef > 0:
+        assert b.data.ref_logprobs is not None  # _check_requirements
+        penalty = kl_penalty(b.logprobs, b.data.ref_logprobs, estimator=o.ref_kl_estimator)
+        per_token = per_token + o.ref_kl_coef * penalty
     return _PerToken(per_token, before_dual, tis)
 
 
@@ -345,6 +387,8 @@ def _metrics(loss: torch.Tensor, b: _Batch, o: LossOptions, per_token: _PerToken
     if b.data.rollout_logprobs is not None:
         d = (b.logprobs.detach() - b.data.rollout_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
         out["kl_divergence_inference"] = mean(torch.expm1(d) - d)
+        if b.data.teacher_logprobs is not None:
+            out["teacher_reverse_kl"] = mean(b.data.rollout_logprobs - b.data.teacher_logprobs)
     if b.ref_logprobs is not None and (o.use_ppo_clip or o.algorithm in ("cispo", "gspo")):
         low, high = _clipped(b, o)
         out["clip_low_frac"], out["clip_high_frac"] = mean(low), mean(high)
@@ -384,4 +428,7 @@ def _modifier_metrics(
         out["kl_penalty"] = mean(
             kl_penalty(b.logprobs.detach(), b.data.rollout_logprobs, estimator=o.kl_estimator)
         )
+    if b.data.ref_logprobs is not None:
+        estimator = o.ref_kl_estimator
+        out["ref_kl"] = mean(kl_penalty(b.logprobs.detach(), b.data.ref_logprobs, estimator=estimator))
     return out

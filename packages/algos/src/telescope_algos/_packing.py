@@ -5,7 +5,8 @@ The steps (docs/algorithms.md#packing):
 1. Each :class:`TrainingSample` becomes one token sequence ``prompt_ids + completion_ids`` with
    ``loss_mask = 0 … 0 (prompt) + completion_mask`` and rollout logprobs ``0.0 … 0.0 (prompt) +
    rollout_logprobs`` (padded with 0.0 or cut to the completion length; None → 0.0), cut to
-   ``seq_len``. Its first token is never a loss token (nothing predicts it).
+   ``seq_len``; teacher and reference logprobs, where a sample of the step has them, the same way.
+   Its first token is never a loss token (nothing predicts it).
 2. With ``share_prompts`` (a trainer whose attention honours branches), samples that begin with the
    same prompt tokens form a *family*: the first one whole (its *root*), each other one as a
    *branch*: only its tokens from the last shared one on, whose ``position_ids`` continue the
@@ -49,6 +50,8 @@ class TrainingSample:
         rollout_logprobs: the inference engine's logprob of each completion token (None entries → 0.0).
         completion_mask: 1 for model tokens, 0 for environment/template tokens and filtered samples;
             None means all 1.
+        teacher_logprobs: a teacher model's logprob of each completion token (on-policy distillation).
+        ref_logprobs: the frozen reference model's logprob of each completion token (reference KL).
     """
 
     prompt_ids: Sequence[int]
@@ -56,6 +59,8 @@ class TrainingSample:
     advantage: float
     rollout_logprobs: Sequence[float | None] | None = None
     completion_mask: Sequence[int] | None = None
+    teacher_logprobs: Sequence[float | None] | None = None
+    ref_logprobs: Sequence[float | None] | None = None
 
 
 @dataclass
@@ -65,6 +70,7 @@ class MicroBatch:
     Attributes:
         input_ids: long. position_ids: long, restarting at 0 per sample and for the padding.
         loss_mask: bool. advantages: float32. rollout_logprobs: float32.
+        teacher_logprobs, ref_logprobs: float32, or None when no sample of the step had them.
         num_samples: real samples packed in (0 for a dummy micro-batch).
         num_tokens: loss tokens (``loss_mask.sum()``); the step total is ``LossInputs.num_tokens``.
     """
@@ -76,6 +82,8 @@ class MicroBatch:
     rollout_logprobs: torch.Tensor
     num_samples: int
     num_tokens: int
+    teacher_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[-1]
@@ -85,11 +93,22 @@ class MicroBatch:
         return self.map_tensors(lambda t: t.to(device))
 
     def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MicroBatch:
-        """A copy with ``fn`` applied to every tensor (the counts stay)."""
-        return replace(self, **{name: fn(getattr(self, name)) for name in _TENSOR_FIELDS})
+        """A copy with ``fn`` applied to every tensor (the counts stay; a None stays None)."""
+        tensors = {name: getattr(self, name) for name in _TENSOR_FIELDS}
+        return replace(self, **{name: fn(t) for name, t in tensors.items() if t is not None})
 
 
-_TENSOR_FIELDS = ("input_ids", "position_ids", "loss_mask", "advantages", "rollout_logprobs")
+_TENSOR_FIELDS = (
+    "input_ids",
+    "position_ids",
+    "loss_mask",
+    "advantages",
+    "rollout_logprobs",
+    "teacher_logprobs",
+    "ref_logprobs",
+)
+_SIDE_LOGPROBS = ("teacher_logprobs", "ref_logprobs")
+"""Per-token logprobs of other models that a sample may carry, packed like ``rollout_logprobs``."""
 
 
 def pad_micro_batch(mb: MicroBatch, multiple: int) -> MicroBatch:
@@ -110,16 +129,27 @@ class _Prepared:
     mask: np.ndarray
     logprobs: np.ndarray
     advantage: float
+    side: dict[str, np.ndarray]
+    """Teacher / reference logprobs (:data:`_SIDE_LOGPROBS`) where the step has them."""
     start: int = 0
     """Position of ``ids[0]``: 0 for a whole sample, ``q`` for a branch that shares the first ``q``
     tokens of its root."""
 
     def branch(self, q: int) -> _Prepared:
         """This sample without its first ``q`` tokens (its root holds them)."""
-        return _Prepared(self.ids[q:], self.mask[q:], self.logprobs[q:], self.advantage, start=q)
+        side = {name: v[q:] for name, v in self.side.items()}
+        return _Prepared(self.ids[q:], self.mask[q:], self.logprobs[q:], self.advantage, side, start=q)
 
 
-def _prepare(sample: TrainingSample, seq_len: int) -> _Prepared:
+def _token_logprobs(given: Sequence[float | None] | None, n_prompt: int, n_comp: int) -> np.ndarray:
+    """0.0 for the prompt, then the completion's logprobs (None → 0.0; padded or cut to ``n_comp``)."""
+    out = np.zeros(n_prompt + n_comp, dtype=np.float32)
+    values = list(given or [])[:n_comp]
+    out[n_prompt : n_prompt + len(values)] = [0.0 if x is None else x for x in values]
+    return out
+
+
+def _prepare(sample: TrainingSample, seq_len: int, side: Sequence[str] = ()) -> _Prepared:
     n_prompt, n_comp = len(sample.prompt_ids), len(sample.completion_ids)
     if n_prompt + n_comp == 0:
         raise ValueError("a sample needs at least one token")
@@ -128,13 +158,12 @@ def _prepare(sample: TrainingSample, seq_len: int) -> _Prepared:
     )
     if comp_mask.shape != (n_comp,):
         raise ValueError(f"completion_mask has {comp_mask.size} entries for {n_comp} completion tokens")
-    lps = np.zeros(n_prompt + n_comp, dtype=np.float32)
-    given = list(sample.rollout_logprobs or [])[:n_comp]
-    lps[n_prompt : n_prompt + len(given)] = [0.0 if x is None else x for x in given]
+    lps = _token_logprobs(sample.rollout_logprobs, n_prompt, n_comp)
+    others = {name: _token_logprobs(getattr(sample, name), n_prompt, n_comp)[:seq_len] for name in side}
     ids = np.asarray([*sample.prompt_ids, *sample.completion_ids], dtype=np.int64)
     mask = np.concatenate([np.zeros(n_prompt, dtype=bool), comp_mask.astype(bool)])
     mask[0] = False  # nothing predicts the first token
-    return _Prepared(ids[:seq_len], mask[:seq_len], lps[:seq_len], float(sample.advantage))
+    return _Prepared(ids[:seq_len], mask[:seq_len], lps[:seq_len], float(sample.advantage), others)
 
 
 def _shared_prefix(root: _Prepared, other: _Prepared) -> int:
@@ -189,7 +218,7 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     return bins
 
 
-def _build(parts: list[_Prepared], multiple: int, pad_token_id: int) -> MicroBatch:
+def _build(parts: list[_Prepared], multiple: int, pad_token_id: int, side: Sequence[str] = ()) -> MicroBatch:
     length = sum(p.ids.size for p in parts)
     pad = -length % multiple
     ids = np.concatenate([*(p.ids for p in parts), np.full(pad, pad_token_id, dtype=np.int64)])
@@ -199,6 +228,12 @@ def _build(parts: list[_Prepared], multiple: int, pad_token_id: int) -> MicroBat
         [*(np.full(p.ids.size, p.advantage, dtype=np.float32) for p in parts), np.zeros(pad, np.float32)]
     )
     lps = np.concatenate([*(p.logprobs for p in parts), np.zeros(pad, dtype=np.float32)])
+    others = {
+        name: torch.as_tensor(np.concatenate([*(p.side[name] for p in parts), np.zeros(pad, np.float32)]))[
+            None
+        ]
+        for name in side
+    }
     return MicroBatch(
         input_ids=torch.as_tensor(ids)[None],
         position_ids=torch.as_tensor(pos.astype(np.int64))[None],
@@ -207,6 +242,7 @@ def _build(parts: list[_Prepared], multiple: int, pad_token_id: int) -> MicroBat
         rollout_logprobs=torch.as_tensor(lps)[None],
         num_samples=len(parts),
         num_tokens=int(mask.sum()),
+        **others,
     )
 
 
@@ -242,10 +278,13 @@ def pack_samples(
             "seq_len, pad_to_multiple_of and num_ranks must be >= 1, "
             f"got {seq_len}, {pad_to_multiple_of}, {num_ranks}"
         )
-    prepared = [_prepare(s, seq_len) for s in samples]
+    side = [name for name in _SIDE_LOGPROBS if any(getattr(s, name) is not None for s in samples)]
+    prepared = [_prepare(s, seq_len, side) for s in samples]
     items = _families(prepared, seq_len) if share_prompts else [[p] for p in prepared]
     bins = first_fit_decreasing([sum(p.ids.size for p in item) for item in items], seq_len)
-    micro_batches = [_build([p for i in b for p in items[i]], pad_to_multiple_of, pad_token_id) for b in bins]
+    micro_batches = [
+        _build([p for i in b for p in items[i]], pad_to_multiple_of, pad_token_id, side) for b in bins
+    ]
     if micro_batches and len(micro_batches) % num_ranks:
         first = micro_batches[0]
         dummy = replace(

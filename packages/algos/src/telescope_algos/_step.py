@@ -209,6 +209,8 @@ def micro_batch_loss(
         loss_mask=mb.loss_mask.to(dev),
         rollout_logprobs=mb.rollout_logprobs.to(dev),
         old_logprobs=old_logprobs,
+        teacher_logprobs=None if mb.teacher_logprobs is None else mb.teacher_logprobs.to(dev),
+        ref_logprobs=None if mb.ref_logprobs is None else mb.ref_logprobs.to(dev),
         entropy=entropy if options.entropy_coef > 0 else entropy.detach(),
         position_ids=mb.position_ids.to(dev),
         num_tokens=counts.tokens[group],

@@ -2,8 +2,9 @@
 
 Each rule names the fields it reads, so ``load_config`` can still run the rules whose fields
 all validated when other fields failed, and report everything in one pass. A rule yields
-``Violation``s; ``adjustments`` holds the one rule that repairs instead of failing (REINFORCE++
-needs batch normalisation, and is switched to it with a warning). The Megatron rules apply only
+``Violation``s; ``adjustments`` holds the rules that repair instead of failing (REINFORCE++ needs
+batch normalisation, on-policy distillation learns from groups whose rewards are all equal; each is
+switched with a warning). The Megatron rules apply only
 with ``train_backend: megatron`` and need nothing but the config; the checks that need the
 model's ``config.json`` (heads, layers, experts) or the machine (CUDA, Transformer Engine) run
 when the Megatron trainer is created. ``NO_EFFECT`` lists fields that are accepted, so that
@@ -21,7 +22,7 @@ import structlog
 if TYPE_CHECKING:
     from telescope_config._schema import TelescopeConfig
 
-__all__ = ["RULE_FIELDS", "Adjustment", "Violation", "adjustments", "check"]
+__all__ = ["RULE_FIELDS", "Adjustment", "Violation", "adjustments", "check", "uses_reference"]
 
 _log = structlog.get_logger(__name__)
 
@@ -113,9 +114,67 @@ def adjustments(cfg: TelescopeConfig) -> list[Adjustment]:
                 "normalises advantages over the whole batch. Set advantage_norm: batch to silence this.",
             )
         )
+    if cfg.algorithm == "opd" and cfg.discard_group_zero_advantage:
+        found.append(
+            Adjustment(
+                "discard_group_zero_advantage",
+                False,
+                "discard_group_zero_advantage switched to false: on-policy distillation (algorithm opd) "
+                "learns from every sampled token's teacher logprob, also in groups whose rewards are all "
+                "equal. Set discard_group_zero_advantage: false to silence this.",
+            )
+        )
     for adj in found:
         _log.warning(adj.note, field=adj.field, new_value=adj.value)
     return found
+
+
+def uses_reference(cfg: TelescopeConfig) -> bool:
+    """Whether a run starts reference servers: a reference KL, or a reference model to measure."""
+    return cfg.ref_kl_coef > 0 or cfg.ref_model is not None
+
+
+@_rule("algorithm", "teacher_model")
+def _opd_and_its_teacher(c: TelescopeConfig) -> Iterator[Violation]:
+    if c.algorithm == "opd" and c.teacher_model is None:
+        yield Violation(
+            "teacher_model",
+            c.teacher_model,
+            "algorithm opd distils from a teacher, and teacher_model is null",
+            "set teacher_model to a Hugging Face model id or a local folder that shares the model's "
+            "tokenizer",
+        )
+    if c.algorithm != "opd" and c.teacher_model is not None:
+        yield Violation(
+            "teacher_model",
+            c.teacher_model,
+            f"a teacher is read only by algorithm opd (this run's algorithm is {c.algorithm})",
+            "set algorithm: opd to distil from it, or teacher_model: null",
+        )
+
+
+@_rule("teacher_num_workers", "teacher_tensor_parallel_size")
+def _whole_teacher_servers(c: TelescopeConfig) -> Iterator[Violation]:
+    if c.teacher_num_workers % c.teacher_tensor_parallel_size:
+        yield Violation(
+            "teacher_num_workers",
+            c.teacher_num_workers,
+            f"teacher_num_workers must be a multiple of teacher_tensor_parallel_size "
+            f"({c.teacher_tensor_parallel_size}) so that every teacher server gets the same number of GPUs",
+            f"use a multiple of {c.teacher_tensor_parallel_size} for teacher_num_workers",
+        )
+
+
+@_rule("ref_num_workers", "inference_tensor_parallel_size", "ref_kl_coef", "ref_model")
+def _whole_reference_servers(c: TelescopeConfig) -> Iterator[Violation]:
+    if uses_reference(c) and c.ref_num_workers % c.inference_tensor_parallel_size:
+        yield Violation(
+            "ref_num_workers",
+            c.ref_num_workers,
+            f"reference servers take inference_tensor_parallel_size ({c.inference_tensor_parallel_size}) "
+            "GPUs each, and ref_num_workers is not a multiple of it",
+            f"use a multiple of {c.inference_tensor_parallel_size} for ref_num_workers",
+        )
 
 
 @_rule("environments")

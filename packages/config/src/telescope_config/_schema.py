@@ -53,7 +53,8 @@ def _resume_from_checkpoint(value: object) -> object:
 
 Dtype = Literal["float32", "float16", "bfloat16"]
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
-Algorithm = Literal["grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo"]
+Algorithm = Literal["grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo", "opd"]
+KlEstimator = Literal["k1", "k2", "k3"]
 CheckpointEvery = Annotated[Annotated[int, Field(ge=0)] | Literal[False], BeforeValidator(_checkpoint_every)]
 ResumeFrom = Annotated[bool | Annotated[int, Field(ge=1)], BeforeValidator(_resume_from_checkpoint)]
 
@@ -439,7 +440,8 @@ class TelescopeConfig(BaseModel):
         description="Policy-gradient objective: grpo; rloo (leave-one-out baseline); reinforce_pp "
         "(REINFORCE++, batch-normalised advantages); dr_grpo (no std division, no length bias);"
         " cispo (clipped importance weights); gspo (sequence-level ratio); sapo (soft gate "
-        "instead of a hard clip)."
+        "instead of a hard clip); opd (on-policy distillation: each sampled token's advantage is the "
+        "teacher's logprob minus the sampler's, see teacher_model)."
     )
     number_of_minibatches: int = Field(
         ge=1,
@@ -506,12 +508,13 @@ class TelescopeConfig(BaseModel):
     )
     kl_penalty_tau: float = Field(
         ge=0,
-        description="Weight of a KL penalty toward the sampling policy added to the loss, >= 0; 0 disables "
-        "it.",
+        description="Weight of a KL penalty toward the sampling policy (the weights that generated each "
+        "token) added to the loss, >= 0; 0 disables it. For a penalty toward a fixed model, see "
+        "ref_kl_coef.",
     )
-    kl_estimator: Literal["k2", "k3"] = Field(
-        description="Estimator of the KL penalty: k2 (squared log-ratio) or k3 (ratio - 1 - log-ratio; "
-        "never negative, lower variance)."
+    kl_estimator: KlEstimator = Field(
+        description="Estimator of the KL penalty: k1 (log-ratio), k2 (squared log-ratio) or k3 (ratio - 1 - "
+        "log-ratio; never negative, lower variance)."
     )
     entropy_coef: float = Field(
         ge=0,
@@ -531,6 +534,54 @@ class TelescopeConfig(BaseModel):
     )
     seq_is_mask_high: float = Field(
         gt=1, description="Upper bound of the sequence importance ratio, > 1; on-policy is 1."
+    )
+
+    # Teacher and reference model
+    teacher_model: str | None = Field(
+        description="The teacher of on-policy distillation (algorithm opd): a Hugging Face model id or a "
+        "local folder, served by vLLM servers of its own that score every token the student samples. "
+        "It must share the student's tokenizer (checked at start). null: no teacher; algorithm opd "
+        "needs one."
+    )
+    teacher_num_workers: int = Field(
+        ge=1,
+        description="GPUs given to the teacher's vLLM servers, >= 1; they form teacher_num_workers / "
+        "teacher_tensor_parallel_size servers. Read only with a teacher_model.",
+    )
+    teacher_tensor_parallel_size: int = Field(
+        ge=1,
+        description="GPUs per teacher server (tensor parallelism), >= 1; must divide teacher_num_workers.",
+    )
+    distill_coef: float = Field(
+        ge=0,
+        description="opd: weight c of the teacher term of each token's advantage, c * (teacher logprob - "
+        "sampler logprob), >= 0.",
+    )
+    distill_reward_weight: float = Field(
+        ge=0,
+        description="opd: weight of the environment reward's group advantage added to each token's "
+        "advantage, >= 0; 0 distils alone (the reward is still recorded).",
+    )
+    ref_model: str | None = Field(
+        description="The frozen reference model of the reference KL: a Hugging Face model id or a local "
+        "folder, served by vLLM servers of its own. null: the run's model as it was at step 0. Setting "
+        "it (or ref_kl_coef > 0) starts the reference servers; with ref_kl_coef 0 the run only "
+        "records ref_kl.",
+    )
+    ref_num_workers: int = Field(
+        ge=1,
+        description="GPUs given to the reference model's vLLM servers, >= 1, inference_tensor_parallel_size "
+        "per server (the reference is the size of the model). Read only with a reference model.",
+    )
+    ref_kl_coef: float = Field(
+        ge=0,
+        description="Weight of a KL penalty toward the frozen reference model (ref_model) added to the loss, "
+        ">= 0; 0 disables it. Unlike kl_penalty_tau, which pulls toward the weights that sampled, this "
+        "pulls toward a model that never changes (the classic RLHF KL).",
+    )
+    ref_kl_estimator: KlEstimator = Field(
+        description="Estimator of the reference KL: k1 (log-ratio), k2 (squared log-ratio) or k3 (ratio - "
+        "1 - log-ratio; never negative, lower variance)."
     )
 
     # Filters and reward shaping

@@ -56,6 +56,8 @@ class FakeInferenceServer(CompletionClient):
     token; finish reason ``"stop"``. ``hold(request) -> bool`` keeps a request pending until
     :meth:`release`. URLs in ``dead`` raise :class:`ServerUnavailableError`; URLs in ``hung``
     raise :class:`ServerTimeoutError` (what the real client raises when its timeout runs out).
+    ``prompt_logprob(token_ids, i)`` is the logprob :meth:`prompt_logprobs` gives token ``i``
+    (default ``-0.25``); ``scored`` records each ``(url, token_ids)`` it was asked to score.
     """
 
     server_urls: list[str] = field(default_factory=lambda: ["http://fake-0"])
@@ -65,6 +67,8 @@ class FakeInferenceServer(CompletionClient):
     hung: set[str] = field(default_factory=set[str])
     finish_reason: str = "stop"
     requests: list[FakeRequest] = field(default_factory=list[FakeRequest])
+    prompt_logprob: Callable[[list[int], int], float] = lambda ids, i: -0.25
+    scored: list[tuple[str, list[int]]] = field(default_factory=list[tuple[str, list[int]]])
 
     @property
     def pending(self) -> list[FakeRequest]:
@@ -108,6 +112,13 @@ class FakeInferenceServer(CompletionClient):
             text, list(ids), [-0.5] * len(ids), self.finish_reason, server=url, request_id=req.request_id
         )
 
+    async def prompt_logprobs(self, url: str, token_ids: Sequence[int]) -> list[float | None]:
+        ids = list(token_ids)
+        self.scored.append((url, ids))
+        if url in self.dead:
+            raise ServerUnavailableError(f"{url}: connection refused (fake)", url)
+        return [None, *(self.prompt_logprob(ids, i) for i in range(1, len(ids)))]
+
 
 class FakeClock:
     """A clock that only moves when told: ``clock()`` reads it, ``advance(s)`` moves it."""
@@ -134,7 +145,7 @@ def sample_ids(requests: Sequence[FakeRequest]) -> list[int]:
 
 
 # ------------------------------------------------------------------ group advantages without torch
-ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo")
+ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo", "opd")
 EPS = 1e-4
 """Added to the group's standard deviation (GRPO), as telescope-algos does."""
 
@@ -156,7 +167,7 @@ def group_advantages(
 ) -> list[float]:
     """One group's advantages under ``algorithm`` and ``advantage_norm`` (what telescope-algos computes).
 
-    grpo, cispo, gspo, sapo: ``(r - mean) / (std + 1e-4)``; rloo: ``(r - mean) * n / (n - 1)`` (0
+    grpo, cispo, gspo, sapo, opd: ``(r - mean) / (std + 1e-4)``; rloo: ``(r - mean) * n / (n - 1)`` (0
     for a group of one); dr_grpo: ``r - mean``. Batch normalisation (``advantage_norm="batch"``,
     and reinforce_pp always) returns its group stage, ``r - mean`` (the raw reward for a group of
     one); the training loop whitens over the step. rloo and dr_grpo with ``"batch"`` are errors.

@@ -48,6 +48,12 @@ Progress: ``progress()`` is the batch being filled as it stands (kept of needed,
 the rewards of finished groups per environment) and ``pending_drops()`` the groups dropped for it
 so far, for a caller that reports while it waits (they still ride along in the batch).
 
+Teachers and reference models: each of ``scorers`` (``inference.TokenScorer``, named ``teacher``
+or ``ref``) scores every sequence of a sample once it has its reward, while other samples still
+generate: ``ScoredSample.teacher_logprobs`` / ``ref_logprobs`` (and those of its
+``extra_sequences``). A scorer that fails fails the sample (``scoring_error``, with the server's
+answer), like any other sample error.
+
 Events: ``on_event(EngineEvent)``, when given, hears what the orchestrator's timeline needs
 (dispatch paused/resumed, batch assembled, group cancelled, servers drained/restored, weights
 updated; see :class:`EngineEvent`). It runs inline, so it must be quick; one that raises is
@@ -85,6 +91,7 @@ from telescope_rollout.engine._results import (
     RolloutBatch,
     ScoredGroup,
     ScoredSample,
+    TrainingSequence,
 )
 from telescope_rollout.engine._sampler import MultiEnvSampler
 from telescope_rollout.engine._settings import EngineSettings
@@ -97,9 +104,14 @@ from telescope_rollout.engine._watch import (
 )
 from telescope_rollout.envs._env import Environment, environments_by_name, maybe_await
 from telescope_rollout.gateway import AgentGateway
-from telescope_rollout.inference._client import CompletionClient, ServerUnavailableError
+from telescope_rollout.inference._client import CompletionClient, InferenceError, ServerUnavailableError
+from telescope_rollout.inference._scorer import TokenScorer
 
 log = structlog.get_logger()
+
+
+SCORER_NAMES = ("teacher", "ref")
+"""The token scorers a run can have: its teacher (on-policy distillation) and its reference model."""
 
 
 class RolloutError(RuntimeError):
@@ -116,7 +128,8 @@ class RolloutEngine:
     each sample of a finished group its advantage; ``reward_shaping(sample) -> reward``, when given,
     replaces each sample's reward before that (e.g. an overlong penalty). Both run only for groups
     without errors; an exception from either stops the engine with a :class:`RolloutError`.
-    ``clock`` (seconds) times the metrics; tests pass a fake one. ``on_event(EngineEvent)``, when
+    ``scorers`` score each finished sample's tokens under a teacher / reference model (module
+    docstring). ``clock`` (seconds) times the metrics; tests pass a fake one. ``on_event(EngineEvent)``, when
     given, is called on each timeline event (module docstring); None: no events.
     """
 
@@ -135,9 +148,14 @@ class RolloutEngine:
         client: CompletionClient,
         advantage_fn: AdvantageFn,
         reward_shaping: RewardShaping | None = None,
+        scorers: Sequence[TokenScorer] = (),
         clock: Callable[[], float] | None = None,
         on_event: Callable[[EngineEvent], None] | None = None,
     ):
+        names = [scorer.name for scorer in scorers]
+        if sorted(set(names)) != sorted(names) or not set(names) <= set(SCORER_NAMES):
+            raise ValueError(f"scorers are named {names}: at most one of each of {', '.join(SCORER_NAMES)}")
+        self.scorers = list(scorers)
         self.settings = settings
         self.environments = environments_by_name(environments)
         self.tokenizer = tokenizer
@@ -663,6 +681,8 @@ class RolloutEngine:
                 run.generating = False
                 out.version_end = self.pool.versions[group.server]
             out.timings["reward_s"] = self.clock() - t0 - out.timings.get("generation_s", 0.0)
+            if self.scorers and out.error is None:
+                await self._score_tokens(out)
         finally:
             if held is not None:
                 pool.release(held)
@@ -670,6 +690,25 @@ class RolloutEngine:
             run.generating = False
             run.done = True
         self._sample_done(group)
+
+    async def _score_tokens(self, out: ScoredSample) -> None:
+        """Every scorer's logprobs of every sequence of ``out``; a failure is the sample's error."""
+        t0 = self.clock()
+        sequences: list[ScoredSample | TrainingSequence] = [out, *out.extra_sequences]
+        jobs = [(seq, scorer) for seq in sequences for scorer in self.scorers]
+        results = await asyncio.gather(
+            *(scorer.score(seq.prompt_ids, seq.completion_ids) for seq, scorer in jobs),
+            return_exceptions=True,
+        )
+        for (seq, scorer), result in zip(jobs, results, strict=True):
+            if isinstance(result, InferenceError):
+                out.error = "scoring_error"
+                out.error_detail = f"the {scorer.name} model's server failed: {result}"
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                setattr(seq, f"{scorer.name}_logprobs", result)
+        out.timings["score_s"] = self.clock() - t0
 
     # ----------------------------------------------------------------- acceptance
     def _release_group_lanes(self, group: GroupRun) -> None:

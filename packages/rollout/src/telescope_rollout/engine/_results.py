@@ -69,6 +69,10 @@ class TrainingSequence:
     completion_mask: list[int]
     completion_logprobs: list[float]
     reason: str
+    teacher_logprobs: list[float] | None = None
+    """The teacher's logprob of each completion token (a run with a teacher, ``scorers``)."""
+    ref_logprobs: list[float] | None = None
+    """The reference model's logprob of each completion token (a run with a reference KL)."""
 
 
 @dataclass
@@ -84,6 +88,11 @@ class ScoredSample:
     """1 for model tokens (trained on), 0 for template/environment tokens of later turns."""
     completion_logprobs: list[float] = field(default_factory=list[float])
     """vLLM's logprob of each model token (0.0 where the mask is 0)."""
+    teacher_logprobs: list[float] | None = None
+    """The teacher's logprob of each completion token, where the run has a teacher (the engine's
+    ``scorers``); None otherwise."""
+    ref_logprobs: list[float] | None = None
+    """The reference model's logprob of each completion token, where the run has one; None otherwise."""
     reward: float = 0.0
     advantage: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict[str, float])
@@ -106,7 +115,8 @@ class ScoredSample:
     server: str = ""
     lane: int = -1
     error: str | None = None
-    """None, or the error kind: prompt_too_long, rollout_error, sample_error, empty_trajectory, cancelled."""
+    """None, or the error kind: prompt_too_long, rollout_error, sample_error, empty_trajectory,
+    scoring_error (a teacher or reference server failed), cancelled."""
     error_detail: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
     """The environment's tool-call records (``ToolEnvironment``: see its ``env_response``)."""

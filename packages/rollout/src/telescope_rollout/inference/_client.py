@@ -147,6 +147,11 @@ class CompletionClient(ABC):
     async def generate(self, request: CompletionRequest) -> Completion:
         """Answer one request."""
 
+    async def prompt_logprobs(self, url: str, token_ids: Sequence[int]) -> list[float | None]:
+        """The logprob of each of ``token_ids`` given the ones before it, under server ``url``'s
+        model (None for the first token, which nothing predicts). A client that cannot score raises."""
+        raise InferenceError(f"{type(self).__name__} cannot score tokens", url)
+
 
 _VLLM_TIMINGS = {
     "queue_time_ms": "queue_s",
@@ -208,6 +213,30 @@ def parse_completion(data: dict[str, Any], url: str = "", latency_s: float = 0.0
         latency_s=latency_s,
         timings={**server_timings(data.get("metrics")), **({"e2e_s": latency_s} if latency_s > 0 else {})},
     )
+
+
+def parse_prompt_logprobs(
+    data: dict[str, Any], token_ids: Sequence[int], url: str = ""
+) -> list[float | None]:
+    """The logprob of each prompt token from a ``prompt_logprobs`` answer of ``/v1/completions``: vLLM
+    sends, per position, a map from token id (as text) to ``{"logprob": ...}`` that holds the prompt's
+    own token (None at position 0)."""
+    try:
+        entries: Any = data["choices"][0]["prompt_logprobs"]
+    except (KeyError, IndexError, TypeError):
+        entries = None
+    if not isinstance(entries, list) or len(cast("list[Any]", entries)) != len(token_ids):
+        got = len(cast("list[Any]", entries)) if isinstance(entries, list) else "none"
+        raise InferenceError(f"{url} sent {got} prompt logprobs for {len(token_ids)} tokens", url)
+    rows = cast("list[dict[str, Any] | None]", entries)
+    out: list[float | None] = [None]
+    for i in range(1, len(token_ids)):
+        value: Any = (rows[i] or {}).get(str(token_ids[i]))
+        logprob: Any = cast("dict[str, Any]", value).get("logprob") if isinstance(value, dict) else None
+        if not isinstance(logprob, int | float):
+            raise InferenceError(f"{url} sent no prompt logprob for token {token_ids[i]} at {i}", url)
+        out.append(float(logprob))
+    return out
 
 
 def _length_error(message: str, prompt_len: int, url: str) -> PromptTooLongError | None:
@@ -357,6 +386,10 @@ class InferenceClient(CompletionClient):
         t0 = time.perf_counter()
         status, raw = await self._send("POST", f"{url}/v1/completions", json=body)
         latency = time.perf_counter() - t0
+        return parse_completion(self._answer(url, status, raw, prompt), url, latency)
+
+    def _answer(self, url: str, status: int, raw: bytes, prompt: list[int] | str) -> dict[str, Any]:
+        """The JSON of a 200 answer; any other status as its error type."""
         if status != 200:
             text = raw.decode("utf-8", "replace")
             prompt_len = len(prompt) if isinstance(prompt, list) else 0
@@ -367,9 +400,23 @@ class InferenceClient(CompletionClient):
                 raise ServerUnavailableError(f"{url}: its engine died (answered {status}: {text[:300]})", url)
             raise InferenceError(f"{url} answered {status}: {text[:500]}", url)
         try:
-            data = json.loads(raw)
+            return cast("dict[str, Any]", json.loads(raw))
         except ValueError as exc:
             raise InferenceError(
                 f"{url} answered 200 with a body that is not JSON: {raw[:300]!r}", url
             ) from exc
-        return parse_completion(data, url, latency)
+
+    async def prompt_logprobs(self, url: str, token_ids: Sequence[int]) -> list[float | None]:
+        """vLLM's ``prompt_logprobs`` of ``token_ids`` (one generated token, discarded): the
+        distribution before temperature, whatever the server's sampling settings."""
+        ids = [int(t) for t in token_ids]
+        body = {
+            "model": await self.model_name(url),
+            "prompt": ids,
+            "max_tokens": 1,
+            "n": 1,
+            "prompt_logprobs": 0,
+            "temperature": 0.0,
+        }
+        status, raw = await self._send("POST", f"{url}/v1/completions", json=body)
+        return parse_prompt_logprobs(self._answer(url, status, raw, ids), ids, url)
