@@ -127,6 +127,16 @@ def main(spec: dict) -> None:
     out["one_row"] = trainer.train_step(big, step=1)
     trainer.close()
 
+    # on-policy distillation with a reference KL: per-token advantages from the teacher's logprobs
+    opd = {
+        **spec,
+        "overrides": {**spec["overrides"], **spec["opd"]["overrides"]},
+        "steps": [spec["opd"]["samples"]],
+    }
+    trainer = backend.create_trainer(_config(opd), model_path=spec["model_dir"], seed=config.seed)
+    out["opd"] = trainer.train_step(_micro_batches(trainer, opd, 0, spec["seq_len"]), step=1)
+    trainer.close()
+
     converted = backend.convert_checkpoint(root / "step_2", Path(spec["dir"]) / "hf")
     from transformers import AutoModelForCausalLM
 

@@ -18,7 +18,9 @@ one step ahead in its LR is caught), float32 and no dropout. What every backend 
   redoes the next step exactly; retention keeps the newest; a weights-only folder loads with
   ``weights_only`` and is refused without it;
 - ``convert_checkpoint`` gives a folder transformers loads with the trained weights;
-- and both backends agree: the same loss, LR and metrics at every step.
+- on-policy distillation with a reference KL (samples with teacher and reference logprobs) reports
+  the teacher's reverse KL of the hand computation, and a reference KL;
+- and both backends agree: the same loss, LR and metrics at every step, and under ``opd``.
 """
 
 from __future__ import annotations
@@ -77,10 +79,27 @@ def _steps() -> list[list[dict]]:
     return steps
 
 
+OPD = {"algorithm": "opd", "teacher_model": "a-teacher", "distill_reward_weight": 0.5, "ref_kl_coef": 0.1}
+
+
+def _opd_samples() -> list[dict]:
+    """The first step's samples with a teacher's and a reference model's logprob for each token."""
+    rng = random.Random(11)
+    return [
+        {
+            **s,
+            "teacher_logprobs": [-rng.uniform(1, 8) for _ in s["completion_ids"]],
+            "ref_logprobs": [-rng.uniform(3, 7) for _ in s["completion_ids"]],
+        }
+        for s in _steps()[0]
+    ]
+
+
 def _run(backend: str, model_dir: Path, tmp: Path) -> dict:
     spec = {
         "backend": backend, "model_dir": str(model_dir), "overrides": OVERRIDES, "steps": _steps(),
         "seq_len": 24, "one_row_seq_len": 256, "dir": str(tmp), "out": str(tmp / "out.pt"),
+        "opd": {"overrides": OPD, "samples": _opd_samples()},
     }  # fmt: skip
     (tmp / "spec.json").write_text(json.dumps(spec))
     run_ranks(WORKER, [str(tmp / "spec.json")], world=1, log_dir=tmp, timeout_s=900, env={"TMPDIR": str(tmp)})
@@ -146,8 +165,22 @@ def test_checkpoint_round_trip_retention_and_export(results, backend):
     assert any(not torch.equal(r["weights_1"][k], r["weights_end"][k]) for k in r["weights_end"])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_distillation_and_the_reference_kl(results, backend):
+    m = results[backend]["opd"]
+    samples = _opd_samples()
+    # every completion token is a loss token (each sample has a prompt): mean of ℓ^roll − ℓ^T over them
+    gaps = [r - t for s in samples for r, t in zip(s["rollout_logprobs"], s["teacher_logprobs"], strict=True)]
+    assert m["teacher_reverse_kl"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-5)
+    assert m["num_tokens"] == len(gaps)
+    assert m["ref_kl"] > 0
+
+
 def test_both_backends_agree(results):
     fsdp, meg = results["fsdp"], results["megatron"]
     for step, (a, b) in enumerate(zip(fsdp["metrics"], meg["metrics"], strict=True)):
         for key in ("loss", "entropy", "kl_divergence_inference", "grad_norm", "learning_rate", "num_tokens"):
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (step, key)
+    a, b = fsdp["opd"], meg["opd"]
+    for key in ("loss", "teacher_reverse_kl", "ref_kl", "grad_norm", "num_tokens"):
+        assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), ("opd", key)

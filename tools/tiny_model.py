@@ -8,6 +8,10 @@ the saved ``tokenizer.json``.
 
     python tools/tiny_model.py OUT_DIR [--tied] [--layers 2] [--hidden 64] [--seed 0]
 
+``build_tiny_teacher(student, out)`` makes a teacher for on-policy distillation tests: the student
+(same tokenizer, same shape) fine-tuned for a few seconds to write digits, so that it differs from
+the student in a way a few distillation steps can close.
+
 Tests get it through the root ``conftest.py`` fixtures ``tiny_model_dir`` / ``tiny_tied_model_dir``.
 """
 
@@ -110,6 +114,37 @@ def build_tiny_model(
     model.save_pretrained(out, safe_serialization=True)
     gen = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen), encoding="utf-8")
+    return out
+
+
+DIGITS = " ".join(str(i % 10) for i in range(200))
+"""What :func:`build_tiny_teacher` teaches: digits separated by spaces."""
+
+
+def build_tiny_teacher(student: str | Path, out: str | Path, *, steps: int = 60, seed: int = 0) -> Path:
+    """The model in ``student`` fine-tuned on :data:`DIGITS` (AdamW, ``steps`` full-sequence steps of
+    64 tokens), written with its tokenizer into ``out``; return ``out``."""
+    import shutil
+
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import LlamaForCausalLM
+
+    out = Path(out)
+    shutil.copytree(student, out, dirs_exist_ok=True)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ids = Tokenizer.from_file(str(out / "tokenizer.json")).encode(DIGITS).ids
+    data = torch.tensor(ids[: len(ids) // 64 * 64]).view(-1, 64)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for step in range(steps):
+        batch = data[step % len(data)][None]
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(out, safe_serialization=True)
     return out
 
 

@@ -77,4 +77,5 @@ def test_example_list_is_complete():
         "i3_code",
         "quickstart_agent",
         "agent_command",
+        "distill",
     }

@@ -22,7 +22,7 @@ import structlog
 if TYPE_CHECKING:
     from telescope_config._schema import TelescopeConfig
 
-__all__ = ["RULE_FIELDS", "Adjustment", "Violation", "adjustments", "check", "uses_reference"]
+__all__ = ["RULE_FIELDS", "Adjustment", "Violation", "adjustments", "check"]
 
 _log = structlog.get_logger(__name__)
 
@@ -129,11 +129,6 @@ def adjustments(cfg: TelescopeConfig) -> list[Adjustment]:
     return found
 
 
-def uses_reference(cfg: TelescopeConfig) -> bool:
-    """Whether a run starts reference servers: a reference KL, or a reference model to measure."""
-    return cfg.ref_kl_coef > 0 or cfg.ref_model is not None
-
-
 @_rule("algorithm", "teacher_model")
 def _opd_and_its_teacher(c: TelescopeConfig) -> Iterator[Violation]:
     if c.algorithm == "opd" and c.teacher_model is None:
@@ -167,7 +162,7 @@ def _whole_teacher_servers(c: TelescopeConfig) -> Iterator[Violation]:
 
 @_rule("ref_num_workers", "inference_tensor_parallel_size", "ref_kl_coef", "ref_model")
 def _whole_reference_servers(c: TelescopeConfig) -> Iterator[Violation]:
-    if uses_reference(c) and c.ref_num_workers % c.inference_tensor_parallel_size:
+    if c.uses_reference and c.ref_num_workers % c.inference_tensor_parallel_size:
         yield Violation(
             "ref_num_workers",
             c.ref_num_workers,

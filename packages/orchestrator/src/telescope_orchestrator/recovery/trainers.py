@@ -67,36 +67,57 @@ class _Kept:
     advantage: float
     rollout_logprobs: np.ndarray | None
     completion_mask: np.ndarray | None
+    teacher_logprobs: np.ndarray | None = None
+    ref_logprobs: np.ndarray | None = None
 
     @classmethod
     def of(cls, s: Any) -> _Kept:
         import numpy as np
 
-        # float32 with None as 0.0: exactly what packing makes of them (telescope_algos.pack_samples)
-        lps = s.rollout_logprobs
         return cls(
             np.asarray(s.prompt_ids, dtype=np.int32),
             np.asarray(s.completion_ids, dtype=np.int32),
             float(s.advantage),
-            None if lps is None else np.asarray([0.0 if x is None else x for x in lps], dtype=np.float32),
+            _floats(s.rollout_logprobs),
             None if s.completion_mask is None else np.asarray(s.completion_mask, dtype=np.int8),
+            _floats(s.teacher_logprobs),
+            _floats(s.ref_logprobs),
         )
 
     def sample(self) -> Any:
         from telescope_algos import TrainingSample
 
+        def listed(a: np.ndarray | None) -> list[Any] | None:
+            return None if a is None else a.tolist()
+
         return TrainingSample(
             prompt_ids=self.prompt_ids.tolist(),
             completion_ids=self.completion_ids.tolist(),
             advantage=self.advantage,
-            rollout_logprobs=None if self.rollout_logprobs is None else self.rollout_logprobs.tolist(),
-            completion_mask=None if self.completion_mask is None else self.completion_mask.tolist(),
+            rollout_logprobs=listed(self.rollout_logprobs),
+            completion_mask=listed(self.completion_mask),
+            teacher_logprobs=listed(self.teacher_logprobs),
+            ref_logprobs=listed(self.ref_logprobs),
         )
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.prompt_ids, self.completion_ids, self.rollout_logprobs, self.completion_mask)
+        arrays = (
+            self.prompt_ids,
+            self.completion_ids,
+            self.rollout_logprobs,
+            self.completion_mask,
+            self.teacher_logprobs,
+            self.ref_logprobs,
+        )
         return sum(a.nbytes for a in arrays if a is not None)
+
+
+def _floats(values: Any) -> np.ndarray | None:
+    """float32 with None as 0.0: exactly what packing makes of logprobs (telescope_algos.pack_samples)."""
+    import numpy as np
+
+    return None if values is None else np.asarray([0.0 if x is None else x for x in values], dtype=np.float32)
 
 
 @dataclass

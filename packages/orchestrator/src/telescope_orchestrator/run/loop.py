@@ -114,6 +114,8 @@ class LoopContext:
     """Set when ``stop_requested`` stopped the run before its last step."""
     cores: CoreLease | None = None
     """The servers' cores, lent to the trainer ranks while nothing generates (``cluster.cores``)."""
+    scorer_clients: list[InferenceClient] = field(default_factory=list["InferenceClient"])
+    """The clients of the teacher's and reference model's servers (``run.scorers``), closed at the end."""
 
 
 def _filtered(s: Any, config: TelescopeConfig) -> dict[str, bool]:
@@ -167,6 +169,8 @@ def to_train_samples(batch: Any, config: TelescopeConfig) -> tuple[list[Training
                     advantage=a,
                     rollout_logprobs=seq.completion_logprobs,
                     completion_mask=mask,
+                    teacher_logprobs=seq.teacher_logprobs,
+                    ref_logprobs=seq.ref_logprobs,
                 )
             )
     stats = {f"filter/{k}_frac": v / len(kept) if kept else 0.0 for k, v in counts.items()}
@@ -259,6 +263,8 @@ async def training_loop(ctx: LoopContext) -> None:
                     if ctx.supervisor is not None:
                         await ctx.supervisor.close()
                     await evals.close()
+                    for scorer_client in ctx.scorer_clients:
+                        await scorer_client.aclose()
     finally:
         from telescope_orchestrator.run.sandboxes import close_sandboxes
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from telescope_config import ResolvedConfig, TelescopeConfig
     from telescope_orchestrator.cluster.cores import CoreLease
     from telescope_orchestrator.run.report import Reporter
+    from telescope_orchestrator.run.scorers import ScorerModel
     from telescope_orchestrator.run.wiring import EngineParts
     from telescope_rollout import Tokenizer
     from telescope_rollout.envs import BuiltEnvironment
@@ -261,14 +262,14 @@ def _start(state: _Run) -> Any:
     )
     with console.phase("Ray"):
         state.cluster.start(run_env=_actor_env(cfg, run))
-    servers, trainers, infos = _start_workers(state.cluster, resolved, inputs.model_path, run, console)
+    servers, trainers, infos, scoring = _start_workers(state.cluster, resolved, inputs, run, console)
     log.info("trainer ranks ready", torch_threads=[i["threads"] for i in infos])
     urls = [s["url"] for s in servers]
-    parts = _build_engine(state, inputs, urls)
+    parts = _build_engine(state, inputs, urls, scoring)
     engine, client, pad_id, evals = parts.engine, parts.client, parts.pad_token_id, parts.evals
     from telescope_orchestrator.record.observe import record_setup, start_infra
 
-    workers = setup_infos(trainers) + setup_infos([s["actor"] for s in servers])
+    workers = setup_infos(trainers) + setup_infos([s["actor"] for s in [*servers, *scoring]])
     pids = record_setup(run, cfg.model, infos=workers, built=inputs.built, evals=evals)
     state.infra = start_infra(
         run, pids=pids, urls=urls, interval_s=float(cfg.system_metrics_collection_interval_seconds)
@@ -306,6 +307,7 @@ def _start(state: _Run) -> Any:
         supervisor=supervisor,
         trainer_restarts=restarts,
         cores=_lent_cores(state),
+        scorer_clients=parts.scorer_clients,
     )
 
 
@@ -327,8 +329,11 @@ def _actor_env(cfg: TelescopeConfig, run: RunDir) -> dict[str, str]:
     return {k: v for k, v in env.items() if v}
 
 
-def _build_engine(state: _Run, inputs: _Inputs, urls: list[str]) -> EngineParts:
-    """The phase "evals and rollout engine"; the evals' sandbox pools join ``state.sandboxes``."""
+def _build_engine(
+    state: _Run, inputs: _Inputs, urls: list[str], scoring: list[dict[str, Any]]
+) -> EngineParts:
+    """The phase "evals and rollout engine"; the evals' sandbox pools join ``state.sandboxes``;
+    ``scoring`` are the teacher's and reference model's servers (``run.scorers``)."""
     from telescope_orchestrator.run.sandboxes import SandboxSetupError
     from telescope_orchestrator.run.wiring import build_engine
 
@@ -341,11 +346,18 @@ def _build_engine(state: _Run, inputs: _Inputs, urls: list[str]) -> EngineParts:
                 urls,
                 inputs.built,
                 on_event=on_engine_event(run.records, console),
+                scorer_urls={
+                    name: [s["url"] for s in scoring if s["scorer"] == name] for name in _names(scoring)
+                },
             )
         except SandboxSetupError as err:
             raise TrainError(str(err)) from None
         state.sandboxes.extend(parts.eval_sandboxes)
     return parts
+
+
+def _names(scoring: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(s["scorer"] for s in scoring))
 
 
 def _record_event(run: RunDir) -> Callable[..., None]:
@@ -487,6 +499,8 @@ class _Inputs:
     tokenizer: Tokenizer
     resume: tuple[Path, dict[str, Any]] | None
     """The checkpoint to resume and its meta.json, when ``resume_from_checkpoint`` is set."""
+    scorers: list[ScorerModel]
+    """The teacher and reference model the run serves beside the policy (``run.scorers``)."""
 
 
 def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: list[Any]) -> _Inputs:
@@ -524,7 +538,24 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
             raise TrainError(str(err)) from None
         if problem is not None:
             raise TrainError(problem)
-    return _Inputs(built, model_path, tokenizer, resume)
+    scorers = _scorer_models(cfg, model_path, tokenizer, console)
+    return _Inputs(built, model_path, tokenizer, resume, scorers)
+
+
+def _scorer_models(
+    cfg: TelescopeConfig, model_path: str, tokenizer: Tokenizer, console: Any
+) -> list[ScorerModel]:
+    """The phase "teacher and reference model": resolved, their tokenizers checked against the policy's."""
+    from telescope_orchestrator.cluster.ray_cluster import scorer_servers
+    from telescope_orchestrator.run.scorers import check_tokenizers, scorer_models
+
+    if not scorer_servers(cfg):
+        return []
+    with console.phase("teacher and reference model"):
+        scorers = scorer_models(cfg, model_path)
+        if (problem := check_tokenizers(cfg, tokenizer, scorers)) is not None:
+            raise TrainError(problem)
+    return scorers
 
 
 def _choose_checkpoint(cfg: TelescopeConfig, root: Path) -> tuple[Path, dict[str, Any]]:
@@ -566,22 +597,25 @@ def _choose_checkpoint(cfg: TelescopeConfig, root: Path) -> tuple[Path, dict[str
 
 
 def _start_workers(
-    cluster: Any, resolved: Any, model_path: str, run: RunDir, console: Any
-) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
-    """Place the vLLM servers and the trainer ranks, start them concurrently, wait for both."""
+    cluster: Any, resolved: Any, inputs: _Inputs, run: RunDir, console: Any
+) -> tuple[list[dict[str, Any]], list[Any], list[Any], list[dict[str, Any]]]:
+    """Place the vLLM servers (the policy's, then the teacher's and reference model's) and the trainer
+    ranks, start them concurrently, wait for all. Returns the policy servers, the trainer ranks, their
+    infos and the scorer servers (each with its ``scorer`` name)."""
     import dataclasses
 
     from telescope_orchestrator.cluster.vllm_server import ServerSettings, ServerStartError
+    from telescope_orchestrator.run.scorers import scorer_launches
 
-    cfg = resolved.config
+    cfg, model_path = resolved.config, inputs.model_path
     count = cfg.num_inference_servers
     device = "cuda" if cluster.gpu else "cpu"
-    settings = dataclasses.asdict(
-        ServerSettings.from_config(
-            cfg, model=model_path, device=device, seed=cfg.seed, host=cfg.inference_host
-        )
+    own = ServerSettings.from_config(
+        cfg, model=model_path, device=device, seed=cfg.seed, host=cfg.inference_host
     )
+    settings = dataclasses.asdict(own)
     settings["extra_args"] = tuple(settings["extra_args"])
+    scoring = scorer_launches(cfg, inputs.scorers, own, run.path, cfg.inference_base_port + count)
     launches = [
         {
             "settings": settings,
@@ -591,10 +625,13 @@ def _start_workers(
         }
         for i in range(count)
     ]
-    with console.phase(f"{count} vLLM server(s) and {cfg.trainer_num_workers} trainer rank(s)"):
+    extra = f" (+{len(scoring)} teacher/reference)" if scoring else ""
+    with console.phase(f"{count} vLLM server(s){extra} and {cfg.trainer_num_workers} trainer rank(s)"):
         try:
             actors = cluster.place_servers(launches)
             urls = call_all(actors, "start")
+            scorer_actors = _place_scorers(cluster, scoring, inputs.scorers)
+            scorer_urls = call_all(scorer_actors, "start")
             # lending changes a step's thread count (and how float sums split): never where a
             # restarted rank must replay a step exactly
             lend = why_no_restarts(cfg) is not None
@@ -602,7 +639,7 @@ def _start_workers(
                 log.info("the servers' idle cores are not lent: trainer restarts replay steps exactly")
             trainers = cluster.place_trainers(model_path, str(run.path / "logs" / "trainer"), lend=lend)
             setting_up = start_all(trainers, "setup")  # loads the model while vLLM boots
-            call_all(actors, "wait_healthy", float(cfg.ray_placement_timeout_s))
+            call_all([*actors, *scorer_actors], "wait_healthy", float(cfg.ray_placement_timeout_s))
             infos = wait_all(setting_up)
         except ActorCallError as err:
             cause = err.cause
@@ -616,7 +653,24 @@ def _start_workers(
         ],
         trainers,
         infos,
+        [
+            {"url": u, "log": launch["log_path"], "actor": a, "scorer": launch["scorer"]}
+            for u, launch, a in zip(scorer_urls, scoring, scorer_actors, strict=True)
+        ],
     )
+
+
+def _place_scorers(cluster: Any, launches: list[dict[str, Any]], scorers: list[ScorerModel]) -> list[Any]:
+    """The teacher's and reference model's server actors, one placement group each."""
+    actors: list[Any] = []
+    for scorer in scorers:
+        mine = [
+            {**{k: v for k, v in x.items() if k != "scorer"}, "role": f"vllm-{scorer.name}"}
+            for x in launches
+            if x["scorer"] == scorer.name
+        ]
+        actors += cluster.place_servers(mine, tensor_parallel=scorer.tensor_parallel, what=scorer.name)
+    return actors
 
 
 def _resume(chosen: tuple[Path, dict[str, Any]], trainers: list[Any], engine: Any, run: RunDir) -> int:

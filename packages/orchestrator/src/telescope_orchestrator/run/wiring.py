@@ -159,6 +159,8 @@ class EngineParts:
     """The evals' runner (datasets loaded), or None when the config lists no evals."""
     eval_sandboxes: list[SandboxPool]
     """The eval environments' sandbox pools (the caller closes them)."""
+    scorer_clients: list[InferenceClient]
+    """The clients of the teacher's and reference model's servers (the caller closes them)."""
 
 
 def build_engine(
@@ -168,10 +170,13 @@ def build_engine(
     built: list[BuiltEnvironment],
     *,
     on_event: Callable[[EngineEvent], None] | None = None,
+    scorer_urls: dict[str, list[str]] | None = None,
 ) -> EngineParts:
     """The rollout engine of a run, its client, the pad token id, its evals and their sandboxes.
 
     ``on_event`` receives the engine's timeline events (``telescope_rollout.engine.EngineEvent``).
+    ``scorer_urls`` are the servers of the teacher and reference model by name (``run.scorers``):
+    the engine scores each sample's tokens with them.
 
     ``built`` comes from :func:`build_training_environments`, ``tokenizer`` from
     :func:`load_datasets` (the datasets are loaded). The caller enters ``client`` then ``engine``
@@ -206,6 +211,9 @@ def build_engine(
     entries = [SamplerEntry(b.name, b.weight, len(b.env)) for b in built]
     sampler = MultiEnvSampler(entries, seed=cfg.seed, exclude=held_out)
     advantage_fn, reward_shaping = engine_math(cfg)
+    from telescope_orchestrator.run.scorers import token_scorers
+
+    scorers, scorer_clients = token_scorers(scorer_urls or {})
     engine = RolloutEngine(
         settings,
         environments=built,
@@ -214,7 +222,8 @@ def build_engine(
         client=client,
         advantage_fn=advantage_fn,
         reward_shaping=reward_shaping,
+        scorers=scorers,
         on_event=on_event,
     )
     pad = getattr(tokenizer, "pad_token_id", None)
-    return EngineParts(engine, client, int(pad) if isinstance(pad, int) else 0, evals, pools)
+    return EngineParts(engine, client, int(pad) if isinstance(pad, int) else 0, evals, pools, scorer_clients)

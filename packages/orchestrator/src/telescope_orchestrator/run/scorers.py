@@ -1,0 +1,131 @@
+"""The run's frozen models beside the policy: the teacher of on-policy distillation and the reference
+model of the reference KL, each served by vLLM servers of its own that score the sampled tokens.
+
+:func:`scorer_models` says which a config starts (``teacher`` with ``algorithm: opd``, ``ref`` with
+``ref_kl_coef > 0`` or a ``ref_model``); :func:`check_tokenizers` refuses, before any server starts,
+one whose tokenizer maps a token of the policy's to another id (it would score other tokens than
+were sampled); :func:`scorer_launches` are their servers' launches: no weight sync (they never
+change), and a context one token longer than the policy's, since vLLM generates one token after
+the ``prompt_logprobs`` of a whole sample. That token is never fed to the model, so the extra
+position is allowed past the model's own maximum (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``).
+:func:`token_scorers` are the engine's scorers over their URLs. docs/rollout.md, "Teachers and
+reference models"."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from telescope_config import TelescopeConfig
+    from telescope_rollout import InferenceClient, Tokenizer
+    from telescope_rollout.inference import TokenScorer
+
+
+@dataclass(frozen=True)
+class ScorerModel:
+    """One frozen model of a run: ``name`` (``teacher`` or ``ref``), the model as configured and as
+    resolved on disk (``path``), and its servers."""
+
+    name: str
+    model: str
+    path: str
+    servers: int
+    tensor_parallel: int
+
+    @property
+    def title(self) -> str:
+        return "teacher" if self.name == "teacher" else "reference model"
+
+
+def scorer_models(cfg: TelescopeConfig, model_path: str) -> list[ScorerModel]:
+    """The frozen models ``cfg`` starts (``cluster.ray_cluster.scorer_servers``), resolved like the
+    policy (``run.models.resolve_model``); the reference defaults to the policy's own start
+    (``model_path``)."""
+    from telescope_orchestrator.cluster.ray_cluster import scorer_servers
+    from telescope_orchestrator.run.models import resolve_model
+
+    out: list[ScorerModel] = []
+    for name, (servers, tp) in scorer_servers(cfg).items():
+        model = cfg.teacher_model if name == "teacher" else cfg.ref_model
+        if model is None:  # the reference model by default: the policy as it starts
+            out.append(ScorerModel(name, cfg.model, model_path, servers, tp))
+        else:
+            out.append(ScorerModel(name, model, resolve_model(model), servers, tp))
+    return out
+
+
+def tokenizer_problem(policy: Tokenizer, other: Tokenizer, *, model: str, scorer: ScorerModel) -> str | None:
+    """Why ``scorer``'s tokenizer cannot score the policy's tokens, or None when every token of the
+    policy's vocabulary has the same id in both."""
+    ours: dict[str, int] = policy.backend.get_vocab(with_added_tokens=True)
+    theirs: dict[str, int] = other.backend.get_vocab(with_added_tokens=True)
+    differ = sorted((t for t, i in ours.items() if theirs.get(t) != i), key=ours.__getitem__)
+    if not differ:
+        return None
+    shown = ", ".join(f"{t!r} (id {ours[t]} here, {theirs.get(t)} there)" for t in differ[:3])
+    return (
+        f"the {scorer.title} {scorer.model!r} has another tokenizer than model {model!r}: {len(differ)} of "
+        f"{len(ours)} tokens have another id or none there, e.g. {shown}. It scores the token ids the "
+        f"model samples, so both must share one tokenizer: choose a {scorer.title} of the same family "
+        "(the same tokenizer.json)."
+    )
+
+
+def check_tokenizers(cfg: TelescopeConfig, policy: Tokenizer, scorers: list[ScorerModel]) -> str | None:
+    """The first scorer whose tokenizer differs from the policy's, as a message (None: all agree)."""
+    from telescope_orchestrator.run.wiring import tokenizer_dir
+    from telescope_rollout import Tokenizer
+
+    for scorer in scorers:
+        if scorer.name == "ref" and cfg.ref_model is None:
+            continue  # the policy itself
+        try:
+            other = Tokenizer.from_pretrained(tokenizer_dir(scorer.path))
+        except (OSError, ValueError) as exc:
+            return f"the {scorer.title} {scorer.model!r} has no tokenizer that loads: {exc}"
+        if (problem := tokenizer_problem(policy, other, model=cfg.model, scorer=scorer)) is not None:
+            return problem
+    return None
+
+
+def scorer_launches(
+    cfg: TelescopeConfig, scorers: list[ScorerModel], settings: Any, run_path: Path, first_port: int
+) -> list[dict[str, Any]]:
+    """The servers of ``scorers``, from the policy servers' ``settings`` (``ServerSettings``), on the
+    ports after ``first_port``; each launch names its scorer in ``scorer``."""
+    launches: list[dict[str, Any]] = []
+    for scorer in scorers:
+        own = dataclasses.replace(
+            settings,
+            model=scorer.path,
+            tensor_parallel_size=scorer.tensor_parallel,
+            max_model_len=int(cfg.max_model_len) + 1,
+            lora_rank=0,
+        )
+        fields = dataclasses.asdict(own)
+        fields["extra_args"] = tuple(fields["extra_args"])
+        for i in range(scorer.servers):
+            launches.append(
+                {
+                    "settings": fields,
+                    "port": first_port + len(launches),
+                    "log_path": str(run_path / "logs" / scorer.name / f"server_{i}.log"),
+                    "extension_cls": None,
+                    "env": {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+                    "scorer": scorer.name,
+                }
+            )
+    return launches
+
+
+def token_scorers(urls: dict[str, list[str]]) -> tuple[list[TokenScorer], list[InferenceClient]]:
+    """The engine's scorers over each scorer's server URLs, and their clients (closed by the caller)."""
+    from telescope_rollout import InferenceClient
+    from telescope_rollout.inference import ServedScorer
+
+    clients = {name: InferenceClient(u, timeout_s=1200.0) for name, u in urls.items() if u}
+    return [ServedScorer(c, name=name) for name, c in clients.items()], list(clients.values())

