@@ -76,6 +76,7 @@ def held_out_reverse_kl(student: Path, teacher: Path, *, samples: int = 8, token
     return total / count
 
 
+@pytest.mark.xdist_group("e2e_a")
 def test_a_student_learns_from_its_teacher_and_a_reference_kl_starts_at_zero(tmp_path, tiny_model_dir):
     teacher = _tiny_model_tools().build_tiny_teacher(tiny_model_dir, tmp_path / "teacher")
     steps = 20
@@ -123,6 +124,7 @@ def test_a_student_learns_from_its_teacher_and_a_reference_kl_starts_at_zero(tmp
     assert after < 0.85 * before, (before, after)
 
 
+@pytest.mark.xdist_group("e2e_a")
 def test_a_teacher_with_another_tokenizer_is_refused_before_any_server_starts(tmp_path, tiny_model_dir):
     tools = _tiny_model_tools()
     teacher = tmp_path / "teacher"

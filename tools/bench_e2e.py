@@ -58,6 +58,14 @@ every side's median steady seconds per step (``<side>_s_per_step=``); a side not
 
     hatch run bench:python tools/bench_e2e.py --model smollm2                  # every side
     python tools/bench_e2e.py --model tiny --steps 12 --sides plain_hf,plain_vllm,async1  # no TRL
+
+``--opd`` measures what a teacher costs instead: ``async1`` against ``opd1``, the same run with
+``algorithm: opd`` and ``teacher_model`` (``--teacher``, by default the model itself: a teacher of
+the student's size, one more vLLM server on the same cores, scoring every sample's whole sequence
+while the next ones generate). Its last line is ``RESULT opd_vs_grpo=<opd1 / async1 seconds per
+step, steady> opd_vs_grpo_incl=<the same, start-up included> opd1_s_per_step= async1_s_per_step=``.
+
+    python tools/bench_e2e.py --opd --model smollm2 --steps 12
 """
 
 from __future__ import annotations
@@ -77,7 +85,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SIDES = ("plain_hf", "plain_vllm", "async0", "async1", "async2", "trl")
+SIDES = ("plain_hf", "plain_vllm", "async0", "async1", "async2", "trl", "opd1")
 ALIASES = {"plain": "plain_hf"}
 NAN = float("nan")
 
@@ -191,10 +199,14 @@ def _telescope_tokens(run: Path, steps: int) -> tuple[list[float], list[float]]:
     return generated, trained
 
 
-def run_telescope(cfg: dict[str, Any], level: int, work: Path) -> Timed:
-    """``telescope train`` as a user starts it (its own process), the quickstart preset plus overrides."""
-    run = work / f"async{level}_{time.time_ns()}"
+def run_telescope(cfg: dict[str, Any], level: int, work: Path, *, opd: bool = False) -> Timed:
+    """``telescope train`` as a user starts it (its own process), the quickstart preset plus overrides
+    (``opd``: distilling from ``cfg["teacher"]``)."""
+    name = f"opd{level}" if opd else f"async{level}"
+    run = work / f"{name}_{time.time_ns()}"
+    teacher = {"algorithm": "opd", "teacher_model": cfg["teacher"]} if opd else {}
     overrides = {
+        **teacher,
         "model": cfg["model"],
         "number_of_steps": cfg["steps"],
         "max_async_rollout": level,
@@ -215,7 +227,7 @@ def run_telescope(cfg: dict[str, Any], level: int, work: Path) -> Timed:
     lines = [m for m in lines if "reward/mean" in m]
     generated, trained = _telescope_tokens(run, cfg["steps"])
     return Timed(
-        f"async{level}",
+        name,
         started,
         [m["time"] for m in lines],
         generated,
@@ -319,6 +331,8 @@ def _run_side(side: str, cfg: dict[str, Any], work: Path) -> Timed:
         return run_plain(cfg, side)
     if side == "trl":
         return run_trl(cfg)
+    if side.startswith("opd"):
+        return run_telescope(cfg, int(side.removeprefix("opd")), work, opd=True)
     return run_telescope(cfg, int(side.removeprefix("async")), work)
 
 
@@ -376,7 +390,15 @@ def _reward_table(runs: dict[str, list[Timed]], steps: int) -> None:
         print(f"{i + 1:4d}  " + "  ".join(cells))
 
 
-def _result(runs: dict[str, list[Timed]]) -> str:
+def _result(runs: dict[str, list[Timed]], *, opd: bool = False) -> str:
+    if opd:  # seconds per step: the inverse of the rates' ratio
+        slower = {
+            name: _ratio(runs, "async1", "opd1", attr) for name, attr in (("", "steady"), ("_incl", "incl"))
+        }
+        seconds = [
+            f"{side}_s_per_step={1 / _median(runs, side, 'steady'):.2f}" for side in ("opd1", "async1")
+        ]
+        return "RESULT " + " ".join([f"opd_vs_grpo{k}={v}" for k, v in slower.items()] + seconds)
     ratios = {
         "vs_plain_hf": ("async1", "plain_hf", "steady"),
         "vs_plain_vllm": ("async1", "plain_vllm", "steady"),
@@ -405,6 +427,8 @@ def _parse() -> argparse.Namespace:
         default=",".join(SIDES),
         help=f"comma-separated subset of {','.join(SIDES)} (plain = plain_hf)",
     )
+    parser.add_argument("--opd", action="store_true", help="a teacher's cost: async1 against opd1")
+    parser.add_argument("--teacher", help="--opd: the teacher (a model folder; default: the model itself)")
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)  # the TRL side's own process: its cfg as JSON
     return parser.parse_args()
 
@@ -415,7 +439,7 @@ def main() -> None:
     if args.trl_child:
         trl_child(json.loads(args.trl_child))
         return
-    names: list[str] = [s for s in str(args.sides).split(",") if s]
+    names: list[str] = ["async1", "opd1"] if args.opd else [s for s in str(args.sides).split(",") if s]
     sides = list(dict.fromkeys(ALIASES.get(s, s) for s in names))
     if unknown := set(sides) - set(SIDES):
         raise SystemExit(f"unknown sides {sorted(unknown)}; choose from {', '.join(SIDES)} (or plain)")
@@ -426,6 +450,7 @@ def main() -> None:
         work = Path(tmp)
         # the plain loop's settings from the same flags (temperature 1, gradient clipping 1)
         cfg = {**_tool("plain_grpo").config(args), "model": _model(args.model, work)}
+        cfg["teacher"] = args.teacher or cfg["model"]
         for r in range(args.repeats):
             for side in sides if r % 2 == 0 else sides[::-1]:
                 timed = _run_side(side, cfg, work)
@@ -438,7 +463,7 @@ def main() -> None:
     )
     _summary(runs)
     _reward_table(runs, args.steps)
-    print(_result(runs))
+    print(_result(runs, opd=args.opd))
 
 
 if __name__ == "__main__":
