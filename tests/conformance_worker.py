@@ -65,6 +65,21 @@ def _save(trainer, root: Path, step: int, *, training_state: bool = True, keep_l
     return path
 
 
+def _nll(model, samples: list[dict]) -> float:
+    """transformers' own token-mean negative log-likelihood of the completion tokens whose mask is 1."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s["prompt_ids"] + s["completion_ids"]])
+            logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+            for j, (token, keep) in enumerate(zip(s["completion_ids"], s["completion_mask"], strict=True)):
+                if keep:
+                    position = len(s["prompt_ids"]) + j  # predicted from the logits one before it
+                    total -= float(logprobs[position - 1, token])
+                    count += 1
+    return total / count
+
+
 def main(spec: dict) -> None:
     backend = {ep.name: ep for ep in entry_points(group="telescope.trainers")}[spec["backend"]].load()
     config = _config(spec)
@@ -137,8 +152,18 @@ def main(spec: dict) -> None:
     out["opd"] = trainer.train_step(_micro_batches(trainer, opd, 0, spec["seq_len"]), step=1)
     trainer.close()
 
+    # a supervised step, from the starting weights
+    sft = {**spec, "steps": [spec["sft"]]}
+    trainer = backend.create_trainer(config, model_path=spec["model_dir"], seed=config.seed)
+    out["sft"] = trainer.train_step(_micro_batches(trainer, sft, 0, spec["seq_len"]), step=1, objective="sft")
+    trainer.close()
+
     converted = backend.convert_checkpoint(root / "step_2", Path(spec["dir"]) / "hf")
     from transformers import AutoModelForCausalLM
+
+    out["sft_nll"] = _nll(
+        AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32), spec["sft"]
+    )
 
     model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
     out["converted"] = {n: t.detach().clone() for n, t in model.state_dict().items()}

@@ -20,6 +20,8 @@ one step ahead in its LR is caught), float32 and no dropout. What every backend 
 - ``convert_checkpoint`` gives a folder transformers loads with the trained weights;
 - on-policy distillation with a reference KL (samples with teacher and reference logprobs) reports
   the teacher's reverse KL of the hand computation, and a reference KL;
+- a supervised step (``objective="sft"``) has the loss of transformers' own negative
+  log-likelihood of the trained tokens;
 - and both backends agree: the same loss, LR and metrics at every step, and under ``opd``.
 """
 
@@ -95,11 +97,28 @@ def _opd_samples() -> list[dict]:
     ]
 
 
+def _sft_samples() -> list[dict]:
+    """Conversations as a supervised step takes them: advantage 1, trained tokens masked 1 (here the
+    first half of each completion, as if the rest were a user's turn)."""
+    return [
+        {
+            "prompt_ids": s["prompt_ids"],
+            "completion_ids": s["completion_ids"],
+            "advantage": 1.0,
+            "completion_mask": [
+                int(j < len(s["completion_ids"]) // 2) for j in range(len(s["completion_ids"]))
+            ],
+        }
+        for s in _steps()[1]
+    ]
+
+
 def _run(backend: str, model_dir: Path, tmp: Path) -> dict:
     spec = {
         "backend": backend, "model_dir": str(model_dir), "overrides": OVERRIDES, "steps": _steps(),
         "seq_len": 24, "one_row_seq_len": 256, "dir": str(tmp), "out": str(tmp / "out.pt"),
         "opd": {"overrides": OPD, "samples": _opd_samples()},
+        "sft": _sft_samples(),
     }  # fmt: skip
     (tmp / "spec.json").write_text(json.dumps(spec))
     run_ranks(WORKER, [str(tmp / "spec.json")], world=1, log_dir=tmp, timeout_s=900, env={"TMPDIR": str(tmp)})
@@ -174,6 +193,16 @@ def test_distillation_and_the_reference_kl(results, backend):
     assert m["teacher_reverse_kl"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-5)
     assert m["num_tokens"] == len(gaps)
     assert m["ref_kl"] > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_supervised_step_is_the_negative_log_likelihood_of_its_trained_tokens(results, backend):
+    r = results[backend]
+    m = r["sft"]
+    assert m["loss"] == pytest.approx(r["sft_nll"], rel=1e-5)
+    assert m["num_tokens"] == sum(sum(s["completion_mask"]) for s in _sft_samples())
+    assert "kl_divergence_inference" not in m  # no sampler: nothing to compare with
+    assert m["grad_norm"] > 0
 
 
 def test_both_backends_agree(results):

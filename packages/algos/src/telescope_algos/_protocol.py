@@ -51,12 +51,16 @@ class TrainerBackend(Protocol):
         """True on the one rank that sends weights to the inference servers."""
         ...
 
-    def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
+    def train_step(
+        self, micro_batches: Sequence[MicroBatch], *, step: int, objective: str = "rl"
+    ) -> dict[str, float]:
         """One optimizer step on this rank's micro-batches (from ``pack_samples(...)[dp_rank]``).
 
-        Returns the step metrics, identical on every rank: at least ``loss``, ``entropy``,
-        ``kl_divergence_inference``, ``grad_norm``, ``learning_rate``, ``num_tokens`` and
-        ``timing/*`` entries.
+        ``objective`` (``OBJECTIVES``): ``rl``, the run's loss; ``sft``, a supervised step
+        (``StepPlan``: the token-mean negative log-likelihood of the trained tokens, one update, no
+        other logprobs). Returns the step metrics, identical on every rank: at least ``loss``,
+        ``entropy``, ``grad_norm``, ``learning_rate``, ``num_tokens`` and ``timing/*`` entries, and
+        ``kl_divergence_inference`` for ``rl``.
         """
         ...
 

@@ -8,6 +8,8 @@
   optimizer updates, and :func:`step_counts`, each group's loss tokens and samples over the ranks
   (the ``num_tokens`` / ``num_samples`` of :class:`LossInputs`);
 - :func:`micro_batch_loss`: ``compute_loss`` of one packed micro-batch of such a group;
+- :class:`StepPlan`: what a step's objective changes (``rl``, the config's loss; ``sft``, a
+  supervised step: the token-mean negative log-likelihood of the trained tokens, one update);
 - :class:`StepLog`: the grad norms, skipped updates and timings of a step, as its metrics (and its
   timed blocks as spans of a :class:`~telescope_algos.backend.Timeline`);
 - :func:`row_multiple`: the length every packed row must be a multiple of for a parallel layout,
@@ -95,6 +97,34 @@ def needs_old_logprobs(config: RatioConfig) -> bool:
     """True when the step starts with a no-grad pass for π_old (``ppo_clip_ref_logprobs: batch``)."""
     wants_ratio = bool(config.use_ppo_clip) or config.algorithm in _RATIO_ALGORITHMS
     return config.ppo_clip_ref_logprobs == "batch" and wants_ratio
+
+
+OBJECTIVES = ("rl", "sft")
+"""What a train step optimises: the run's RL loss, or a supervised step (docs/algorithms.md#sft)."""
+SFT_OPTIONS = LossOptions()
+"""A supervised step's loss: REINFORCE with every trained token's advantage 1 and no modifier,
+``−Σ ℓ_t / N`` over the trained tokens, the token-mean negative log-likelihood."""
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What a train step's objective changes: its loss options, whether it starts with a pass for
+    π_old, how many optimizer updates it takes, and whether it is supervised (no rollout, teacher or
+    reference logprobs: :func:`micro_batch_loss` leaves them out)."""
+
+    options: LossOptions
+    needs_old: bool
+    minibatches: int
+    sft: bool
+
+    @classmethod
+    def of(cls, objective: str, config: Any, options: LossOptions) -> StepPlan:
+        """The plan of ``objective`` (:data:`OBJECTIVES`) for a run ``config`` whose loss is ``options``."""
+        if objective == "rl":
+            return cls(options, needs_old_logprobs(config), int(config.number_of_minibatches), sft=False)
+        if objective == "sft":
+            return cls(SFT_OPTIONS, needs_old=False, minibatches=1, sft=True)
+        raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
 
 
 def check_micro_batches(micro_batches: Sequence[MicroBatch]) -> None:
@@ -198,19 +228,25 @@ def micro_batch_loss(
     group: int,
     max_len: int,
     options: LossOptions,
+    sft: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``compute_loss`` of one packed micro-batch of minibatch group ``group`` (its tensors are moved to
     the device of ``logprobs``): the denominators are the group's totals over the ranks (``counts``)
-    and ``max_len`` (the generation budget). The entropy keeps its gradient only for a bonus."""
+    and ``max_len`` (the generation budget). The entropy keeps its gradient only for a bonus. ``sft``:
+    a supervised step's micro-batch (:class:`StepPlan`), whose other logprobs are left out."""
     dev = logprobs.device
+
+    def other(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None or sft else t.to(dev)
+
     inputs = LossInputs(
         logprobs,
         advantages=mb.advantages.to(dev),
         loss_mask=mb.loss_mask.to(dev),
-        rollout_logprobs=mb.rollout_logprobs.to(dev),
-        old_logprobs=old_logprobs,
-        teacher_logprobs=None if mb.teacher_logprobs is None else mb.teacher_logprobs.to(dev),
-        ref_logprobs=None if mb.ref_logprobs is None else mb.ref_logprobs.to(dev),
+        rollout_logprobs=other(mb.rollout_logprobs),
+        old_logprobs=None if sft else old_logprobs,
+        teacher_logprobs=other(mb.teacher_logprobs),
+        ref_logprobs=other(mb.ref_logprobs),
         entropy=entropy if options.entropy_coef > 0 else entropy.detach(),
         position_ids=mb.position_ids.to(dev),
         num_tokens=counts.tokens[group],

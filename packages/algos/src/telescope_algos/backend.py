@@ -20,8 +20,11 @@ from telescope_algos._context_parallel import (
 from telescope_algos._protocol import TrainerBackend
 from telescope_algos._segments import Segments, find_segments, segment_ids_from_position_ids
 from telescope_algos._step import (
+    OBJECTIVES,
+    SFT_OPTIONS,
     StepCounts,
     StepLog,
+    StepPlan,
     check_micro_batches,
     loss_options,
     lr_schedule,
@@ -41,8 +44,11 @@ __all__ = [
     # the protocol every backend implements
     "TrainerBackend",
     # a train step
+    "OBJECTIVES",
+    "SFT_OPTIONS",
     "StepCounts",
     "StepLog",
+    "StepPlan",
     "check_micro_batches",
     "loss_options",
     "lr_schedule",

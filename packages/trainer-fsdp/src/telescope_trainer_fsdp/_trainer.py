@@ -45,12 +45,12 @@ from telescope_algos import MicroBatch, pad_micro_batch
 from telescope_algos.backend import (
     StepCounts,
     StepLog,
+    StepPlan,
     Timeline,
     check_micro_batches,
     loss_options,
     micro_batch_loss,
     minibatch_groups,
-    needs_old_logprobs,
     row_multiple,
     seed_everything,
     step_counts,
@@ -117,7 +117,6 @@ class FSDPTrainer:
         )
         self.scheduler = build_lr_scheduler(self.optimizer, config)
         self._loss_options = loss_options(config)
-        self._needs_old = needs_old_logprobs(config)
         self.row_multiple = row_multiple(context_parallel=self.cp_size)
         attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
         self.shares_prompts = attention == PACKED_SDPA
@@ -134,23 +133,26 @@ class FSDPTrainer:
     def is_broadcast_rank(self) -> bool:
         return self.rank == 0
 
-    def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
+    def train_step(
+        self, micro_batches: Sequence[MicroBatch], *, step: int, objective: str = "rl"
+    ) -> dict[str, float]:
         """One optimizer step (per minibatch group) on this rank's micro-batches; see the module docstring."""
+        plan = StepPlan.of(objective, self.config, self._loss_options)
         self.timeline.set_step(step)
         with self.timeline.span("train_step"):
-            return self._train_step(micro_batches, step)
+            return self._train_step(micro_batches, step, plan)
 
-    def _train_step(self, micro_batches: Sequence[MicroBatch], step: int) -> dict[str, float]:
+    def _train_step(self, micro_batches: Sequence[MicroBatch], step: int, plan: StepPlan) -> dict[str, float]:
         tl = self.timeline
         log = StepLog(timeline=tl)
         with tl.span("prepare"):
             check_micro_batches(micro_batches)
             mbs = [pad_micro_batch(mb, self.row_multiple).to(self.device) for mb in micro_batches]
-            groups = minibatch_groups(len(mbs), self.config.number_of_minibatches)
+            groups = minibatch_groups(len(mbs), plan.minibatches)
             counts = step_counts(mbs, groups, device=self.device, copies=self.cp_size)
         metrics = StepMetrics()
         self.model.train()
-        old = self._old_logprobs(mbs, log)
+        old = self._old_logprobs(mbs, log) if plan.needs_old else [None] * len(mbs)
         lr = float(self.optimizer.param_groups[0]["lr"])
         for g, indices in enumerate(groups):
             with tl.span("minibatch", minibatch=g):
@@ -159,7 +161,7 @@ class FSDPTrainer:
                     for j, i in enumerate(indices):
                         last = j == len(indices) - 1
                         with tl.span("microbatch", microbatch=i):
-                            self._forward_backward(mbs[i], old[i], counts, g, metrics, sync=last)
+                            self._forward_backward(mbs[i], old[i], counts, g, metrics, plan, sync=last)
                 with log.timed("optimizer"):
                     self._optimizer_step(log, step)
         self._step_scheduler()
@@ -260,9 +262,7 @@ class FSDPTrainer:
     # -- internals -------------------------------------------------------------------------------
 
     def _old_logprobs(self, mbs: list[MicroBatch], log: StepLog) -> list[torch.Tensor | None]:
-        """π_old of every micro-batch when the loss needs it (without dropout), else Nones."""
-        if not self._needs_old:
-            return [None] * len(mbs)
+        """π_old of every micro-batch (without dropout), for a loss that needs it (``StepPlan.needs_old``)."""
         old: list[torch.Tensor | None] = []
         with log.timed("old_logprobs"):
             self.model.eval()
@@ -280,6 +280,7 @@ class FSDPTrainer:
         counts: StepCounts,
         group: int,
         metrics: StepMetrics,
+        plan: StepPlan,
         *,
         sync: bool,
     ) -> None:
@@ -298,7 +299,8 @@ class FSDPTrainer:
                 counts=counts,
                 group=group,
                 max_len=self.config.max_tokens,
-                options=self._loss_options,
+                options=plan.options,
+                sft=plan.sft,
             )
         # FSDP averages gradients over ranks; the loss is already the replica's share of the
         # sum, and context-parallel ranks each hold the part of the gradient through their tokens.

@@ -77,6 +77,7 @@ from telescope_algos import MicroBatch, align_to_inputs, next_token_labels, pad_
 from telescope_algos.backend import (
     StepCounts,
     StepLog,
+    StepPlan,
     Timeline,
     check_micro_batches,
     cu_seqlens,
@@ -85,7 +86,6 @@ from telescope_algos.backend import (
     lr_schedule,
     micro_batch_loss,
     minibatch_groups,
-    needs_old_logprobs,
     row_multiple,
     step_counts,
     zigzag_indices,
@@ -273,27 +273,30 @@ class MegatronTrainer:
 
         return all(c == 0 for c in self._coords) and cast(int, ps.get_expert_model_parallel_rank()) == 0
 
-    def train_step(self, micro_batches: Sequence[MicroBatch], *, step: int) -> dict[str, float]:
+    def train_step(
+        self, micro_batches: Sequence[MicroBatch], *, step: int, objective: str = "rl"
+    ) -> dict[str, float]:
         """One training step on this data-parallel rank's micro-batches; returns the step metrics.
 
         ``step`` (the caller's count) only labels logs and spans: the learning rate follows
-        ``scheduler_step``.
+        ``scheduler_step``. ``objective``: ``rl`` or ``sft`` (``telescope_algos.backend.StepPlan``).
         """
+        plan = StepPlan.of(objective, self.config, self._loss_options)
         self.timeline.set_step(step)
         with self.timeline.span("train_step"):
-            return self._train_step(micro_batches, step)
+            return self._train_step(micro_batches, step, plan)
 
-    def _train_step(self, micro_batches: Sequence[MicroBatch], step: int) -> dict[str, float]:
+    def _train_step(self, micro_batches: Sequence[MicroBatch], step: int, plan: StepPlan) -> dict[str, float]:
         tl = self.timeline
         log = StepLog(timeline=tl)
         with tl.span("prepare"):
             self._check_same_micro_batch_count(len(micro_batches))
             check_micro_batches(micro_batches)
             batches = [self._prepare(mb) for mb in micro_batches]
-            groups = minibatch_groups(len(batches), self.config.number_of_minibatches)
+            groups = minibatch_groups(len(batches), plan.minibatches)
             # each group's loss tokens and samples over the data-parallel ranks (CP ranks share theirs)
             counts = step_counts(micro_batches, groups, device=self._device, group=self.dp_group)
-        if needs_old_logprobs(self.config):
+        if plan.needs_old:
             with log.timed("old_logprobs"):
                 for b, lp in zip(batches, self._forward_logprobs(batches), strict=True):
                     b.old_logprobs = lp
@@ -302,7 +305,7 @@ class MegatronTrainer:
         for g, indices in enumerate(groups):
             with tl.span("minibatch", minibatch=g):
                 with log.timed("forward_backward", span=False):
-                    outputs = self._forward_backward(batches, indices, counts, g)
+                    outputs = self._forward_backward(batches, indices, counts, g, plan)
                 with log.timed("optimizer"):
                     norm, applied = self._optimizer_step(step)
             log.update(norm, applied=applied)
@@ -620,7 +623,7 @@ class MegatronTrainer:
         return [o["logprobs"] for o in out] if self._is_last_stage else [None] * len(batches)
 
     def _forward_backward(
-        self, batches: list[_Batch], indices: list[int], counts: StepCounts, index: int
+        self, batches: list[_Batch], indices: list[int], counts: StepCounts, index: int, plan: StepPlan
     ) -> list[dict[str, torch.Tensor]]:
         """Forward and backward of minibatch group ``index`` (the micro-batches ``indices`` of
         ``batches``); ``counts`` are the totals over the DP ranks."""
@@ -635,7 +638,8 @@ class MegatronTrainer:
                 counts=counts,
                 group=index,
                 max_len=self.config.max_tokens,
-                options=self._loss_options,
+                options=plan.options,
+                sft=plan.sft,
             )
             return loss, torch.tensor(b.row.num_tokens, dtype=torch.int), metrics
 

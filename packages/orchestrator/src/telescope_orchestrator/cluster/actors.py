@@ -433,14 +433,15 @@ class TrainerActor:
         if self.publisher is not None:
             self.publisher.disconnect(group)
 
-    def train_step(self, micro_batches: list[Any], step: int) -> dict[str, float]:
-        """The backend's step, on the servers' cores too once the driver lends them (``cluster.cores``)."""
+    def train_step(self, micro_batches: list[Any], step: int, objective: str = "rl") -> dict[str, float]:
+        """The backend's step (``objective``: ``rl`` or ``sft``), on the servers' cores too once the
+        driver lends them (``cluster.cores``)."""
         if self.cores is None:
-            return self.trainer.train_step(micro_batches, step=step)
+            return self.trainer.train_step(micro_batches, step=step, objective=objective)
         from telescope_orchestrator.cluster.cores import lent_threads
 
         with lent_threads(self.cores, step) as used:
-            metrics = self.trainer.train_step(micro_batches, step=step)
+            metrics = self.trainer.train_step(micro_batches, step=step, objective=objective)
         return {**metrics, "timing/cores_lent_s": used.seconds}
 
     def publish(self, version: int, group: str = "full") -> dict[str, float]:
