@@ -495,3 +495,13 @@ def test_whole_teacher_and_reference_servers(run, problems, only):
     assert "multiple of 2" in p.fix
     p = only(problems({**bad, "ref_model": "m"}), "ref_num_workers")
     assert run({**bad, "ref_num_workers": 2, "ref_kl_coef": 0.1}).config.ref_kl_coef == 0.1
+
+
+def test_supervised_steps_need_conversations_and_fit_in_the_run(run, problems, only):
+    p = only(problems({"sft_steps": 2}), "sft_dataset")
+    assert "sft_steps is 2" in p.rule
+    assert "rows with `messages`" in p.fix
+    p = only(problems({"sft_steps": 9, "sft_dataset": "c.jsonl", "number_of_steps": 4}), "sft_steps")
+    assert "counted in number_of_steps (4)" in p.rule
+    assert "at least 9" in p.fix
+    assert run({"sft_steps": 4, "sft_dataset": "c.jsonl", "number_of_steps": 4}).config.sft_steps == 4

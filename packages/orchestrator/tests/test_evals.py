@@ -171,7 +171,7 @@ class _Remote:
 class FakeTrainer:
     def __init__(self):
         self.published: list[tuple[int, str]] = []
-        self.train_step = _Remote(lambda shard, step: {"loss": 0.0, "grad_norm": 1.0})
+        self.train_step = _Remote(lambda shard, step, objective: {"loss": 0.0, "grad_norm": 1.0})
         self.publish = _Remote(self._publish)
         self.drain_spans = _Remote(lambda: [{"step": 1, "name": "train_step", "rank": 0}])
 
@@ -441,7 +441,7 @@ async def test_ctrl_c_while_waiting_for_a_periodic_eval_still_records_the_traine
         tmp_path, eval_num_servers=1, evals=[{"name": "quiz", "eval_every": 2}]
     )
     trained = []
-    ctx.trainers[0].train_step = _Remote(lambda shard, step: trained.append(step) or {"loss": 0.0})
+    ctx.trainers[0].train_step = _Remote(lambda shard, step, objective: trained.append(step) or {"loss": 0.0})
 
     async def hang(*, step, names, servers):
         await asyncio.sleep(3600 if step == 2 else 0)
@@ -490,7 +490,7 @@ async def test_a_step_that_fails_beside_a_periodic_eval_stops_it(tmp_path):
         tmp_path, number_of_steps=7, hold=100, evals=[{"name": "quiz", "eval_every": 3}]
     )
 
-    def train(shard, step):
+    def train(shard, step, objective):
         if step == 5:
             raise RuntimeError("trainer died")
         return {"loss": 0.0}

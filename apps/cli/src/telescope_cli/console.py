@@ -28,8 +28,12 @@ __all__ = ["Console", "step_stats"]
 
 
 def step_stats(metrics: dict[str, Any]) -> str:
-    """The numbers of one step's line: reward, tokens per second, step time, async level."""
+    """The numbers of one step's line: reward, tokens per second, step time, async level (a
+    supervised step: its loss instead of a reward)."""
     nan = float("nan")
+    if "sft/loss" in metrics:
+        tps, step_s = metrics.get("throughput/tokens_per_s", nan), metrics.get("timing/step_s", nan)
+        return f"sft loss {metrics['sft/loss']:.3f}  {tps:,.0f} tok/s  time {step_s:.1f} s"
     reward = metrics.get("reward/mean", nan)
     tps = metrics.get("throughput/tokens_per_s", nan)
     step_s = metrics.get("timing/step_s", nan)

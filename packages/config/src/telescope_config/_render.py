@@ -37,6 +37,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("Megatron backend (ignored unless train_backend is megatron)", "megatron_tensor_parallel_size"),
     ("Algorithm and loss", "algorithm"),
     ("Teacher and reference model", "teacher_model"),
+    ("Supervised fine-tuning", "sft_steps"),
     ("Sample filters and reward shaping", "filter_overlong"),
     ("Weight synchronisation, trainer to vLLM", "weight_broadcast_mode"),
     ("Sequence packing", "seq_len"),

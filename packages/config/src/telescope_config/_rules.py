@@ -148,6 +148,25 @@ def _opd_and_its_teacher(c: TelescopeConfig) -> Iterator[Violation]:
         )
 
 
+@_rule("sft_steps", "sft_dataset", "number_of_steps")
+def _sft_steps_need_conversations(c: TelescopeConfig) -> Iterator[Violation]:
+    if c.sft_steps and c.sft_dataset is None:
+        yield Violation(
+            "sft_dataset",
+            c.sft_dataset,
+            f"sft_steps is {c.sft_steps} and there is no sft_dataset to train on",
+            "set sft_dataset to a .jsonl/.parquet file of conversations (rows with `messages`) or a "
+            "Hugging Face dataset id, or sft_steps: 0",
+        )
+    if c.sft_steps > c.number_of_steps:
+        yield Violation(
+            "sft_steps",
+            c.sft_steps,
+            f"sft_steps ({c.sft_steps}) are counted in number_of_steps ({c.number_of_steps}), which is fewer",
+            f"set number_of_steps to at least {c.sft_steps} (the RL steps follow the supervised ones)",
+        )
+
+
 @_rule("teacher_num_workers", "teacher_tensor_parallel_size")
 def _whole_teacher_servers(c: TelescopeConfig) -> Iterator[Violation]:
     if c.teacher_num_workers % c.teacher_tensor_parallel_size:

@@ -584,6 +584,28 @@ class TelescopeConfig(BaseModel):
         "1 - log-ratio; never negative, lower variance)."
     )
 
+    # Supervised fine-tuning
+    sft_steps: int = Field(
+        ge=0,
+        description="The first sft_steps steps of the run are supervised steps on sft_dataset (counted in "
+        "number_of_steps; the RL steps follow, from the fine-tuned weights), >= 0; 0: none. Each trains "
+        "on the assistant's tokens of sft_batch_size conversations (docs/algorithms.md#sft).",
+    )
+    sft_dataset: str | None = Field(
+        description="Conversations for the supervised steps: a local .jsonl, .json or .parquet file, or a "
+        "Hugging Face dataset id (its sft_dataset_split). Each row holds `messages` (role system, user, "
+        "assistant or tool, content, and tool_calls on assistant messages) and may hold `tools`. null: "
+        "none; sft_steps > 0 needs one.",
+    )
+    sft_dataset_split: str = Field(
+        min_length=1, description="The split of a Hugging Face sft_dataset (a local file has one)."
+    )
+    sft_batch_size: int = Field(
+        ge=1,
+        description="Conversations per supervised step, >= 1; they go through the dataset in a seeded "
+        "order, a new one each pass.",
+    )
+
     # Filters and reward shaping
     filter_overlong: bool = Field(
         description="Leave out of the loss completions cut off at max_tokens (no end-of-sequence token), "

@@ -423,6 +423,17 @@ class RunRecords:
         except Exception as exc:  # a record must never stop a run
             log.warning("could not record the run's setup", table=table, error=repr(exc))
 
+    def write_supervised(
+        self, step: int, spans: Sequence[dict[str, Any]], events: list[dict[str, Any]]
+    ) -> None:
+        """A supervised step's record (``sft_steps``: conversations, no samples): its trainer spans
+        and orchestrator events."""
+        if self.steps_off:
+            return
+        self.writer.write_step("trainer_spans", step, spans)
+        self.last_step = max(self.last_step, step)
+        self.flush_events(step, events=events)
+
     def write_checkpoint(
         self, step: int, spans: Sequence[dict[str, Any]], events: list[dict[str, Any]]
     ) -> None:

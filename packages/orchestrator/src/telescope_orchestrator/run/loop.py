@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from telescope_orchestrator.cluster.cores import CoreLease
     from telescope_orchestrator.record.lines import MetricsLines
     from telescope_orchestrator.run.report import Reporter
+    from telescope_orchestrator.run.sft import SupervisedBatches
     from telescope_orchestrator.run.weights import WeightUpdates
     from telescope_rollout import EvalRunner, InferenceClient, RolloutEngine
     from telescope_sandbox import SandboxPool
@@ -114,6 +115,8 @@ class LoopContext:
     """Set when ``stop_requested`` stopped the run before its last step."""
     cores: CoreLease | None = None
     """The servers' cores, lent to the trainer ranks while nothing generates (``cluster.cores``)."""
+    sft: SupervisedBatches | None = None
+    """The conversations of the run's supervised steps (``sft_steps``; ``run.sft``), or None."""
     scorer_clients: list[InferenceClient] = field(default_factory=list["InferenceClient"])
     """The clients of the teacher's and reference model's servers (``run.scorers``), closed at the end."""
 
@@ -245,11 +248,13 @@ async def training_loop(ctx: LoopContext) -> None:
         records.flush_events(ctx.start_step, tag=f"startup-a{records.attempt:03d}")
         async with ctx.client:
             await evals.before_training()
+            await _supervised_steps(ctx)
             async with ctx.engine:
                 if ctx.supervisor is not None:
                     ctx.supervisor.start()
                 try:
-                    for step in range(ctx.start_step + 1, ctx.config.number_of_steps + 1):
+                    end = ctx.last_step if ctx.stopped else ctx.config.number_of_steps  # stopped in the SFT
+                    for step in range(ctx.last_step + 1, end + 1):
                         await _step(ctx, evals, step)
                         if step < ctx.config.number_of_steps and ctx.stop_requested():
                             ctx.stopped = True
@@ -287,8 +292,66 @@ async def _checkpoint_before_stopping(ctx: LoopContext) -> None:
         log.error("checkpoint before stopping failed", step=step, error=f"{type(exc).__name__}: {exc}")
 
 
+async def _supervised_steps(ctx: LoopContext) -> None:
+    """The run's supervised steps not trained yet (``sft_steps``, before the engine starts), then
+    their weights onto the servers, where the RL steps begin (docs/algorithms.md#sft)."""
+    last = int(ctx.config.sft_steps)
+    if ctx.sft is None or ctx.last_step >= last:
+        return
+    for step in range(ctx.last_step + 1, last + 1):
+        await _supervised_step(ctx, step)
+        if ctx.stop_requested() and step < ctx.config.number_of_steps:
+            ctx.stopped = True
+            if ctx.config.checkpoint_every:
+                await _checkpoint_before_stopping(ctx)
+            return
+    # as after a resume at step `last`: the engine counts from there, every server holds its weights
+    from telescope_orchestrator.run.startup import resumed_engine_state
+
+    ctx.engine.load_state_dict(resumed_engine_state(ctx.engine.state_dict(), last))
+    await _gather([a.publish.remote(last) for a in ctx.trainers])
+    ctx.weights.resumed(last)
+
+
+async def _supervised_step(ctx: LoopContext, step: int) -> None:
+    """One supervised step on its conversations (``run.sft``), its metrics line and record, and its
+    checkpoint when one is due."""
+    assert ctx.sft is not None
+    records = ctx.run.records
+    samples = ctx.sft.samples(step)
+    tokens = sum(len(s.completion_ids) for s in samples)
+    t0 = time.monotonic()
+    with records.phase("train_step", step, samples=len(samples), tokens=tokens):
+        per_rank = await _on_trainers(ctx, f"the training of step {step}", lambda: _train(ctx, samples, step))
+    seconds = time.monotonic() - t0
+    trained = _mean_metrics(per_rank)
+    if ctx.trainer_restarts is not None:
+        ctx.trainer_restarts.trained(step, samples, trained)
+    metrics = {
+        "step": step,
+        "time": time.time(),
+        **trained,
+        "sft/loss": trained.get("loss", float("nan")),
+        "sft/conversations": float(len(samples)),
+        "throughput/tokens_per_s": tokens / max(seconds, 1e-9),
+        "timing/train_s": seconds,
+        "timing/step_s": seconds,
+    }
+    ctx.lines.write(metrics, step=step)
+    ctx.console.step(metrics)
+    log.info("supervised step done", **metrics)
+    spans, events = await _spans(ctx), records.take_events()
+    await asyncio.to_thread(records.write_supervised, step, spans, events)
+    ctx.last_step = step
+    if _should_checkpoint(ctx.config, step):
+        await _on_trainers(
+            ctx, f"the checkpoint of step {step}", lambda: _checkpoint(ctx, step), locked=False
+        )
+
+
 async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[str, float]]:
-    """Pack the step's samples into one list of micro-batches per data-parallel rank and train."""
+    """Pack the step's samples into one list of micro-batches per data-parallel rank and train:
+    supervised for the run's first ``sft_steps`` steps, RL after them."""
     from telescope_algos import pack_samples
     from telescope_algos.backend import pad_multiple
 
@@ -304,7 +367,8 @@ async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[s
     pairs = zip(ctx.trainers, ctx.dp_ranks, strict=True)
     lend = asyncio.create_task(_lend_cores(ctx, step)) if ctx.cores is not None else None
     try:
-        return await _gather([a.train_step.remote(shards[dp], step) for a, dp in pairs])
+        objective = "sft" if step <= cfg.sft_steps else "rl"
+        return await _gather([a.train_step.remote(shards[dp], step, objective) for a, dp in pairs])
     finally:
         if lend is not None:
             lend.cancel()

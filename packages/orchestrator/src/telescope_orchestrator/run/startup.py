@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from telescope_orchestrator.cluster.cores import CoreLease
     from telescope_orchestrator.run.report import Reporter
     from telescope_orchestrator.run.scorers import ScorerModel
+    from telescope_orchestrator.run.sft import SupervisedBatches
     from telescope_orchestrator.run.wiring import EngineParts
     from telescope_rollout import Tokenizer
     from telescope_rollout.envs import BuiltEnvironment
@@ -308,6 +309,7 @@ def _start(state: _Run) -> Any:
         trainer_restarts=restarts,
         cores=_lent_cores(state),
         scorer_clients=parts.scorer_clients,
+        sft=inputs.sft,
     )
 
 
@@ -501,6 +503,8 @@ class _Inputs:
     """The checkpoint to resume and its meta.json, when ``resume_from_checkpoint`` is set."""
     scorers: list[ScorerModel]
     """The teacher and reference model the run serves beside the policy (``run.scorers``)."""
+    sft: SupervisedBatches | None = None
+    """The conversations of the supervised steps (``sft_steps``; ``run.sft``), or None."""
 
 
 def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: list[Any]) -> _Inputs:
@@ -539,7 +543,22 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
         if problem is not None:
             raise TrainError(problem)
     scorers = _scorer_models(cfg, model_path, tokenizer, console)
-    return _Inputs(built, model_path, tokenizer, resume, scorers)
+    return _Inputs(built, model_path, tokenizer, resume, scorers, _conversations(cfg, tokenizer, console))
+
+
+def _conversations(cfg: TelescopeConfig, tokenizer: Tokenizer, console: Any) -> SupervisedBatches | None:
+    """The phase "conversations for the supervised steps": every row read and tokenized now."""
+    from telescope_orchestrator.run.sft import SftDataError, SupervisedBatches, load_conversations
+
+    if not cfg.sft_steps:
+        return None
+    with console.phase("conversations for the supervised steps"):
+        try:
+            conversations = load_conversations(cfg, tokenizer)
+        except SftDataError as err:
+            raise TrainError(str(err)) from None
+    log.info("supervised conversations", count=len(conversations), steps=cfg.sft_steps)
+    return SupervisedBatches(conversations, int(cfg.sft_batch_size), int(cfg.seed))
 
 
 def _scorer_models(

