@@ -63,13 +63,16 @@ def test_truncation_and_first_token_and_logprob_length():
 
 
 def test_teacher_and_reference_logprobs_are_packed_like_the_rollout_ones():
-    # a has teacher logprobs, b none (→ 0.0 like a missing rollout logprob); nobody has reference ones
+    # a None entry → 0.0 like a missing rollout logprob; nobody has reference ones
     a = sample(2, 2, teacher_logprobs=[-0.5, None])
-    b = sample(1, 1)
+    b = sample(1, 1, teacher_logprobs=[-1.5])
     [[mb]] = ta.pack_samples([a, b], seq_len=16, pad_to_multiple_of=3)
     assert mb.ref_logprobs is None
     assert mb.teacher_logprobs is not None
-    assert_close(mb.teacher_logprobs, torch.tensor([[0.0, 0.0, -0.5, 0.0, 0.0, 0.0]]))
+    assert_close(mb.teacher_logprobs, torch.tensor([[0.0, 0.0, -0.5, 0.0, 0.0, -1.5]]))
+    # a step where some samples have them and others not: refused (0.0 would read as a sure teacher)
+    with pytest.raises(ValueError, match="1 of 2 samples have no teacher_logprobs"):
+        ta.pack_samples([a, sample(1, 1)], seq_len=16)
     # branches of a shared prompt keep their own tokens' values
     c = sample(2, 2, ref_logprobs=[-1.0, -2.0])
     d = sample(2, 2, ref_logprobs=[-3.0, -4.0])

@@ -72,3 +72,13 @@ def test_top_p_warns_only_with_a_term_that_compares_logprobs():
     gspo = _checks.truncated_sampling_warning(_config(top_p=0.9, algorithm="gspo"))
     assert gspo is not None
     assert "the gspo ratio compare" in gspo
+
+
+def test_a_teacher_or_reference_at_another_temperature_warns():
+    assert _checks.frozen_model_temperature_warning(_config(temperature=0.7)) is None  # neither
+    assert _checks.frozen_model_temperature_warning(_config(ref_kl_coef=0.1)) is None  # at 1.0
+    warning = _checks.frozen_model_temperature_warning(_config(ref_kl_coef=0.1, temperature=0.7))
+    assert warning is not None
+    assert "temperature is 0.7" in warning
+    assert "ref_kl_coef" in warning
+    assert "temperature: 1.0" in warning

@@ -78,24 +78,24 @@ def tis_weights(
         raise ValueError(f"unknown tis_mode {mode!r}; known: truncate, icepop")
 
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_ESTIMATORS = ("k2", "k3")
+"""The penalty's estimators. Not k1 (δ): on the policy's own samples its gradient is zero in
+expectation (E[∇ℓ] = 0), so as a loss term it only adds noise."""
 
 
 def kl_penalty(
     logprobs: torch.Tensor,
     other_logprobs: torch.Tensor,
     *,
-    estimator: Literal["k1", "k2", "k3"] | str = "k2",
+    estimator: Literal["k2", "k3"] | str = "k2",
 ) -> torch.Tensor:
     """Per-token KL penalty toward another policy (Schulman, "Approximating KL divergence", 2020):
     the rollout policy (``kl_penalty_tau``) or the frozen reference model (``ref_kl_coef``).
 
-    δ = ℓ − ℓ^other. ``k1``: δ. ``k2``: δ² (without the usual ½). ``k3``: ``e^{−δ} − 1 + δ`` with δ
+    δ = ℓ − ℓ^other. ``k2``: δ² (without the usual ½). ``k3``: ``e^{−δ} − 1 + δ`` with δ
     clamped to ±20 and the result capped at 10. Differentiable through ``logprobs``.
     """
     delta = logprobs - other_logprobs
-    if estimator == "k1":
-        return delta
     if estimator == "k2":
         return delta.square()
     if estimator == "k3":

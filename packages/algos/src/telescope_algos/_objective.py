@@ -69,9 +69,9 @@ class LossOptions:
     seq_is_mask_low: float = 0.8
     seq_is_mask_high: float = 1.2
     kl_penalty_tau: float = 0.0
-    kl_estimator: Literal["k1", "k2", "k3"] | str = "k2"
+    kl_estimator: Literal["k2", "k3"] | str = "k2"
     ref_kl_coef: float = 0.0
-    ref_kl_estimator: Literal["k1", "k2", "k3"] | str = "k3"
+    ref_kl_estimator: Literal["k2", "k3"] | str = "k3"
     distill_coef: float = 1.0
     distill_reward_weight: float = 0.0
     entropy_coef: float = 0.0

@@ -279,6 +279,11 @@ def pack_samples(
             f"got {seq_len}, {pad_to_multiple_of}, {num_ranks}"
         )
     side = [name for name in _SIDE_LOGPROBS if any(getattr(s, name) is not None for s in samples)]
+    for name in side:
+        if missing := sum(getattr(s, name) is None for s in samples):
+            raise ValueError(
+                f"{missing} of {len(samples)} samples have no {name}: give them to every sample or none"
+            )
     prepared = [_prepare(s, seq_len, side) for s in samples]
     items = _families(prepared, seq_len) if share_prompts else [[p] for p in prepared]
     bins = first_fit_decreasing([sum(p.ids.size for p in item) for item in items], seq_len)

@@ -109,21 +109,26 @@ SFT_OPTIONS = LossOptions()
 @dataclass(frozen=True)
 class StepPlan:
     """What a train step's objective changes: its loss options, whether it starts with a pass for
-    π_old, how many optimizer updates it takes, and whether it is supervised (no rollout, teacher or
-    reference logprobs: :func:`micro_batch_loss` leaves them out)."""
+    π_old, how many optimizer updates it takes, whether it is supervised (no rollout, teacher or
+    reference logprobs: :func:`micro_batch_loss` leaves them out), and the temperature of its
+    logprobs (the sampling temperature for RL; 1 for SFT: the model's own likelihood)."""
 
     options: LossOptions
     needs_old: bool
     minibatches: int
     sft: bool
+    temperature: float
 
     @classmethod
     def of(cls, objective: str, config: Any, options: LossOptions) -> StepPlan:
         """The plan of ``objective`` (:data:`OBJECTIVES`) for a run ``config`` whose loss is ``options``."""
         if objective == "rl":
-            return cls(options, needs_old_logprobs(config), int(config.number_of_minibatches), sft=False)
+            minibatches = int(config.number_of_minibatches)
+            return cls(
+                options, needs_old_logprobs(config), minibatches, sft=False, temperature=config.temperature
+            )
         if objective == "sft":
-            return cls(SFT_OPTIONS, needs_old=False, minibatches=1, sft=True)
+            return cls(SFT_OPTIONS, needs_old=False, minibatches=1, sft=True, temperature=1.0)
         raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
 
 

@@ -54,7 +54,7 @@ def _resume_from_checkpoint(value: object) -> object:
 Dtype = Literal["float32", "float16", "bfloat16"]
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 Algorithm = Literal["grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo", "opd"]
-KlEstimator = Literal["k1", "k2", "k3"]
+KlEstimator = Literal["k2", "k3"]
 CheckpointEvery = Annotated[Annotated[int, Field(ge=0)] | Literal[False], BeforeValidator(_checkpoint_every)]
 ResumeFrom = Annotated[bool | Annotated[int, Field(ge=1)], BeforeValidator(_resume_from_checkpoint)]
 
@@ -513,8 +513,8 @@ class TelescopeConfig(BaseModel):
         "ref_kl_coef.",
     )
     kl_estimator: KlEstimator = Field(
-        description="Estimator of the KL penalty: k1 (log-ratio), k2 (squared log-ratio) or k3 (ratio - 1 - "
-        "log-ratio; never negative, lower variance)."
+        description="Estimator of the KL penalty: k2 (squared log-ratio) or k3 (ratio - 1 - log-ratio; never "
+        "negative, lower variance)."
     )
     entropy_coef: float = Field(
         ge=0,
@@ -564,7 +564,8 @@ class TelescopeConfig(BaseModel):
     )
     ref_model: str | None = Field(
         description="The frozen reference model of the reference KL: a Hugging Face model id or a local "
-        "folder, served by vLLM servers of its own. null: the run's model as it was at step 0. Setting "
+        "folder, served by vLLM servers of its own. null: the run's model as it was at step 0 (before any "
+        "sft_steps: give the fine-tuned folder to stay near it). Setting "
         "it (or ref_kl_coef > 0) starts the reference servers; with ref_kl_coef 0 the run only "
         "records ref_kl.",
     )
@@ -580,8 +581,8 @@ class TelescopeConfig(BaseModel):
         "pulls toward a model that never changes (the classic RLHF KL).",
     )
     ref_kl_estimator: KlEstimator = Field(
-        description="Estimator of the reference KL: k1 (log-ratio), k2 (squared log-ratio) or k3 (ratio - "
-        "1 - log-ratio; never negative, lower variance)."
+        description="Estimator of the reference KL: k2 (squared log-ratio) or k3 (ratio - 1 - log-ratio; "
+        "never negative, lower variance)."
     )
 
     # Supervised fine-tuning

@@ -117,6 +117,8 @@ class FSDPTrainer:
         )
         self.scheduler = build_lr_scheduler(self.optimizer, config)
         self._loss_options = loss_options(config)
+        self._temperature = float(config.temperature)
+        """The temperature of this step's logprobs (``StepPlan.temperature``)."""
         self.row_multiple = row_multiple(context_parallel=self.cp_size)
         attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
         self.shares_prompts = attention == PACKED_SDPA
@@ -152,6 +154,7 @@ class FSDPTrainer:
             counts = step_counts(mbs, groups, device=self.device, copies=self.cp_size)
         metrics = StepMetrics()
         self.model.train()
+        self._temperature = plan.temperature
         old = self._old_logprobs(mbs, log) if plan.needs_old else [None] * len(mbs)
         lr = float(self.optimizer.param_groups[0]["lr"])
         for g, indices in enumerate(groups):
@@ -340,14 +343,14 @@ class FSDPTrainer:
                 mb,
                 self._cp,
                 device=self.device,
-                temperature=self.config.temperature,
+                temperature=self._temperature,
                 chunk_size=self.config.entropy_chunk_size,
             )
         return _step.forward_logprobs(
             self.model,
             mb,
             device=self.device,
-            temperature=self.config.temperature,
+            temperature=self._temperature,
             chunk_size=self.config.entropy_chunk_size,
         )
 

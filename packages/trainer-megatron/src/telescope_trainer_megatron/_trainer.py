@@ -201,6 +201,8 @@ class MegatronTrainer:
         self._closed = False
         self._plan: ExportPlan | None = None
         self._loss_options = loss_options(config)
+        self._temperature = float(config.temperature)
+        """The temperature of this step's logprobs (``StepPlan.temperature``)."""
         self._lr_multiplier = lr_schedule(config)  # a bad schedule fails here, with its message
         self.timeline = Timeline(self._device)
         """Spans of every step, checkpoint and weight export on this rank; the caller drains it."""
@@ -282,6 +284,7 @@ class MegatronTrainer:
         ``scheduler_step``. ``objective``: ``rl`` or ``sft`` (``telescope_algos.backend.StepPlan``).
         """
         plan = StepPlan.of(objective, self.config, self._loss_options)
+        self._temperature = plan.temperature
         self.timeline.set_step(step)
         with self.timeline.span("train_step"):
             return self._train_step(micro_batches, step, plan)
@@ -548,7 +551,7 @@ class MegatronTrainer:
             logits,
             batch.labels,
             vocab_size=self.arch.vocab_size,
-            temperature=self.config.temperature,
+            temperature=self._temperature,
             group=self.tp_group,
             chunk_size=self.config.entropy_chunk_size,
         )

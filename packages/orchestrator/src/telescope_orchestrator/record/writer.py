@@ -430,9 +430,12 @@ class RunRecords:
         and orchestrator events."""
         if self.steps_off:
             return
-        self.writer.write_step("trainer_spans", step, spans)
-        self.last_step = max(self.last_step, step)
-        self.flush_events(step, events=events)
+        try:
+            self.writer.write_step("trainer_spans", step, spans)
+            self.last_step = max(self.last_step, step)
+            self.flush_events(step, events=events)
+        except Exception as exc:  # a record must never stop a run
+            log.warning("supervised step records not written", step=step, error=repr(exc))
 
     def write_checkpoint(
         self, step: int, spans: Sequence[dict[str, Any]], events: list[dict[str, Any]]

@@ -97,6 +97,8 @@ def truncated_sampling_warning(cfg: TelescopeConfig) -> str | None:
         # with ppo_clip_ref_logprobs "batch" the ratio is against the trainer's own pre-update pass
         ratio_name: ratio and cfg.ppo_clip_ref_logprobs == "rollout",
         "kl_penalty_tau": cfg.kl_penalty_tau > 0,
+        "algorithm opd (its teacher's logprobs)": cfg.algorithm == "opd",
+        "ref_kl_coef": cfg.ref_kl_coef > 0,
         "seq_is_masking": bool(cfg.seq_is_masking),
         "filter_gibberish": bool(cfg.filter_gibberish),
     }
@@ -108,4 +110,21 @@ def truncated_sampling_warning(cfg: TelescopeConfig) -> str | None:
         f"distribution and the trainer's are not, so {', '.join(on)} compare two different distributions "
         "(per token, the trainer's are lower by -log of the kept probability mass). Set top_p: null "
         "for exact comparisons."
+    )
+
+
+def frozen_model_temperature_warning(cfg: TelescopeConfig) -> str | None:
+    """A warning when a teacher or reference model meets a sampling temperature other than 1: their
+    servers give the logprobs of the raw distribution (temperature 1), the sampler's and the
+    trainer's are at the sampling temperature, so the teacher term or the reference KL compares two
+    different distributions."""
+    uses = [
+        n for n, on in (("algorithm opd", cfg.algorithm == "opd"), ("ref_kl_coef", cfg.ref_kl_coef > 0)) if on
+    ]
+    if not uses or cfg.temperature == 1.0:
+        return None
+    return (
+        f"temperature is {cfg.temperature}: the teacher's and reference model's logprobs are those of their "
+        f"raw distribution (temperature 1), so {', '.join(uses)} compare them with a tempered one. Set "
+        "temperature: 1.0 for on-policy distillation and the reference KL."
     )

@@ -268,8 +268,8 @@ async def training_loop(ctx: LoopContext) -> None:
                     if ctx.supervisor is not None:
                         await ctx.supervisor.close()
                     await evals.close()
-                    for scorer_client in ctx.scorer_clients:
-                        await scorer_client.aclose()
+            for scorer_client in ctx.scorer_clients:  # after the engine: no sample is being scored
+                await scorer_client.aclose()
     finally:
         from telescope_orchestrator.run.sandboxes import close_sandboxes
 
@@ -309,7 +309,12 @@ async def _supervised_steps(ctx: LoopContext) -> None:
     from telescope_orchestrator.run.startup import resumed_engine_state
 
     ctx.engine.load_state_dict(resumed_engine_state(ctx.engine.state_dict(), last))
-    await _gather([a.publish.remote(last) for a in ctx.trainers])
+    await _on_trainers(
+        ctx,
+        f"the weight update of step {last}",
+        lambda: _gather([a.publish.remote(last) for a in ctx.trainers]),
+        locked=False,
+    )
     ctx.weights.resumed(last)
 
 

@@ -513,7 +513,11 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
     Everything here fails with a ``TrainError`` before any process starts; ``sandboxes`` receives
     the pools as they are built (the caller closes them).
     """
-    from telescope_orchestrator.run.checks import backend_problem, truncated_sampling_warning
+    from telescope_orchestrator.run.checks import (
+        backend_problem,
+        frozen_model_temperature_warning,
+        truncated_sampling_warning,
+    )
     from telescope_orchestrator.run.models import resolve_model
     from telescope_orchestrator.run.sandboxes import SandboxSetupError
     from telescope_orchestrator.run.wiring import DatasetError, build_training_environments, load_datasets
@@ -521,9 +525,10 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
 
     if (problem := backend_problem(cfg.train_backend, lora=cfg.lora_rank > 0)) is not None:
         raise TrainError(problem)
-    if (warning := truncated_sampling_warning(cfg)) is not None:
-        log.warning("truncated sampling", detail=warning)
-        console.warning(warning)
+    for warning in (truncated_sampling_warning(cfg), frozen_model_temperature_warning(cfg)):
+        if warning is not None:
+            log.warning("sampling settings", detail=warning)
+            console.warning(warning)
     resume = None
     if cfg.resume_from_checkpoint:
         resume = _choose_checkpoint(cfg, run.checkpoints(cfg.checkpoint_dir))
@@ -543,7 +548,9 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
         if problem is not None:
             raise TrainError(problem)
     scorers = _scorer_models(cfg, model_path, tokenizer, console)
-    return _Inputs(built, model_path, tokenizer, resume, scorers, _conversations(cfg, tokenizer, console))
+    resumed_at = int(resume[1]["step"]) if resume is not None else 0
+    sft = _conversations(cfg, tokenizer, console) if resumed_at < cfg.sft_steps else None
+    return _Inputs(built, model_path, tokenizer, resume, scorers, sft)
 
 
 def _conversations(cfg: TelescopeConfig, tokenizer: Tokenizer, console: Any) -> SupervisedBatches | None:

@@ -53,6 +53,17 @@ def _check(messages: list[Message]) -> None:
         raise ValueError("the conversation has no assistant message: nothing to train on")
 
 
+def _generation_prompt(template: Any, messages: list[Message], tools: Any) -> str:
+    """The rendering of ``messages`` with the generation prompt; for none, the template's own
+    opening (a default system prompt) when it renders an empty conversation."""
+    if messages:
+        return str(template.render(messages, add_generation_prompt=True, tools=tools))
+    try:
+        return str(template.render([], add_generation_prompt=True, tools=tools))
+    except TemplateError:
+        return ""
+
+
 def _assistant_spans(
     tokenizer: Tokenizer, messages: list[Message], tools: Any
 ) -> tuple[str, list[tuple[int, int]]]:
@@ -67,7 +78,7 @@ def _assistant_spans(
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = template.render(messages[:i], add_generation_prompt=True, tools=tools) if i else ""
+        before = _generation_prompt(template, messages[:i], tools)
         if not text.startswith(before):
             raise TemplateError(
                 f"the chat template renders the conversation differently from the messages before assistant "
@@ -75,13 +86,14 @@ def _assistant_spans(
                 "a template that renders each message on its own"
             )
         start = len(before)
-        end = text.find(eos, start) if eos else -1
-        if end >= 0:
-            end += len(eos)
-        else:
-            through = template.render(messages[: i + 1], tools=tools)
-            end = len(through) if text.startswith(through) else len(text)
-        spans.append((start, end))
+        # the span ends within the rendering through this message (rendered as the last one, a turn
+        # may hold more, e.g. an empty think block: never less), at the end-of-turn token if any
+        through = template.render(messages[: i + 1], tools=tools)
+        limit = (
+            len(through) if text.startswith(through) else min(len(text), start + len(through) - len(before))
+        )
+        end = text.find(eos, start, limit) if eos else -1
+        spans.append((start, end + len(eos) if end >= 0 else limit))
     return text, spans
 
 

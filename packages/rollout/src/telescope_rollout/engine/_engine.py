@@ -704,6 +704,9 @@ class RolloutEngine:
             if isinstance(result, InferenceError):
                 out.error = "scoring_error"
                 out.error_detail = f"the {scorer.name} model's server failed: {result}"
+            elif isinstance(result, Exception):  # a scorer's bug: the sample fails, the group ends
+                out.error = "scoring_error"
+                out.error_detail = f"the {scorer.name} scorer raised {type(result).__name__}: {result}"
             elif isinstance(result, BaseException):
                 raise result
             else:
