@@ -257,10 +257,8 @@ def _start(state: _Run) -> Any:
     resolved, run, console = state.resolved, state.run, state.console
     cfg = resolved.config
     inputs = _prepare_inputs(cfg, run, console, state.sandboxes)
-    run.records.open(
-        resume_from=int(inputs.resume[1]["step"]) if inputs.resume is not None else None,
-        flush_every_s=float(cfg.event_upload_interval_seconds),
-    )
+    resume_from = int(inputs.resume[1]["step"]) if inputs.resume is not None else None
+    run.records.open(resume_from=resume_from, flush_every_s=float(cfg.event_upload_interval_seconds))
     with console.phase("Ray"):
         state.cluster.start(run_env=_actor_env(cfg, run))
     servers, trainers, infos, scoring = _start_workers(state.cluster, resolved, inputs, run, console)
@@ -622,25 +620,33 @@ def _choose_checkpoint(cfg: TelescopeConfig, root: Path) -> tuple[Path, dict[str
     return path, meta
 
 
+def _server_settings(cfg: TelescopeConfig, model_path: str, *, gpu: bool) -> tuple[Any, dict[str, Any]]:
+    """The policy servers' ``ServerSettings``, and as the fields an actor takes."""
+    import dataclasses
+
+    from telescope_orchestrator.cluster.vllm_server import ServerSettings
+
+    device = "cuda" if gpu else "cpu"
+    own = ServerSettings.from_config(
+        cfg, model=model_path, device=device, seed=cfg.seed, host=cfg.inference_host
+    )
+    settings = dataclasses.asdict(own)
+    settings["extra_args"] = tuple(settings["extra_args"])
+    return own, settings
+
+
 def _start_workers(
     cluster: Any, resolved: Any, inputs: _Inputs, run: RunDir, console: Any
 ) -> tuple[list[dict[str, Any]], list[Any], list[Any], list[dict[str, Any]]]:
     """Place the vLLM servers (the policy's, then the teacher's and reference model's) and the trainer
     ranks, start them concurrently, wait for all. Returns the policy servers, the trainer ranks, their
     infos and the scorer servers (each with its ``scorer`` name)."""
-    import dataclasses
-
-    from telescope_orchestrator.cluster.vllm_server import ServerSettings, ServerStartError
+    from telescope_orchestrator.cluster.vllm_server import ServerStartError
     from telescope_orchestrator.run.scorers import scorer_launches
 
-    cfg, model_path = resolved.config, inputs.model_path
+    cfg = resolved.config
     count = cfg.num_inference_servers
-    device = "cuda" if cluster.gpu else "cpu"
-    own = ServerSettings.from_config(
-        cfg, model=model_path, device=device, seed=cfg.seed, host=cfg.inference_host
-    )
-    settings = dataclasses.asdict(own)
-    settings["extra_args"] = tuple(settings["extra_args"])
+    own, settings = _server_settings(cfg, inputs.model_path, gpu=cluster.gpu)
     scoring = scorer_launches(cfg, inputs.scorers, own, run.path, cfg.inference_base_port + count)
     launches = [
         {
@@ -663,7 +669,9 @@ def _start_workers(
             lend = why_no_restarts(cfg) is not None
             if not lend and cluster.lendable():
                 log.info("the servers' idle cores are not lent: trainer restarts replay steps exactly")
-            trainers = cluster.place_trainers(model_path, str(run.path / "logs" / "trainer"), lend=lend)
+            trainers = cluster.place_trainers(
+                inputs.model_path, str(run.path / "logs" / "trainer"), lend=lend
+            )
             setting_up = start_all(trainers, "setup")  # loads the model while vLLM boots
             call_all([*actors, *scorer_actors], "wait_healthy", float(cfg.ray_placement_timeout_s))
             infos = wait_all(setting_up)

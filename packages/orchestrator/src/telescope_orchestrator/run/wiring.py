@@ -163,6 +163,28 @@ class EngineParts:
     """The clients of the teacher's and reference model's servers (the caller closes them)."""
 
 
+def _evals(
+    cfg: TelescopeConfig, tokenizer: Tokenizer, client: Any, settings: Any, built: list[BuiltEnvironment]
+) -> tuple[EvalRunner | None, list[SandboxPool], dict[str, Any]]:
+    """The evals' runner (datasets loaded), their sandbox pools, and the items they hold out of
+    training; nothing when the config lists no evals."""
+    from telescope_orchestrator.run.sandboxes import attach_sandboxes
+    from telescope_rollout import EvalRunner
+
+    if not cfg.evals:
+        return None, [], {}
+    evals = EvalRunner(cfg.evals, tokenizer=tokenizer, client=client, settings=settings)
+    evals.load()
+    specs = {spec.name: spec for spec in evals.specs}
+    pools = attach_sandboxes(
+        (n, env, specs[n].kwargs if n in specs else {}) for n, env in evals.environments.items()
+    )
+    held_out = evals.exclusions(built)
+    for name, indices in held_out.items():
+        log.info("eval samples held out of training", environment=name, samples=len(indices))
+    return evals, pools, held_out
+
+
 def build_engine(
     cfg: TelescopeConfig,
     tokenizer: Tokenizer,
@@ -184,35 +206,21 @@ def build_engine(
     too, so that ``separate_eval_samples`` can hold their items out of the training sampler; eval
     environments that run code get their sandbox pools here.
     """
-    from telescope_orchestrator.run.sandboxes import attach_sandboxes
+    from telescope_orchestrator.run.scorers import token_scorers
     from telescope_rollout import (
         EngineSettings,
-        EvalRunner,
         InferenceClient,
         MultiEnvSampler,
         RolloutEngine,
         SamplerEntry,
     )
 
-    pools: list[SandboxPool] = []
     client = InferenceClient(urls, timeout_s=1200.0, model=served_model(cfg))
     settings = EngineSettings.from_config(cfg)
-    evals, held_out = None, {}
-    if cfg.evals:
-        evals = EvalRunner(cfg.evals, tokenizer=tokenizer, client=client, settings=settings)
-        evals.load()
-        specs = {spec.name: spec for spec in evals.specs}
-        pools = attach_sandboxes(
-            (n, env, specs[n].kwargs if n in specs else {}) for n, env in evals.environments.items()
-        )
-        held_out = evals.exclusions(built)
-        for name, indices in held_out.items():
-            log.info("eval samples held out of training", environment=name, samples=len(indices))
+    evals, pools, held_out = _evals(cfg, tokenizer, client, settings, built)
     entries = [SamplerEntry(b.name, b.weight, len(b.env)) for b in built]
     sampler = MultiEnvSampler(entries, seed=cfg.seed, exclude=held_out)
     advantage_fn, reward_shaping = engine_math(cfg)
-    from telescope_orchestrator.run.scorers import token_scorers
-
     scorers, scorer_clients = token_scorers(scorer_urls or {})
     engine = RolloutEngine(
         settings,

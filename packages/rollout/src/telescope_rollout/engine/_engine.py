@@ -114,6 +114,14 @@ SCORER_NAMES = ("teacher", "ref")
 """The token scorers a run can have: its teacher (on-policy distillation) and its reference model."""
 
 
+def _checked_scorers(scorers: Sequence[TokenScorer]) -> list[TokenScorer]:
+    """The engine's scorers: at most one of each of :data:`SCORER_NAMES`."""
+    names = [scorer.name for scorer in scorers]
+    if sorted(set(names)) != sorted(names) or not set(names) <= set(SCORER_NAMES):
+        raise ValueError(f"scorers are named {names}: at most one of each of {', '.join(SCORER_NAMES)}")
+    return list(scorers)
+
+
 class RolloutError(RuntimeError):
     """The engine cannot go on (every server unreachable, input that can only fail, an internal failure)."""
 
@@ -152,10 +160,7 @@ class RolloutEngine:
         clock: Callable[[], float] | None = None,
         on_event: Callable[[EngineEvent], None] | None = None,
     ):
-        names = [scorer.name for scorer in scorers]
-        if sorted(set(names)) != sorted(names) or not set(names) <= set(SCORER_NAMES):
-            raise ValueError(f"scorers are named {names}: at most one of each of {', '.join(SCORER_NAMES)}")
-        self.scorers = list(scorers)
+        self.scorers = _checked_scorers(scorers)
         self.settings = settings
         self.environments = environments_by_name(environments)
         self.tokenizer = tokenizer
