@@ -74,6 +74,12 @@ def _tiny_model_module():
 
 
 @pytest.fixture(scope="session")
+def tiny_model_tools():
+    """``tools/tiny_model.py`` as a module (``build_tokenizer``, ``build_tiny_teacher``, ...)."""
+    return _tiny_model_module()
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require("transformers", TRANSFORMERS_HINT)
     return _tiny_model_module().build_tiny_model(tmp_path_factory.mktemp("tiny_untied"), tied=False)

@@ -58,6 +58,12 @@ def run_env() -> dict[str, str]:
     return env
 
 
+def convert(checkpoint: Path, out: Path) -> int:
+    """``telescope convert CHECKPOINT OUT`` as a user runs it; its exit code."""
+    cmd = [sys.executable, "-m", "telescope_cli", "convert", str(checkpoint), str(out)]
+    return subprocess.run(cmd, env=run_env(), capture_output=True, check=False).returncode
+
+
 def command(run_dir: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "telescope_cli", "train", "--run-dir", str(run_dir), *args]
 

@@ -15,16 +15,13 @@ model; FSDP; weight sync; tiny offline models).
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from e2e_support import ROOT, SCALE_DOWN, base_args, check_finished, run_env, train
+from e2e_support import ROOT, SCALE_DOWN, base_args, check_finished, convert, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 EXAMPLE = ROOT / "configs" / "examples" / "distill.yaml"
@@ -32,15 +29,6 @@ HELD_OUT = [
     f"What is {a} + {b}? Reply with just the number." for a, b in ((250, 731), (108, 999), (512, 300))
 ]
 """The example's task with operands above its 99: prompts it never trains on."""
-
-
-def _tiny_model_tools():
-    spec = importlib.util.spec_from_file_location("_tiny_model_tools", ROOT / "tools" / "tiny_model.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def held_out_reverse_kl(student: Path, teacher: Path, *, samples: int = 8, tokens: int = 16) -> float:
@@ -77,8 +65,10 @@ def held_out_reverse_kl(student: Path, teacher: Path, *, samples: int = 8, token
 
 
 @pytest.mark.xdist_group("e2e_a")
-def test_a_student_learns_from_its_teacher_and_a_reference_kl_starts_at_zero(tmp_path, tiny_model_dir):
-    teacher = _tiny_model_tools().build_tiny_teacher(tiny_model_dir, tmp_path / "teacher")
+def test_a_student_learns_from_its_teacher_and_a_reference_kl_starts_at_zero(
+    tmp_path, tiny_model_dir, tiny_model_tools
+):
+    teacher = tiny_model_tools.build_tiny_teacher(tiny_model_dir, tmp_path / "teacher")
     steps = 20
     run = train(
         tmp_path / "run", "--config", str(EXAMPLE), *base_args(tiny_model_dir), *SCALE_DOWN,
@@ -107,15 +97,7 @@ def test_a_student_learns_from_its_teacher_and_a_reference_kl_starts_at_zero(tmp
     assert (logs / "ref" / "server_0.log").is_file()
 
     out = tmp_path / "hf"
-    convert = [
-        sys.executable,
-        "-m",
-        "telescope_cli",
-        "convert",
-        str(run.run_dir / "checkpoints" / f"step_{steps}"),
-        str(out),
-    ]
-    assert subprocess.run(convert, env=run_env(), capture_output=True, check=False).returncode == 0
+    assert convert(run.run_dir / "checkpoints" / f"step_{steps}", out) == 0
     shutil.copy(tiny_model_dir / "tokenizer.json", out / "tokenizer.json")
     before = held_out_reverse_kl(tiny_model_dir, teacher)
     after = held_out_reverse_kl(out, teacher)
@@ -125,8 +107,10 @@ def test_a_student_learns_from_its_teacher_and_a_reference_kl_starts_at_zero(tmp
 
 
 @pytest.mark.xdist_group("e2e_a")
-def test_a_teacher_with_another_tokenizer_is_refused_before_any_server_starts(tmp_path, tiny_model_dir):
-    tools = _tiny_model_tools()
+def test_a_teacher_with_another_tokenizer_is_refused_before_any_server_starts(
+    tmp_path, tiny_model_dir, tiny_model_tools
+):
+    tools = tiny_model_tools
     teacher = tmp_path / "teacher"
     shutil.copytree(tiny_model_dir, teacher)
     tools.build_tokenizer(teacher, vocab_size=400)  # other merges: other ids for most tokens

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from e2e_support import (
     ROOT,
+    convert,
     free_port,
     kill_after_checkpoint,
     processes_of,
@@ -104,15 +105,7 @@ def test_kill_resume_and_finish(args, tmp_path: Path, tiny_model_dir: Path):
 
     # `telescope convert` turns the last checkpoint into a folder transformers loads, with trained weights
     out = tmp_path / "hf"
-    convert = [
-        sys.executable,
-        "-m",
-        "telescope_cli",
-        "convert",
-        str(run / "checkpoints" / "step_4"),
-        str(out),
-    ]
-    assert subprocess.run(convert, env=run_env(), capture_output=True, check=False).returncode == 0
+    assert convert(run / "checkpoints" / "step_4", out) == 0
     import torch
     from transformers import AutoModelForCausalLM
 
