@@ -51,3 +51,32 @@ def test_ranks_past_the_timeout_are_killed(tmp_path):
     script.write_text(SCRIPT)
     with pytest.raises(AssertionError, match=r"did not finish within 2 s: exit codes \[-9, -9\]"):
         run_ranks(script, [str(tmp_path), "hang"], world=2, log_dir=tmp_path, timeout_s=2)
+
+
+RACE = """
+import os, sys
+tries = os.path.join(sys.argv[1], "tries_" + os.environ["RANK"])
+ports = open(tries).read().split() if os.path.exists(tries) else []
+open(tries, "w").write(" ".join([*ports, os.environ["MASTER_PORT"]]))
+if len(ports) < int(sys.argv[2]) and os.environ["RANK"] == "0":
+    print("DistNetworkError: The server socket has failed to listen ... EADDRINUSE, address already in use")
+    sys.exit(1)
+"""
+
+
+def test_a_master_port_taken_before_rank_0_binds_it_is_tried_again_on_another_port(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(RACE)
+    run_ranks(script, [str(tmp_path), "1"], world=2, log_dir=tmp_path / "logs")
+    ports = (tmp_path / "tries_0").read_text().split()
+    assert len(ports) == 2
+    assert ports[0] != ports[1]
+
+
+def test_a_port_lost_three_times_is_an_error_with_the_logs(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(RACE)
+    with pytest.raises(AssertionError, match=r"failed: exit codes \[1, 0\]") as err:
+        run_ranks(script, [str(tmp_path), "9"], world=2, log_dir=tmp_path / "logs")
+    assert "EADDRINUSE" in str(err.value)
+    assert len((tmp_path / "tries_0").read_text().split()) == 3

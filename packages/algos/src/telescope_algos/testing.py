@@ -67,6 +67,36 @@ def run_ranks(
     """Run ``script`` on ``world`` ranks (module docstring); ``env``: more variables for every rank."""
     logs = Path(log_dir)
     logs.mkdir(parents=True, exist_ok=True)
+    for attempt in range(3):
+        timed_out, codes = _run_once(script, args, world, logs, timeout_s, env)
+        if not (any(codes) and attempt < 2 and _lost_port_race(logs, world)):
+            break
+    if timed_out or any(codes):
+        why = f"did not finish within {timeout_s:.0f} s" if timed_out else "failed"
+        tails = "\n".join(
+            f"--- rank {r} (exit {codes[r]})\n" + (logs / f"rank_{r}.log").read_text(errors="replace")[-3000:]
+            for r in range(world)
+        )
+        raise AssertionError(f"{Path(script).name} on {world} rank(s) {why}: exit codes {codes}\n{tails}")
+
+
+def _lost_port_race(logs: Path, world: int) -> bool:
+    """True when rank 0 could not listen on ``MASTER_PORT``: another process took the free port between
+    ``free_port()`` and the rank's bind (an outgoing connection may get it from the kernel). The ranks
+    then never started their work, so ``run_ranks`` starts them again on another port."""
+    log = logs / "rank_0.log"
+    return log.exists() and "EADDRINUSE" in log.read_text(errors="replace")
+
+
+def _run_once(
+    script: str | os.PathLike[str],
+    args: Sequence[str],
+    world: int,
+    logs: Path,
+    timeout_s: float,
+    env: Mapping[str, str] | None,
+) -> tuple[bool, list[int | None]]:
+    """Start the ranks on a fresh port and wait; (timed out, exit codes). Every rank is gone on return."""
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     for rank in range(world):
@@ -85,11 +115,4 @@ def run_ranks(
                 p.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=30)
-    codes = [p.returncode for p in procs]
-    if timed_out or any(codes):
-        why = f"did not finish within {timeout_s:.0f} s" if timed_out else "failed"
-        tails = "\n".join(
-            f"--- rank {r} (exit {codes[r]})\n" + (logs / f"rank_{r}.log").read_text(errors="replace")[-3000:]
-            for r in range(world)
-        )
-        raise AssertionError(f"{Path(script).name} on {world} rank(s) {why}: exit codes {codes}\n{tails}")
+    return timed_out, [p.returncode for p in procs]
