@@ -64,8 +64,9 @@ def convert(checkpoint: Path, out: Path) -> int:
     return subprocess.run(cmd, env=run_env(), capture_output=True, check=False).returncode
 
 
-def command(run_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "telescope_cli", "train", "--run-dir", str(run_dir), *args]
+def command(run_dir: Path, *args: str, name: str = "train") -> list[str]:
+    """``telescope <name> --run-dir RUN_DIR ARGS`` (``train``, or ``sft``)."""
+    return [sys.executable, "-m", "telescope_cli", name, "--run-dir", str(run_dir), *args]
 
 
 @dataclass
@@ -96,28 +97,29 @@ class Finished:
         return [row for f in files for row in pq.read_table(f).to_pylist()]
 
 
-def train(run_dir: Path, *args: str, timeout_s: float = 600.0) -> Finished:
-    """Run ``telescope train`` to its end (killed at ``timeout_s``); output piped, as in CI or nohup."""
+def train(run_dir: Path, *args: str, timeout_s: float = 600.0, name: str = "train") -> Finished:
+    """Run ``telescope train`` (or ``name``) to its end (killed at ``timeout_s``); output piped, as in
+    CI or nohup."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:
         done = subprocess.run(
-            command(run_dir, *args), env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            timeout=timeout_s, check=False,
+            command(run_dir, *args, name=name), env=run_env(), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, timeout=timeout_s, check=False,
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         out = (exc.output or b"").decode(errors="replace")
-        raise AssertionError(f"telescope train ran past {timeout_s} s:\n{out[-4000:]}") from exc
+        raise AssertionError(f"telescope {name} ran past {timeout_s} s:\n{out[-4000:]}") from exc
     finished = Finished(done.returncode, done.stdout.decode(errors="replace"), time.monotonic() - t0, run_dir)
-    print(f"telescope train {run_dir.name}: exit {done.returncode} in {finished.wall_s:.1f} s")
+    print(f"telescope {name} {run_dir.name}: exit {done.returncode} in {finished.wall_s:.1f} s")
     return finished
 
 
-def start(run_dir: Path, *args: str) -> subprocess.Popen:
-    """Start ``telescope train`` in the background; its output goes to ``<run dir>.console``."""
+def start(run_dir: Path, *args: str, name: str = "train") -> subprocess.Popen:
+    """Start ``telescope train`` (or ``name``) in the background; its output goes to ``<run dir>.console``."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with (run_dir.parent / f"{run_dir.name}.console").open("ab") as log:
-        return subprocess.Popen(command(run_dir, *args), env=run_env(), stdout=log, stderr=log)
+        return subprocess.Popen(command(run_dir, *args, name=name), env=run_env(), stdout=log, stderr=log)
 
 
 def stuck_report(run_dir: Path, proc: subprocess.Popen) -> str:
@@ -163,11 +165,13 @@ def wait_gone(run_dir: Path, timeout_s: float = 90.0) -> list[int]:
     return left
 
 
-def kill_after_checkpoint(run_dir: Path, *args: str, step: int = 2, timeout_s: float = 400.0) -> None:
-    """Start ``telescope train`` and SIGKILL it (no cleanup code of ours runs) once the checkpoint
-    of ``step`` is committed; then every process of the run must be gone (the guard's work). The
-    caller resumes it with ``--resume_from_checkpoint true``."""
-    first = start(run_dir, *args)
+def kill_after_checkpoint(
+    run_dir: Path, *args: str, step: int = 2, timeout_s: float = 400.0, name: str = "train"
+) -> None:
+    """Start ``telescope train`` (or ``name``) and SIGKILL it (no cleanup code of ours runs) once the
+    checkpoint of ``step`` is committed; then every process of the run must be gone (the guard's work).
+    The caller resumes it with ``--resume_from_checkpoint true``."""
+    first = start(run_dir, *args, name=name)
     try:
         wait_for(run_dir / "checkpoints" / f"step_{step}" / "meta.json", first, timeout_s=timeout_s)
     finally:

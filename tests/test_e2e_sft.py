@@ -4,8 +4,9 @@
 - On four memorisable conversations the supervised loss (the negative log-likelihood of the
   assistant's tokens) falls from about 7 to near zero; the RL steps that follow generate with the
   fine-tuned weights (weight version 24 on the servers, their logprobs those the trainer computes).
-- Killed with SIGKILL after the checkpoint of step 2 (a supervised step) and resumed, the run goes
-  on exactly: steps 3 to 24 have the losses of the uninterrupted run, then RL follows.
+- ``telescope sft`` (every step supervised: no vLLM server starts) killed with SIGKILL after the
+  checkpoint of step 2 and resumed goes on exactly: steps 3 to 24 have the losses of the
+  uninterrupted run above.
 - A row that is not a conversation stops the run before any server starts, naming the row.
 """
 
@@ -50,7 +51,7 @@ def _lines(run: Path) -> list[dict]:
 
 
 @pytest.mark.xdist_group("e2e_b")
-def test_supervised_steps_then_rl_and_an_exact_resume_after_kill_9(tmp_path, tiny_model_dir):
+def test_supervised_steps_then_rl_and_telescope_sft_resumes_exactly_after_kill_9(tmp_path, tiny_model_dir):
     data = tmp_path / "conversations.jsonl"
     data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS))
     straight = train(tmp_path / "straight", *_args(tiny_model_dir, data), "--checkpoint_every", "0")
@@ -72,16 +73,23 @@ def test_supervised_steps_then_rl_and_an_exact_resume_after_kill_9(tmp_path, tin
     assert f"step {SFT}/{STEPS}  sft loss" in straight.output
 
     run = tmp_path / "killed"
-    args = [*_args(tiny_model_dir, data), "--checkpoint_every", "2", "--quiet"]
-    kill_after_checkpoint(run, *args, step=2)
-    second = start(run, *args, "--resume_from_checkpoint", "true")
-    assert second.wait(timeout=600) == 0, (run.parent / "run.console").read_text()[-3000:]
+    args = [*_args(tiny_model_dir, data), "--number_of_steps", str(SFT), "--checkpoint_every", "2", "--quiet"]
+    kill_after_checkpoint(run, *args, step=2, name="sft")
+    second = start(run, *args, "--resume_from_checkpoint", "true", name="sft")
+    assert second.wait(timeout=600) == 0, (run.parent / "killed.console").read_text()[-3000:]
     assert wait_gone(run, timeout_s=30) == []
     resumed = _lines(run)
-    assert [m["step"] for m in resumed] == list(range(1, STEPS + 1))
-    for a, b in zip(lines[2:SFT], resumed[2:SFT], strict=True):
+    assert [m["step"] for m in resumed] == list(range(1, SFT + 1))
+    for a, b in zip(lines[2:SFT], resumed[2:], strict=True):
         assert b["sft/loss"] == pytest.approx(a["sft/loss"], rel=1e-5, abs=1e-7), (a["step"], a, b)
-    assert resumed[SFT]["rollout/weight_version"] == SFT
+    import pyarrow.parquet as pq
+
+    roles = pq.read_table(run / "records" / "setup").column("role").to_pylist()
+    assert roles, "no setup record"
+    assert not [r for r in roles if r.startswith("vllm")], roles  # no vLLM server started
+    assert json.loads((run / "checkpoints" / f"step_{SFT}" / "meta.json").read_text())["extra_state"] == {
+        "engine": None
+    }
 
 
 @pytest.mark.xdist_group("e2e_b")

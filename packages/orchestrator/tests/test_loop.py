@@ -116,7 +116,7 @@ async def test_a_step_is_lent_the_servers_cores_once_they_stay_quiet_until_its_u
     engine = SimpleNamespace(idle=False)
     evals = SimpleNamespace(idle=False)
     supervisor = SimpleNamespace(restarting=True)
-    ctx = cast(Any, SimpleNamespace(engine=engine, eval_schedule=evals, supervisor=supervisor, cores=lease))
+    ctx = cast(Any, SimpleNamespace(rollout=engine, eval_schedule=evals, supervisor=supervisor, cores=lease))
     task = asyncio.create_task(_lend_cores(ctx, 4))
     for quiet in (engine, evals):  # the engine waits for the update, an eval and a restart go on
         await asyncio.sleep(LEND_POLL_S * 2)

@@ -117,6 +117,25 @@ def _add_ui_command(sub: _Subcommands) -> None:
     ui.add_argument("--open", action="store_true", help="open the inspector in a browser")
 
 
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``train`` and ``sft``."""
+    _add_config_args(p)
+    p.add_argument("--run-dir", metavar="DIR", help="run directory (default: runs/<wandb_run_name or time>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or phase lines")
+    p.add_argument(
+        "--debug",
+        dest="train_debug",
+        nargs="?",
+        const=True,
+        default=None,
+        type=parse_bool,
+        metavar="BOOL",
+        help="debug logs in the run's logs/telescope.jsonl, Ray workers' output on the console (with "
+        "ray_log_to_driver), tracebacks of internal errors; the same as the config field debug: true "
+        "and as `telescope --debug train`. --debug false turns a config's debug: true off",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full command tree (cheap: no heavy imports)."""
     parser = argparse.ArgumentParser(
@@ -137,23 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a model (no --config: ./configs/run.yaml, else the CPU quickstart)",
         allow_abbrev=False,
     )
-    _add_config_args(train)
-    train.add_argument(
-        "--run-dir", metavar="DIR", help="run directory (default: runs/<wandb_run_name or time>)"
+    _add_train_args(train)
+    sft = sub.add_parser(
+        "sft",
+        help="supervised fine-tuning only: number_of_steps steps on sft_dataset, no inference server",
+        allow_abbrev=False,
     )
-    train.add_argument("--quiet", action="store_true", help="no progress bar or phase lines")
-    train.add_argument(
-        "--debug",
-        dest="train_debug",
-        nargs="?",
-        const=True,
-        default=None,
-        type=parse_bool,
-        metavar="BOOL",
-        help="debug logs in the run's logs/telescope.jsonl, Ray workers' output on the console (with "
-        "ray_log_to_driver), tracebacks of internal errors; the same as the config field debug: true "
-        "and as `telescope --debug train`. --debug false turns a config's debug: true off",
-    )
+    _add_train_args(sft)
 
     doctor = sub.add_parser(
         "doctor", help="what this machine can run; with --config, a memory estimate", allow_abbrev=False
@@ -179,7 +188,7 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.config_command is None:
             parser.parse_args(["config", "--help"])
         return config_cmd.run(args)
-    if args.command in ("train", "doctor", "convert", "eval", "ui"):
+    if args.command in ("train", "sft", "doctor", "convert", "eval", "ui"):
         import importlib
 
         return importlib.import_module(f"telescope_cli.commands.{args.command}").run(args)

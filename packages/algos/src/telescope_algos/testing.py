@@ -67,10 +67,11 @@ def run_ranks(
     """Run ``script`` on ``world`` ranks (module docstring); ``env``: more variables for every rank."""
     logs = Path(log_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    for attempt in range(3):
-        timed_out, codes = _run_once(script, args, world, logs, timeout_s, env)
-        if not (any(codes) and attempt < 2 and _lost_port_race(logs, world)):
+    timed_out, codes = _run_once(script, args, world, logs, timeout_s, env)
+    for _ in range(2):  # two more tries when rank 0 lost its port
+        if not (any(codes) and _lost_port_race(logs, world)):
             break
+        timed_out, codes = _run_once(script, args, world, logs, timeout_s, env)
     if timed_out or any(codes):
         why = f"did not finish within {timeout_s:.0f} s" if timed_out else "failed"
         tails = "\n".join(

@@ -916,6 +916,12 @@ class TelescopeConfig(BaseModel):
         whose KL is only recorded."""
         return self.ref_kl_coef > 0 or self.ref_model is not None
 
+    @property
+    def supervised_only(self) -> bool:
+        """Whether every step is supervised (``sft_steps`` equal to ``number_of_steps``, what ``telescope
+        sft`` runs): the run starts no inference servers, no teacher or reference model, and no evals."""
+        return 0 < self.number_of_steps <= self.sft_steps
+
     @model_validator(mode="after")
     def _cross_field_rules(self, info: ValidationInfo) -> TelescopeConfig:
         if info.context and info.context.get(SKIP_RULES):

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from telescope_cli._exit import EXIT_INVALID, EXIT_OK
 from telescope_cli._presets import default_run_config
 
+if TYPE_CHECKING:
+    from telescope_config import ResolvedConfig
 
-def _debug_override(args: argparse.Namespace) -> list[str]:
+
+def debug_override(args: argparse.Namespace) -> list[str]:
     """``--debug=...`` for the config when a debug flag was given (train's own flag wins)."""
     flag = getattr(args, "train_debug", None)
     if flag is None and getattr(args, "debug", False):
@@ -34,10 +38,15 @@ def run(args: argparse.Namespace) -> int:
 
     config_path = args.config or default_run_config()
     try:
-        resolved = load_config(config_path, [*_debug_override(args), *args.overrides])
+        resolved = load_config(config_path, [*debug_override(args), *args.overrides])
     except ConfigError as err:
         print(str(err), file=sys.stderr)
         return EXIT_INVALID
+    return run_resolved(args, resolved)
+
+
+def run_resolved(args: argparse.Namespace, resolved: ResolvedConfig, command: str = "train") -> int:
+    """Run the job of a resolved config with the console (``train`` and ``sft``); 0 finished, 1 bad input."""
     from telescope_orchestrator import RunDirError, TrainError, configure_logging, train
 
     debug = bool(resolved.config.debug)
@@ -51,6 +60,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         train(resolved, reporter=console, run_dir=args.run_dir, debug=debug)
     except (RunDirError, TrainError, RecordError) as err:
-        print(f"telescope train: {err}", file=sys.stderr)
+        print(f"telescope {command}: {err}", file=sys.stderr)
         return EXIT_INVALID
     return EXIT_OK

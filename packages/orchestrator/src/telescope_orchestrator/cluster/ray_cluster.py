@@ -31,7 +31,7 @@ from telescope_orchestrator.cluster.cores import CoreLease, LentCores
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
 
-__all__ = ["Cluster", "ClusterError", "has_cuda", "ray_init_options"]
+__all__ = ["Cluster", "ClusterError", "has_cuda", "policy_servers", "ray_init_options", "scorer_servers"]
 
 log = structlog.get_logger()
 
@@ -90,6 +90,8 @@ def scorer_servers(cfg: TelescopeConfig) -> dict[str, tuple[int, int]]:
     """The frozen models a run serves beside the policy, ``{name: (servers, GPUs per server)}``: its
     teacher (``algorithm: opd``) and its reference model (``TelescopeConfig.uses_reference``)."""
     out: dict[str, tuple[int, int]] = {}
+    if cfg.supervised_only:  # no RL step to score
+        return out
     if cfg.algorithm == "opd" and cfg.teacher_model is not None:
         tp = cfg.teacher_tensor_parallel_size
         out["teacher"] = (cfg.teacher_num_workers // tp, tp)
@@ -97,6 +99,12 @@ def scorer_servers(cfg: TelescopeConfig) -> dict[str, tuple[int, int]]:
         tp = cfg.inference_tensor_parallel_size
         out["ref"] = (cfg.ref_num_workers // tp, tp)
     return out
+
+
+def policy_servers(cfg: TelescopeConfig) -> int:
+    """How many vLLM servers of the policy a run starts: none when every step is supervised
+    (``TelescopeConfig.supervised_only``), else ``num_inference_servers``."""
+    return 0 if cfg.supervised_only else cfg.num_inference_servers
 
 
 def has_cuda() -> bool:
@@ -180,7 +188,7 @@ class Cluster:
 
     def _bundle_cpus(self) -> float:
         cfg = self.config
-        servers = cfg.num_inference_servers + sum(n for n, _ in scorer_servers(cfg).values())
+        servers = policy_servers(cfg) + sum(n for n, _ in scorer_servers(cfg).values())
         return (
             servers * cfg.ray_inference_cpus_per_worker
             + cfg.trainer_num_workers * cfg.ray_trainer_cpus_per_worker
@@ -222,6 +230,8 @@ class Cluster:
         placement group of ``tensor_parallel`` GPUs per server (default: the policy servers'); returns
         these actors. ``what`` names them in placement errors: ``inference``, or a scorer's name
         (``teacher``, ``ref``), whose servers share the inference servers' cores on a CPU node."""
+        if not launches:  # a run of supervised steps only
+            return []
         cfg = self.config
         tp = cfg.inference_tensor_parallel_size if tensor_parallel is None else tensor_parallel
         bundle: dict[str, float] = {"CPU": cfg.ray_inference_cpus_per_worker}
@@ -247,7 +257,7 @@ class Cluster:
         cfg = self.config
         cores = sorted(os.sched_getaffinity(0))
         tp = cfg.inference_tensor_parallel_size
-        return cpu_plan(cores, cfg.num_inference_servers, tp, cfg.trainer_num_workers)
+        return cpu_plan(cores, policy_servers(cfg), tp, cfg.trainer_num_workers)
 
     def place_trainers(self, model_path: str, log_dir: str, *, lend: bool = True) -> list[Any]:
         """One TrainerActor per rank, forming one torch.distributed world.

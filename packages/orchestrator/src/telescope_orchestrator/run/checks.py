@@ -23,6 +23,8 @@ __all__ = [
     "BROKEN_BESIDE_CPU_TORCH",
     "backend_problem",
     "cpu_torch_conflict",
+    "frozen_model_temperature_warning",
+    "supervised_only_warning",
     "truncated_sampling_warning",
 ]
 
@@ -121,10 +123,33 @@ def frozen_model_temperature_warning(cfg: TelescopeConfig) -> str | None:
     uses = [
         n for n, on in (("algorithm opd", cfg.algorithm == "opd"), ("ref_kl_coef", cfg.ref_kl_coef > 0)) if on
     ]
-    if not uses or cfg.temperature == 1.0:
+    if not uses or cfg.temperature == 1.0 or cfg.supervised_only:
         return None
     return (
         f"temperature is {cfg.temperature}: the teacher's and reference model's logprobs are those of their "
         f"raw distribution (temperature 1), so {', '.join(uses)} compare them with a tempered one. Set "
         "temperature: 1.0 for on-policy distillation and the reference KL."
+    )
+
+
+def supervised_only_warning(cfg: TelescopeConfig) -> str | None:
+    """A warning when a run of supervised steps only (``TelescopeConfig.supervised_only``) is configured
+    with what needs inference servers, which such a run never starts: evals, a teacher, a reference model."""
+    if not cfg.supervised_only:
+        return None
+    unused = [
+        name
+        for name, on in (
+            ("evals", bool(cfg.evals)),
+            ("teacher_model", cfg.teacher_model is not None),
+            ("the reference model (ref_kl_coef, ref_model)", cfg.uses_reference),
+        )
+        if on
+    ]
+    if not unused:
+        return None
+    return (
+        f"every step is supervised (sft_steps = number_of_steps = {cfg.number_of_steps}), so no inference "
+        f"server starts and {', '.join(unused)} go unused. Give number_of_steps more steps than sft_steps "
+        "for RL steps after the supervised ones."
     )

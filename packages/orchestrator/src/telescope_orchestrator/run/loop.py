@@ -75,8 +75,10 @@ class LoopContext:
     """Everything the loop needs; built by ``run.startup`` after the start-up phases."""
 
     config: TelescopeConfig
-    engine: RolloutEngine
-    client: InferenceClient
+    engine: RolloutEngine | None
+    """The rollout engine; None in a run of supervised steps only (``TelescopeConfig.supervised_only``),
+    which starts no inference server."""
+    client: InferenceClient | None
     trainers: list[Any]
     """The trainer ranks' actor handles (``cluster.actors.TrainerActor``), in rank order."""
     dp_ranks: list[int]
@@ -84,8 +86,8 @@ class LoopContext:
     run: RunDir
     console: Reporter
     checkpoint_root: Path
-    weights: WeightUpdates
-    """The weight-sync groups and the one publish path (``run.weights``)."""
+    weights: WeightUpdates | None
+    """The weight-sync groups and the one publish path (``run.weights``); None without servers."""
     lines: MetricsLines
     """Where metrics lines go: ``metrics.jsonl`` and W&B (``record.lines``)."""
     start_step: int = 0
@@ -119,6 +121,13 @@ class LoopContext:
     """The conversations of the run's supervised steps (``sft_steps``; ``run.sft``), or None."""
     scorer_clients: list[InferenceClient] = field(default_factory=list["InferenceClient"])
     """The clients of the teacher's and reference model's servers (``run.scorers``), closed at the end."""
+
+    @property
+    def rollout(self) -> RolloutEngine:
+        """The engine, in the code of RL steps (a run of supervised steps only never gets there)."""
+        if self.engine is None:
+            raise RuntimeError("a run of supervised steps only has no rollout engine")
+        return self.engine
 
 
 def _filtered(s: Any, config: TelescopeConfig) -> dict[str, bool]:
@@ -227,49 +236,18 @@ def _should_checkpoint(config: TelescopeConfig, step: int) -> bool:
 
 
 async def training_loop(ctx: LoopContext) -> None:
-    """Baseline evals, then steps ``start_step + 1 .. number_of_steps`` (engine started and stopped here)."""
-    evals = ctx.eval_schedule = InTrainingEvals(
-        ctx.config,
-        runner=ctx.evals,
-        engine=ctx.engine,
-        weights=ctx.weights,
-        lines=ctx.lines,
-        run=ctx.run,
-        console=ctx.console,
-        start_step=ctx.start_step,
-    )
+    """Baseline evals, then steps ``start_step + 1 .. number_of_steps`` (engine started and stopped here).
+    A run of supervised steps only (no engine) trains its steps and stops."""
     records = ctx.run.records
     ctx.last_step = ctx.start_step
     ctx.console.start_training(ctx.start_step)
-    if ctx.start_step:
-        ctx.weights.resumed(ctx.start_step)
     try:
         records.event("training_start", ctx.start_step)
         records.flush_events(ctx.start_step, tag=f"startup-a{records.attempt:03d}")
-        async with ctx.client:
-            await evals.before_training()
+        if ctx.engine is None:
             await _supervised_steps(ctx)
-            async with ctx.engine:
-                if ctx.supervisor is not None:
-                    ctx.supervisor.start()
-                try:
-                    end = ctx.last_step if ctx.stopped else ctx.config.number_of_steps  # stopped in the SFT
-                    for step in range(ctx.last_step + 1, end + 1):
-                        await _step(ctx, evals, step)
-                        if step < ctx.config.number_of_steps and ctx.stop_requested():
-                            ctx.stopped = True
-                            if ctx.config.checkpoint_every:  # checkpoints on: one of this step
-                                await _checkpoint_before_stopping(ctx)
-                            break
-                except RolloutError:  # servers gone, hopeless input: keep what was trained, then stop
-                    await _checkpoint_before_stopping(ctx)
-                    raise
-                finally:
-                    if ctx.supervisor is not None:
-                        await ctx.supervisor.close()
-                    await evals.close()
-            for scorer_client in ctx.scorer_clients:  # after the engine: no sample is being scored
-                await scorer_client.aclose()
+        else:
+            await _with_engine(ctx, ctx.engine)
     finally:
         from telescope_orchestrator.run.sandboxes import close_sandboxes
 
@@ -278,6 +256,56 @@ async def training_loop(ctx: LoopContext) -> None:
         finally:
             await close_sandboxes(ctx.sandboxes)
             records.close()
+
+
+async def _with_engine(ctx: LoopContext, engine: RolloutEngine) -> None:
+    """The baseline evals, the supervised steps not trained yet, then the RL steps with the engine
+    running (not started when the run stopped in its supervised steps)."""
+    assert ctx.client is not None
+    assert ctx.weights is not None
+    evals = ctx.eval_schedule = InTrainingEvals(
+        ctx.config,
+        runner=ctx.evals,
+        engine=engine,
+        weights=ctx.weights,
+        lines=ctx.lines,
+        run=ctx.run,
+        console=ctx.console,
+        start_step=ctx.start_step,
+    )
+    if ctx.start_step:
+        ctx.weights.resumed(ctx.start_step)
+    async with ctx.client:
+        await evals.before_training()
+        await _supervised_steps(ctx)
+        if ctx.stopped:  # in the supervised steps: the engine never starts
+            await evals.close()
+        else:
+            await _rl_steps(ctx, evals, engine)  # closes the evals before the engine stops
+        for scorer_client in ctx.scorer_clients:  # after the engine: no sample is being scored
+            await scorer_client.aclose()
+
+
+async def _rl_steps(ctx: LoopContext, evals: InTrainingEvals, engine: RolloutEngine) -> None:
+    """The RL steps after ``ctx.last_step``, the engine running; a stop asked for ends them early."""
+    async with engine:
+        if ctx.supervisor is not None:
+            ctx.supervisor.start()
+        try:
+            for step in range(ctx.last_step + 1, ctx.config.number_of_steps + 1):
+                await _step(ctx, evals, step)
+                if step < ctx.config.number_of_steps and ctx.stop_requested():
+                    ctx.stopped = True
+                    if ctx.config.checkpoint_every:  # checkpoints on: one of this step
+                        await _checkpoint_before_stopping(ctx)
+                    break
+        except RolloutError:  # servers gone, hopeless input: keep what was trained, then stop
+            await _checkpoint_before_stopping(ctx)
+            raise
+        finally:
+            if ctx.supervisor is not None:
+                await ctx.supervisor.close()
+            await evals.close()
 
 
 async def _checkpoint_before_stopping(ctx: LoopContext) -> None:
@@ -294,7 +322,8 @@ async def _checkpoint_before_stopping(ctx: LoopContext) -> None:
 
 async def _supervised_steps(ctx: LoopContext) -> None:
     """The run's supervised steps not trained yet (``sft_steps``, before the engine starts), then
-    their weights onto the servers, where the RL steps begin (docs/algorithms.md#sft)."""
+    their weights onto the servers, where the RL steps begin (docs/algorithms.md#sft); a run of
+    supervised steps only has no server to send them to."""
     last = int(ctx.config.sft_steps)
     if ctx.sft is None or ctx.last_step >= last:
         return
@@ -305,6 +334,8 @@ async def _supervised_steps(ctx: LoopContext) -> None:
             if ctx.config.checkpoint_every:
                 await _checkpoint_before_stopping(ctx)
             return
+    if ctx.engine is None or ctx.weights is None:
+        return
     # as after a resume at step `last`: the engine counts from there, every server holds its weights
     from telescope_orchestrator.run.startup import resumed_engine_state
 
@@ -386,7 +417,7 @@ def _servers_quiet(ctx: LoopContext) -> bool:
     then, no eval uses a server and no server is being restarted."""
     evals, supervisor = ctx.eval_schedule, ctx.supervisor
     return (
-        ctx.engine.idle
+        ctx.rollout.idle
         and (evals is None or evals.idle)
         and (supervisor is None or not supervisor.restarting)
     )
@@ -641,7 +672,8 @@ async def save_checkpoint(ctx: LoopContext, step: int) -> Any:
         "base_model": cfg.model,
         "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
         "training_state": training_state,
-        "extra_state": {"engine": ctx.engine.state_dict()},
+        # None in a run of supervised steps only: a run that resumes it starts its engine fresh
+        "extra_state": {"engine": ctx.engine.state_dict() if ctx.engine is not None else None},
     }
     path = await asyncio.to_thread(ck.commit, tmp, step, meta)
     keep = {"keep_last": cfg.checkpoint_keep_last, "keep_every": cfg.checkpoint_keep_every}

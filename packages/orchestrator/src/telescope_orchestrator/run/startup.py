@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from telescope_orchestrator.run.scorers import ScorerModel
     from telescope_orchestrator.run.sft import SupervisedBatches
     from telescope_orchestrator.run.wiring import EngineParts
-    from telescope_rollout import Tokenizer
+    from telescope_rollout import RolloutEngine, Tokenizer
     from telescope_rollout.envs import BuiltEnvironment
 
 __all__ = ["Finished", "TrainError", "sigterm_as_interrupt", "train"]
@@ -253,6 +253,7 @@ def _train(
 def _start(state: _Run) -> Any:
     """Every start-up phase after the run directory; returns the loop's context."""
     from telescope_orchestrator.run.loop import LoopContext
+    from telescope_orchestrator.run.wiring import pad_token_id
 
     resolved, run, console = state.resolved, state.run, state.console
     cfg = resolved.config
@@ -264,8 +265,9 @@ def _start(state: _Run) -> Any:
     servers, trainers, infos, scoring = _start_workers(state.cluster, resolved, inputs, run, console)
     log.info("trainer ranks ready", torch_threads=[i["threads"] for i in infos])
     urls = [s["url"] for s in servers]
-    parts = _build_engine(state, inputs, urls, scoring)
-    engine, client, pad_id, evals = parts.engine, parts.client, parts.pad_token_id, parts.evals
+    # a run of supervised steps only has no server, hence no engine, evals or weight-sync group
+    parts = _build_engine(state, inputs, urls, scoring) if urls else None
+    engine, evals = (parts.engine, parts.evals) if parts is not None else (None, None)
     from telescope_orchestrator.record.observe import record_setup, start_infra
 
     workers = setup_infos(trainers) + setup_infos([s["actor"] for s in [*servers, *scoring]])
@@ -273,10 +275,7 @@ def _start(state: _Run) -> Any:
     state.infra = start_infra(
         run, pids=pids, urls=urls, interval_s=float(cfg.system_metrics_collection_interval_seconds)
     )
-    groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
-    with console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
-        _connect_weights(resolved, trainers, groups)
-        _register_adapter(cfg, trainers, resuming=inputs.resume is not None)
+    groups = _connect(state, trainers, urls, resuming=inputs.resume is not None)
     start_step = 0
     if inputs.resume is not None:
         with console.phase("resume from checkpoint"):
@@ -284,21 +283,21 @@ def _start(state: _Run) -> Any:
     if cfg.use_wandb:
         state.wandb = _start_wandb(cfg, resolved, run)
     restarts = _trainer_restarts(state, inputs, groups, pids)
-    supervisor = _supervisor(state, engine, servers, trainers, evals, pids, groups)
+    supervisor = _supervisor(state, engine, servers, trainers, evals, pids, groups) if engine else None
     return LoopContext(
         config=cfg,
         engine=engine,
-        client=client,
+        client=parts.client if parts is not None else None,
         trainers=trainers,
         dp_ranks=[i["dp_rank"] for i in infos],
         dp_world_size=infos[0]["dp_world_size"],
         run=run,
         console=console,
         checkpoint_root=run.checkpoints(cfg.checkpoint_dir),
-        weights=WeightUpdates(groups, engine, supervisor.publish),
+        weights=WeightUpdates(groups, engine, supervisor.publish) if engine and supervisor else None,
         lines=MetricsLines(run, state.wandb, start_step=start_step),
         start_step=start_step,
-        pad_token_id=pad_id,
+        pad_token_id=parts.pad_token_id if parts is not None else pad_token_id(inputs.tokenizer),
         row_multiple=infos[0]["row_multiple"],
         share_prompts=all(i["shares_prompts"] for i in infos),
         evals=evals,
@@ -306,9 +305,21 @@ def _start(state: _Run) -> Any:
         supervisor=supervisor,
         trainer_restarts=restarts,
         cores=_lent_cores(state),
-        scorer_clients=parts.scorer_clients,
+        scorer_clients=parts.scorer_clients if parts is not None else [],
         sft=inputs.sft,
     )
+
+
+def _connect(state: _Run, trainers: list[Any], urls: list[str], *, resuming: bool) -> dict[str, list[str]]:
+    """The phase "weight-sync groups" (none without servers); returns the groups."""
+    cfg = state.resolved.config
+    if not urls:
+        return {}
+    groups = weight_groups(urls, has_evals=bool(cfg.evals), eval_num_servers=int(cfg.eval_num_servers))
+    with state.console.phase(f"weight-sync group{'s' if len(groups) > 1 else ''} ({', '.join(groups)})"):
+        _connect_weights(state.resolved, trainers, groups)
+        _register_adapter(cfg, trainers, resuming=resuming)
+    return groups
 
 
 def _lent_cores(state: _Run) -> CoreLease | None:
@@ -441,6 +452,8 @@ def _connect_weights(resolved: ResolvedConfig, trainers: list[Any], groups: dict
     """The weight-sync group(s) between the broadcast rank and the servers."""
     from telescope_weightsync import PublisherSettings
 
+    if not groups:  # no server to send weights to (a run of supervised steps only)
+        return
     cfg = resolved.config
     settings = PublisherSettings.from_config(cfg, user_keys=resolved.user_keys)
     loopback = cfg.ray_broadcast_prefer_loopback_if_single_node
@@ -514,6 +527,7 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
     from telescope_orchestrator.run.checks import (
         backend_problem,
         frozen_model_temperature_warning,
+        supervised_only_warning,
         truncated_sampling_warning,
     )
     from telescope_orchestrator.run.models import resolve_model
@@ -523,22 +537,25 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
 
     if (problem := backend_problem(cfg.train_backend, lora=cfg.lora_rank > 0)) is not None:
         raise TrainError(problem)
-    for warning in (truncated_sampling_warning(cfg), frozen_model_temperature_warning(cfg)):
+    checks = (truncated_sampling_warning, frozen_model_temperature_warning, supervised_only_warning)
+    for warning in (check(cfg) for check in checks):
         if warning is not None:
             log.warning("sampling settings", detail=warning)
             console.warning(warning)
     resume = None
     if cfg.resume_from_checkpoint:
         resume = _choose_checkpoint(cfg, run.checkpoints(cfg.checkpoint_dir))
-    with console.phase("environments and sandboxes"):
-        try:
-            built, pools = build_training_environments(cfg)
-        except (SandboxSetupError, UnknownEnvironmentError, ValueError) as err:
-            raise TrainError(str(err)) from None
-        sandboxes.extend(pools)
+    built: list[BuiltEnvironment] = []
+    if not cfg.supervised_only:  # a run of supervised steps only samples from no environment
+        with console.phase("environments and sandboxes"):
+            try:
+                built, pools = build_training_environments(cfg)
+            except (SandboxSetupError, UnknownEnvironmentError, ValueError) as err:
+                raise TrainError(str(err)) from None
+            sandboxes.extend(pools)
     with console.phase("model"):
         model_path = resolve_model(cfg.model)
-    with console.phase("datasets and prompts"):
+    with console.phase("datasets and prompts" if built else "tokenizer"):
         try:
             tokenizer, problem = load_datasets(cfg, built, model_path)
         except DatasetError as err:
@@ -641,11 +658,12 @@ def _start_workers(
     """Place the vLLM servers (the policy's, then the teacher's and reference model's) and the trainer
     ranks, start them concurrently, wait for all. Returns the policy servers, the trainer ranks, their
     infos and the scorer servers (each with its ``scorer`` name)."""
+    from telescope_orchestrator.cluster.ray_cluster import policy_servers
     from telescope_orchestrator.cluster.vllm_server import ServerStartError
     from telescope_orchestrator.run.scorers import scorer_launches
 
     cfg = resolved.config
-    count = cfg.num_inference_servers
+    count = policy_servers(cfg)
     own, settings = _server_settings(cfg, inputs.model_path, gpu=cluster.gpu)
     scoring = scorer_launches(cfg, inputs.scorers, own, run.path, cfg.inference_base_port + count)
     launches = [
@@ -658,7 +676,8 @@ def _start_workers(
         for i in range(count)
     ]
     extra = f" (+{len(scoring)} teacher/reference)" if scoring else ""
-    with console.phase(f"{count} vLLM server(s){extra} and {cfg.trainer_num_workers} trainer rank(s)"):
+    servers = f"{count} vLLM server(s){extra} and " if count or scoring else ""
+    with console.phase(f"{servers}{cfg.trainer_num_workers} trainer rank(s)"):
         try:
             actors = cluster.place_servers(launches)
             urls = call_all(actors, "start")
@@ -707,7 +726,9 @@ def _place_scorers(cluster: Any, launches: list[dict[str, Any]], scorers: list[S
     return actors
 
 
-def _resume(chosen: tuple[Path, dict[str, Any]], trainers: list[Any], engine: Any, run: RunDir) -> int:
+def _resume(
+    chosen: tuple[Path, dict[str, Any]], trainers: list[Any], engine: RolloutEngine | None, run: RunDir
+) -> int:
     """Load the chosen checkpoint on every rank, the engine's state, and the servers' weights.
 
     The engine's step counter is set to the trainer's: batches it had queued but the trainer never
@@ -724,8 +745,11 @@ def _resume(chosen: tuple[Path, dict[str, Any]], trainers: list[Any], engine: An
         raise TrainError(f"could not load {path}: {err.cause}") from None
     for moved in ck.set_aside_later(path.parent, step):
         log.warning("later checkpoint set aside", path=str(moved), resumed_step=step)
-    engine.load_state_dict(resumed_engine_state(meta["extra_state"]["engine"], step))
-    call_all(trainers, "publish", step)  # the servers still hold the base model
+    if engine is not None:
+        # a checkpoint of a run of supervised steps only has no engine state: the engine starts fresh
+        saved = meta.get("extra_state", {}).get("engine") or engine.state_dict()
+        engine.load_state_dict(resumed_engine_state(saved, step))
+        call_all(trainers, "publish", step)  # the servers still hold the base model
     run.truncate_metrics(step)
     log.info("resumed", checkpoint=str(path), step=step, at=time.time())
     return step

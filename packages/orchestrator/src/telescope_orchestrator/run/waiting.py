@@ -46,10 +46,10 @@ async def next_batch(ctx: Any, step: int, *, clock: Callable[[], float] = time.m
     t0 = clock()
     full_at = 2 * interval  # then every 6 intervals (module docstring)
     try:
-        filling: int | None = ctx.engine.progress().step  # the engine's batch this step gets
+        filling: int | None = ctx.rollout.progress().step  # the engine's batch this step gets
     except Exception:  # an engine without progress(): each report logs why it says nothing
         filling = None
-    task = asyncio.ensure_future(ctx.engine.next_batch())
+    task = asyncio.ensure_future(ctx.rollout.next_batch())
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=interval)
@@ -74,7 +74,7 @@ def report(ctx: Any, step: int, waited_s: float, *, full: bool, filling: int | N
     from telescope_rollout.engine import progress_line
 
     try:
-        p = ctx.engine.progress()
+        p = ctx.rollout.progress()
         if filling is not None and p.step != filling:
             return
         ctx.console.waiting(step, waited_s, progress_line(p), plain=full)
@@ -97,7 +97,7 @@ def _write_drops(ctx: Any, step: int, *, events: bool) -> None:
     """The groups dropped for ``step`` so far and, with ``events``, the events since the last
     write, into the record (never raises: a record must never stop a run)."""
     try:
-        ctx.run.records.write_waiting(step, *ctx.engine.pending_drops(), events=events)
+        ctx.run.records.write_waiting(step, *ctx.rollout.pending_drops(), events=events)
     except Exception as exc:
         log.warning("the waiting step's records not written", step=step, error=repr(exc))
 

@@ -30,6 +30,7 @@ __all__ = [
     "build_training_environments",
     "engine_math",
     "load_datasets",
+    "pad_token_id",
     "tokenizer_dir",
 ]
 
@@ -233,5 +234,10 @@ def build_engine(
         scorers=scorers,
         on_event=on_event,
     )
+    return EngineParts(engine, client, pad_token_id(tokenizer), evals, pools, scorer_clients)
+
+
+def pad_token_id(tokenizer: Tokenizer) -> int:
+    """The id packing pads rows with: the tokenizer's pad token, else 0."""
     pad = getattr(tokenizer, "pad_token_id", None)
-    return EngineParts(engine, client, int(pad) if isinstance(pad, int) else 0, evals, pools, scorer_clients)
+    return int(pad) if isinstance(pad, int) else 0
