@@ -8,7 +8,8 @@ were sampled); :func:`scorer_launches` are their servers' launches: no weight sy
 change), and a context one token longer than the policy's, since vLLM generates one token after
 the ``prompt_logprobs`` of a whole sample. That token is never fed to the model, so the extra
 position is allowed past the model's own maximum (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``).
-:func:`token_scorers` are the engine's scorers over their URLs. docs/rollout.md, "Teachers and
+:func:`check_contexts` refuses one whose model holds fewer positions than ``max_model_len`` (vLLM's own
+check is off for them). :func:`token_scorers` are the engine's scorers over their URLs. docs/rollout.md, "Teachers and
 reference models"."""
 
 from __future__ import annotations
@@ -89,6 +90,39 @@ def check_tokenizers(cfg: TelescopeConfig, policy: Tokenizer, scorers: list[Scor
             return f"the {scorer.title} {scorer.model!r} has no tokenizer that loads: {exc}"
         if (problem := tokenizer_problem(policy, other, model=cfg.model, scorer=scorer)) is not None:
             return problem
+    return None
+
+
+def model_positions(path: str) -> int | None:
+    """The most positions the model in folder ``path`` was built for: ``max_position_embeddings`` of
+    its ``config.json`` (or of its ``text_config``), None when it does not say."""
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for section in (config, config.get("text_config") or {}):
+        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_contexts(cfg: TelescopeConfig, scorers: list[ScorerModel]) -> str | None:
+    """The first scorer whose model holds fewer positions than ``max_model_len``, as a message (None: all
+    fit). Its servers allow one position past the model's own maximum for the token vLLM generates
+    and discards (module docstring), which turns off vLLM's own check of the context: this is it."""
+    for scorer in scorers:
+        positions = model_positions(scorer.path)
+        if positions is not None and positions < cfg.max_model_len:
+            return (
+                f"the {scorer.title} {scorer.model!r} holds at most {positions} positions "
+                f"(max_position_embeddings in its config.json), fewer than max_model_len {cfg.max_model_len}: "
+                f"it could not score the end of the longest samples. Set max_model_len to at most {positions}, "
+                f"or choose a {scorer.title} with a longer context."
+            )
     return None
 
 

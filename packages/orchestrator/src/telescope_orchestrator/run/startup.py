@@ -588,13 +588,14 @@ def _scorer_models(
 ) -> list[ScorerModel]:
     """The phase "teacher and reference model": resolved, their tokenizers checked against the policy's."""
     from telescope_orchestrator.cluster.ray_cluster import scorer_servers
-    from telescope_orchestrator.run.scorers import check_tokenizers, scorer_models
+    from telescope_orchestrator.run.scorers import check_contexts, check_tokenizers, scorer_models
 
     if not scorer_servers(cfg):
         return []
     with console.phase("teacher and reference model"):
         scorers = scorer_models(cfg, model_path)
-        if (problem := check_tokenizers(cfg, tokenizer, scorers)) is not None:
+        problem = check_tokenizers(cfg, tokenizer, scorers) or check_contexts(cfg, scorers)
+        if problem is not None:
             raise TrainError(problem)
     return scorers
 
