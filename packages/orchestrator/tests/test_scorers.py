@@ -40,7 +40,9 @@ def test_a_config_serves_its_teacher_and_its_reference_which_defaults_to_the_pol
     assert scorer_models(only_sft, "/p") == []  # no RL step to score
 
 
-def test_a_teacher_sharing_the_tokenizer_passes_and_another_is_named(tiny_model_dir, tmp_path, tiny_model_tools):
+def test_a_teacher_sharing_the_tokenizer_passes_and_another_is_named(
+    tiny_model_dir, tmp_path, tiny_model_tools
+):
     cfg = make_config(**OPD, teacher_model=str(tiny_model_dir))
     policy = Tokenizer.from_pretrained(tiny_model_dir)
     same = ScorerModel("teacher", "same", str(tiny_model_dir), 1, 1)

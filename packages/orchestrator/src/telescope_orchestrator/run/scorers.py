@@ -8,8 +8,8 @@ were sampled); :func:`scorer_launches` are their servers' launches: no weight sy
 change), and a context one token longer than the policy's, since vLLM generates one token after
 the ``prompt_logprobs`` of a whole sample. That token is never fed to the model, so the extra
 position is allowed past the model's own maximum (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``).
-:func:`check_contexts` refuses one whose model holds fewer positions than ``max_model_len`` (vLLM's own
-check is off for them). :func:`token_scorers` are the engine's scorers over their URLs. docs/rollout.md, "Teachers and
+:func:`check_contexts` refuses one whose model holds fewer positions than ``max_model_len`` (vLLM's
+own check is off for them). :func:`token_scorers` are the engine's scorers over their URLs. docs/rollout.md, "Teachers and
 reference models"."""
 
 from __future__ import annotations
@@ -119,9 +119,9 @@ def check_contexts(cfg: TelescopeConfig, scorers: list[ScorerModel]) -> str | No
         if positions is not None and positions < cfg.max_model_len:
             return (
                 f"the {scorer.title} {scorer.model!r} holds at most {positions} positions "
-                f"(max_position_embeddings in its config.json), fewer than max_model_len {cfg.max_model_len}: "
-                f"it could not score the end of the longest samples. Set max_model_len to at most {positions}, "
-                f"or choose a {scorer.title} with a longer context."
+                "(max_position_embeddings in its config.json), fewer than max_model_len "
+                f"{cfg.max_model_len}: it could not score the end of the longest samples. Set max_model_len "
+                f"to at most {positions}, or choose a {scorer.title} with a longer context."
             )
     return None
 
