@@ -9,8 +9,8 @@ change), and a context one token longer than the policy's, since vLLM generates 
 the ``prompt_logprobs`` of a whole sample. That token is never fed to the model, so the extra
 position is allowed past the model's own maximum (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``).
 :func:`check_contexts` refuses one whose model holds fewer positions than ``max_model_len`` (vLLM's
-own check is off for them). :func:`token_scorers` are the engine's scorers over their URLs. docs/rollout.md, "Teachers and
-reference models"."""
+own check is off for them). :func:`token_scorers` are the engine's scorers over their URLs.
+docs/rollout.md, "Teachers and reference models"."""
 
 from __future__ import annotations
 
