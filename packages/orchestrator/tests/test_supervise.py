@@ -334,7 +334,7 @@ async def test_a_server_is_failing_from_the_start_of_the_first_check_that_found_
     # the first check's end would wait for a third)
     sup, *_ = _supervisor(health_timeout_s=0.3)
 
-    async def unresponsive(url: str) -> str:
+    async def unresponsive(url: str, **_: Any) -> str:
         await asyncio.sleep(0.2)
         return "its engine did not answer"
 
@@ -431,3 +431,84 @@ def test_the_limits_are_the_run_configs_fields():
         weight_broadcast_timeout_s=11,
     )  # fmt: skip
     assert SupervisorLimits.from_config(cfg) == SupervisorLimits(5, 7.0, 90.0, 11.0)
+
+
+# ------------------------------------------------------------------ the teacher's and reference model's
+T1, T2 = "http://t:1", "http://t:2"
+
+
+class _Scorer:
+    """What the supervisor uses of a ``ServedScorer``: which servers are out, and its failure."""
+
+    name = "teacher"
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+        self.on_server_down: Any = None
+        self.failed: Exception | None = None
+
+    def server_lost(self, url: str) -> None:
+        self.calls.append(("teacher", "server_lost", (url,)))
+
+    def server_back(self, url: str) -> None:
+        self.calls.append(("teacher", "server_back", (url,)))
+
+    def fail(self, error: Exception) -> None:
+        self.failed = error
+
+
+def _with_teacher(max_restarts: int = 3):
+    calls: list = []
+    engine: Any = _Engine(calls)
+    scorer = _Scorer(calls)
+    teachers = {u: _Server(u, calls) for u in (T1, T2)}
+    events: list = []
+    sup = ServerSupervisor(
+        engine=engine, servers=[(u, _Server(u, calls)) for u in (A, B)], trainers=[_Trainer(calls)],
+        groups={"full": [A, B]},
+        limits=SupervisorLimits(max_restarts=max_restarts, health_timeout_s=60, start_timeout_s=60,
+                                update_timeout_s=20),
+        event=lambda kind, **d: events.append((kind, d)), say=lambda text: None,
+        scorer_servers=[(u, a, scorer) for u, a in teachers.items()],
+    )  # fmt: skip
+    return sup, engine, scorer, calls, events
+
+
+async def test_a_dead_teacher_server_leaves_its_scorer_restarts_and_comes_back_without_weights(probe):
+    sup, _engine, scorer, calls, events = _with_teacher()
+    assert scorer.on_server_down is not None  # the scorer reports servers it finds unreachable
+    await sup.lose(T2, "its vLLM process was killed by SIGKILL")
+    await _settle(sup)
+    order = [(who, what, args) for who, what, args in calls if what != "exit_code"]
+    assert order == [
+        ("teacher", "server_lost", (T2,)),
+        (T2, "restart", (60.0,)),
+        ("teacher", "server_back", (T2,)),
+    ]  # no engine pool change, no weight-sync group, no publish: the teacher never changes
+    assert [k for k, _ in events] == ["server_down", "server_restarting", "server_restarted"]
+    assert events[-1][1]["version"] is None
+    assert sup.groups_now() == {"full": [A, B]}
+    assert sup.metrics() == {"restarts/inference": 1.0, "servers/out": 0.0}
+
+
+async def test_with_every_teacher_server_given_up_the_scorer_and_the_engine_fail(probe):
+    sup, engine, scorer, _calls, _events = _with_teacher(max_restarts=0)
+    await sup.lose(T1, "its vLLM process exited with code 1")
+    assert engine.failed is None  # the other teacher server scores on
+    await sup.lose(T2, "its vLLM process exited with code 1")
+    assert isinstance(engine.failed, ServersGone)
+    assert scorer.failed is engine.failed
+    assert str(engine.failed).startswith(
+        "no teacher server is left: teacher server http://t:2 died 1 time(s)"
+    )
+    assert sup.groups_now() == {"full": [A, B]}  # the policy servers are untouched
+
+
+async def test_an_unreachable_teacher_server_that_answers_health_is_put_back(probe):
+    sup, _engine, scorer, calls, events = _with_teacher()
+    sup._http = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
+    scorer.on_server_down(T1, "connection refused")
+    await _settle(sup)
+    assert ("teacher", "server_back", (T1,)) in calls
+    assert [k for k, _ in events] == ["server_blip"]
+    await sup.close()

@@ -21,6 +21,12 @@ A server past its restarts stays out and the run goes on with a warning; once no
 the engine fails with :class:`ServersGone` (the loop checkpoints, then the run stops naming the
 server, its log and the fix). Each transition is an event of the run record and a console line;
 ``restarts/inference`` in the step metrics counts restarts since the run started.
+
+The servers of the teacher and the reference model (``scorer_servers``) are watched and restarted
+the same way, without weights to send (they never change): a dead one is taken out of its scorer
+(``ServedScorer.server_lost``: its requests go to the model's other servers, or wait), restarted,
+and put back (``server_back``); its scorer reports a server it finds unreachable. Once every server
+of one of these models is given up, the engine fails with :class:`ServersGone` too.
 """
 
 from __future__ import annotations
@@ -71,6 +77,13 @@ class _Server:
     """``up``; ``out`` (dead, being restarted); ``given_up`` (past its restarts)."""
     failing_since: float | None = None
     """When ``/health`` started failing (None: it answers)."""
+    scorer: Any = None
+    """The ``ServedScorer`` of a teacher's or reference model's server (None: a policy server)."""
+
+    @property
+    def what(self) -> str:
+        """The server's kind in messages: ``inference``, ``teacher`` or ``ref``."""
+        return "inference" if self.scorer is None else str(self.scorer.name)
 
 
 @dataclass(frozen=True)
@@ -122,9 +135,13 @@ class ServerSupervisor:
         trainers_dead: Callable[[], Awaitable[dict[int, str]]] | None = None,
         on_lost: Callable[[str], None] | None = None,
         on_restarted: Callable[[Any], None] | None = None,
+        scorer_servers: Sequence[tuple[str, Any, Any]] = (),
     ) -> None:
         self.engine = engine
         self.servers = {url: _Server(url, actor) for url, actor in servers}
+        for url, actor, scorer in scorer_servers:  # (url, actor, its ServedScorer)
+            self.servers[url] = _Server(url, actor, scorer=scorer)
+            scorer.on_server_down = self._report
         self.trainers = list(trainers)
         self.groups = {name: list(members) for name, members in groups.items()}
         self.connected = {name: list(members) for name, members in groups.items()}
@@ -292,12 +309,22 @@ class ServerSupervisor:
         return None if code is None else f"its vLLM process {describe_exit(code)}"
 
     # ------------------------------------------------------------------ death and restart
+    def _report(self, url: str, error: str) -> None:
+        """A scorer found ``url`` unreachable (``ServedScorer.on_server_down``)."""
+        self._spawn(self._reported(url, error))
+
     async def _reported(self, url: str, error: str) -> None:
         """A request found ``url`` unreachable (the engine took it out): dead, or a passing blip."""
-        engine = self.engine
-        if self.servers[url].state != "up":
+        engine, server = self.engine, self.servers[url]
+        if server.state != "up":
             return
-        if not await self._probe([url]) and engine.server_versions[url] == engine.version:
+        if server.scorer is not None:  # frozen: its process and /health say it all
+            if await self._exited(server) is None and await self._unresponsive(url, engine=False) is None:
+                log.warning("scorer server unreachable for a moment; it answers now", server=url, error=error)
+                self.event("server_blip", server=url, error=error[:2000])
+                server.scorer.server_back(url)
+                return
+        elif not await self._probe([url]) and engine.server_versions[url] == engine.version:
             log.warning("inference server unreachable for a moment; it answers now", server=url, error=error)
             self.event("server_blip", server=url, error=error[:2000])
             engine.server_back(url, engine.version)
@@ -310,17 +337,22 @@ class ServerSupervisor:
         if server.state != "up":
             return
         server.state = "out"
-        log.error("inference server died", server=url, reason=reason, restarts=server.restarts)
+        log.error(f"{server.what} server died", server=url, reason=reason, restarts=server.restarts)
         self.event("server_down", server=url, reason=reason, restarts=server.restarts)
-        await self.engine.server_lost(url)
-        if self.on_lost is not None:
-            self.on_lost(url)
+        if server.scorer is not None:
+            server.scorer.server_lost(url)
+            meanwhile = f"its requests go to the {server.what} model's other servers or wait"
+        else:
+            await self.engine.server_lost(url)
+            if self.on_lost is not None:
+                self.on_lost(url)
+            meanwhile = "its unfinished groups are generated again"
         if server.restarts >= self.max_restarts:
             await self._give_up(server, reason)
             return
         self.say(
-            f"[yellow]inference server {url} died[/yellow] ({reason[:200]}); its unfinished groups are "
-            f"generated again; restarting it ({server.restarts + 1}/{self.max_restarts})"
+            f"[yellow]{server.what} server {url} died[/yellow] ({reason[:200]}); {meanwhile}; "
+            f"restarting it ({server.restarts + 1}/{self.max_restarts})"
         )
         self._spawn(self._restart(server), name=f"restart-{url}")
 
@@ -332,7 +364,7 @@ class ServerSupervisor:
             self.event("server_restarting", server=server.url, attempt=server.restarts)
             try:
                 await server.actor.restart.remote(self.start_timeout_s)
-                version = await self._resync_soon(server)
+                version = await self._resync_soon(server) if server.scorer is None else None
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -346,9 +378,14 @@ class ServerSupervisor:
                 await asyncio.sleep(RETRY_S)
                 continue
             seconds = time.monotonic() - t0
+            if server.scorer is not None:
+                server.state, server.failing_since = "up", None
+                server.scorer.server_back(server.url)
             if self.on_restarted is not None:
                 await asyncio.to_thread(self.on_restarted, server.actor)
-            log.info("inference server back", server=server.url, version=version, seconds=round(seconds, 1))
+            log.info(
+                "server back", server=server.url, what=server.what, version=version, seconds=round(seconds)
+            )
             self.event(
                 "server_restarted",
                 server=server.url,
@@ -356,7 +393,8 @@ class ServerSupervisor:
                 version=version,
                 seconds=seconds,
             )
-            self.say(f"inference server {server.url} is back ({seconds:.0f} s, weights of step {version})")
+            held = f"weights of step {version}" if version is not None else "its model never changes"
+            self.say(f"{server.what} server {server.url} is back ({seconds:.0f} s, {held})")
             return
 
     async def _resync_soon(self, server: _Server) -> int:
@@ -392,25 +430,28 @@ class ServerSupervisor:
 
     async def _give_up(self, server: _Server, reason: str) -> None:
         server.state = "given_up"
-        what = f"inference server {server.url} died {server.restarts + 1} time(s), last: {reason[:300]}"
+        logs = "logs/inference/" if server.scorer is None else f"logs/{server.what}/"
+        what = f"{server.what} server {server.url} died {server.restarts + 1} time(s), last: {reason[:300]}"
         try:
             report = await server.actor.failure_report.remote(what)
         except Exception:  # its actor is gone too
-            report = f"{what}. Its log: logs/inference/ in the run directory"
+            report = f"{what}. Its log: {logs} in the run directory"
         self.event("server_given_up", server=server.url, restarts=server.restarts, reason=reason[:2000])
-        if all(s.state == "given_up" for s in self.servers.values()):
-            self.engine.fail(
-                ServersGone(
-                    f"no inference server is left: {report}\nFix the cause above, then resume the run "
-                    "with --resume_from_checkpoint true (raise inference_max_restarts for a flaky machine)."
-                )
+        peers = [s for s in self.servers.values() if s.scorer is server.scorer]
+        if all(s.state == "given_up" for s in peers):
+            gone = ServersGone(
+                f"no {server.what} server is left: {report}\nFix the cause above, then resume the run "
+                "with --resume_from_checkpoint true (raise inference_max_restarts for a flaky machine)."
             )
+            if server.scorer is not None:
+                server.scorer.fail(gone)  # its waiting requests end
+            self.engine.fail(gone)
             return
-        log.warning("inference server given up", server=server.url, report=report)
+        log.warning(f"{server.what} server given up", server=server.url, report=report)
         self.say(
-            f"[yellow]warning[/yellow]: inference server {server.url} is given up after "
+            f"[yellow]warning[/yellow]: {server.what} server {server.url} is given up after "
             f"{server.restarts} restart(s) (inference_max_restarts); training goes on without it. "
-            "Its log: logs/inference/"
+            f"Its log: {logs}"
         )
 
     # ------------------------------------------------------------------ watching
@@ -433,7 +474,8 @@ class ServerSupervisor:
         if exited is not None:
             return exited
         asked = time.monotonic()
-        failing = await self._unresponsive(server.url)
+        # the engine of a teacher's or reference model's server has no weight receiver to probe
+        failing = await self._unresponsive(server.url, engine=server.scorer is None)
         now = time.monotonic()
         if failing is None:
             server.failing_since = None
@@ -445,9 +487,9 @@ class ServerSupervisor:
             return f"{failing} for {now - server.failing_since:.0f} s"
         return None
 
-    async def _unresponsive(self, url: str) -> str | None:
-        """What fails on a running server: ``/health``, or its engine (a stuck engine core still
-        lets ``/health`` answer), else None."""
+    async def _unresponsive(self, url: str, *, engine: bool = True) -> str | None:
+        """What fails on a running server: ``/health``, or (``engine``) its engine (a stuck engine
+        core still lets ``/health`` answer), else None."""
         from telescope_weightsync import probe_version
 
         try:
@@ -455,7 +497,7 @@ class ServerSupervisor:
                 return "/health failed"
         except httpx.HTTPError:
             return "/health failed"
-        if self.lock.locked():
+        if not engine or self.lock.locked():
             # a step or a weight update is under way: the engine runs an update's calls one at a
             # time, so a probe would wait behind them (a stuck engine is found before the update)
             return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -100,13 +100,19 @@ def model_positions(path: str) -> int | None:
     from pathlib import Path
 
     try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        config: Any = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    for section in (config, config.get("text_config") or {}):
-        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+    sections: list[Any] = [config]
+    while sections:
+        section = sections.pop(0)
+        if not isinstance(section, dict):
+            continue
+        fields = cast("dict[str, Any]", section)
+        value = fields.get("max_position_embeddings")
         if isinstance(value, int) and value > 0:
             return value
+        sections.append(fields.get("text_config"))
     return None
 
 

@@ -268,13 +268,7 @@ def _start(state: _Run) -> Any:
     # a run of supervised steps only has no server, hence no engine, evals or weight-sync group
     parts = _build_engine(state, inputs, urls, scoring) if urls else None
     engine, evals = (parts.engine, parts.evals) if parts is not None else (None, None)
-    from telescope_orchestrator.record.observe import record_setup, start_infra
-
-    workers = setup_infos(trainers) + setup_infos([s["actor"] for s in [*servers, *scoring]])
-    pids = record_setup(run, cfg.model, infos=workers, built=inputs.built, evals=evals)
-    state.infra = start_infra(
-        run, pids=pids, urls=urls, interval_s=float(cfg.system_metrics_collection_interval_seconds)
-    )
+    pids = _observe(state, inputs, trainers, [*servers, *scoring], evals)
     groups = _connect(state, trainers, urls, resuming=inputs.resume is not None)
     start_step = 0
     if inputs.resume is not None:
@@ -283,7 +277,11 @@ def _start(state: _Run) -> Any:
     if cfg.use_wandb:
         state.wandb = _start_wandb(cfg, resolved, run)
     restarts = _trainer_restarts(state, inputs, groups, pids)
-    supervisor = _supervisor(state, engine, servers, trainers, evals, pids, groups) if engine else None
+    supervisor = (
+        _supervisor(state, engine, servers, trainers, evals, pids, groups, scoring=scoring)
+        if engine
+        else None
+    )
     return LoopContext(
         config=cfg,
         engine=engine,
@@ -308,6 +306,22 @@ def _start(state: _Run) -> Any:
         scorer_clients=parts.scorer_clients if parts is not None else [],
         sft=inputs.sft,
     )
+
+
+def _observe(
+    state: _Run, inputs: _Inputs, trainers: list[Any], servers: list[dict[str, Any]], evals: Any
+) -> dict[str, int]:
+    """The setup record of every worker, then the infrastructure sampler over them (stopped by
+    ``_stop``); returns the pids it samples, by role."""
+    from telescope_orchestrator.record.observe import record_setup, start_infra
+
+    cfg, run = state.resolved.config, state.run
+    workers = setup_infos(trainers) + setup_infos([s["actor"] for s in servers])
+    pids = record_setup(run, cfg.model, infos=workers, built=inputs.built, evals=evals)
+    urls = [s["url"] for s in servers if "scorer" not in s]
+    interval = float(cfg.system_metrics_collection_interval_seconds)
+    state.infra = start_infra(run, pids=pids, urls=urls, interval_s=interval)
+    return pids
 
 
 def _connect(state: _Run, trainers: list[Any], urls: list[str], *, resuming: bool) -> dict[str, list[str]]:
@@ -424,17 +438,22 @@ def _supervisor(
     evals: Any,
     pids: dict[str, int],
     groups: dict[str, list[str]],
+    *,
+    scoring: list[dict[str, Any]],
 ) -> Any:
-    """The watcher that restarts dead inference servers (``recovery.servers``): it tells the evals under
+    """The watcher that restarts dead inference servers, the policy's and the teacher's and reference
+    model's (``scoring``, each with its engine scorer; ``recovery.servers``): it tells the evals under
     way of a lost server and the infrastructure sampler of a restarted one's pid, and leaves a
     failure of the trainer ranks to the loop."""
     from telescope_orchestrator.record.observe import local_pids
     from telescope_orchestrator.recovery.servers import ServerSupervisor, SupervisorLimits
 
     cfg, run = state.resolved.config, state.run
+    scorers = {scorer.name: scorer for scorer in engine.scorers}
     supervisor = ServerSupervisor(
         engine=engine,
         servers=[(s["url"], s["actor"]) for s in servers],
+        scorer_servers=[(s["url"], s["actor"], scorers[s["scorer"]]) for s in scoring],
         trainers=trainers,
         groups=groups,
         limits=SupervisorLimits.from_config(cfg),
