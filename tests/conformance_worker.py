@@ -24,7 +24,7 @@ warnings.simplefilter("ignore")
 import torch  # noqa: E402
 
 import telescope_config  # noqa: E402
-from telescope_algos import TrainingSample, pack_samples  # noqa: E402
+from telescope_algos import TOKEN_FIELDS, TrainingSample, pack_samples, sample_tokens  # noqa: E402
 from telescope_algos.backend import TrainerBackend  # noqa: E402
 from telescope_orchestrator.run import checkpoints as ck  # noqa: E402
 
@@ -65,6 +65,26 @@ def _save(trainer, root: Path, step: int, *, training_state: bool = True, keep_l
     return path
 
 
+def _tokens(trainer, mbs, samples: list[dict]) -> list[dict[str, list[float]]]:
+    """The last step's ``step_tokens`` read back by sample (``sample_tokens``), whole sequences."""
+    rows = trainer.step_tokens()
+    lengths = [len(s["prompt_ids"]) + len(s["completion_ids"]) for s in samples]
+    by_field = {f: sample_tokens(mbs, [r[f] for r in rows], lengths) for f in TOKEN_FIELDS}
+    return [{f: by_field[f][k].tolist() for f in TOKEN_FIELDS} for k in range(len(samples))]
+
+
+def _hf_logprobs(model, samples: list[dict]) -> list[list[float]]:
+    """transformers' own logprob of each completion token (float32, no dropout)."""
+    out = []
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s["prompt_ids"] + s["completion_ids"]])
+            logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+            n = len(s["prompt_ids"])
+            out.append([float(logprobs[n + j - 1, t]) for j, t in enumerate(s["completion_ids"])])
+    return out
+
+
 def _nll(model, samples: list[dict]) -> float:
     """transformers' own token-mean negative log-likelihood of the completion tokens whose mask is 1."""
     total, count = 0.0, 0
@@ -102,6 +122,7 @@ def main(spec: dict) -> None:
         out.setdefault("micro_batch_counts", []).append(len(mbs))
         metrics.append(trainer.train_step(mbs, step=i + 1))
         if i == 0:
+            out["tokens_1"] = _tokens(trainer, mbs, spec["steps"][0])
             out["weights_1"] = _weights(trainer)
             out["facts"] = trainer.save_checkpoint(ck.begin(root, 99))  # a bare folder, for its facts
             _save(trainer, root, 1)
@@ -149,21 +170,24 @@ def main(spec: dict) -> None:
         "steps": [spec["opd"]["samples"]],
     }
     trainer = backend.create_trainer(_config(opd), model_path=spec["model_dir"], seed=config.seed)
-    out["opd"] = trainer.train_step(_micro_batches(trainer, opd, 0, spec["seq_len"]), step=1)
+    mbs = _micro_batches(trainer, opd, 0, spec["seq_len"])
+    out["opd"] = trainer.train_step(mbs, step=1)
+    out["opd_tokens"] = _tokens(trainer, mbs, opd["steps"][0])
     trainer.close()
 
     # a supervised step, from the starting weights
     sft = {**spec, "steps": [spec["sft"]]}
     trainer = backend.create_trainer(config, model_path=spec["model_dir"], seed=config.seed)
     out["sft"] = trainer.train_step(_micro_batches(trainer, sft, 0, spec["seq_len"]), step=1, objective="sft")
+    out["sft_tokens"] = trainer.step_tokens()
     trainer.close()
 
     converted = backend.convert_checkpoint(root / "step_2", Path(spec["dir"]) / "hf")
     from transformers import AutoModelForCausalLM
 
-    out["sft_nll"] = _nll(
-        AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32), spec["sft"]
-    )
+    start = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+    out["sft_nll"] = _nll(start, spec["sft"])
+    out["hf_logprobs_1"] = _hf_logprobs(start, spec["steps"][0])
 
     model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
     out["converted"] = {n: t.detach().clone() for n, t in model.state_dict().items()}

@@ -9,19 +9,24 @@ model; FSDP; weight sync; tiny offline models).
   are what an ``lr=0`` control run ends with (AdamW moves nothing at a zero learning rate); the
   per-step ``teacher_reverse_kl`` falls too. The same run has a reference KL to its starting
   weights: ``ref_kl`` is 0 at step 1 (the reference servers hold the very weights the trainer
-  starts from) and grows as the student moves.
+  starts from) and grows as the student moves. The teacher's only server is SIGKILLed after
+  step 6: it is restarted, the samples it was to score wait for it, and none fails.
 - A teacher whose tokenizer gives tokens other ids is refused before any server starts.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from e2e_support import ROOT, SCALE_DOWN, base_args, check_finished, convert, train
+from e2e_support import ROOT, SCALE_DOWN, Finished, base_args, check_finished, convert, start, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 EXAMPLE = ROOT / "configs" / "examples" / "distill.yaml"
@@ -64,19 +69,60 @@ def held_out_reverse_kl(student: Path, teacher: Path, *, samples: int = 8, token
     return total / count
 
 
+def kill_the_teacher_after(run: Path, proc: Any, *, step: int, timeout_s: float = 600) -> None:
+    """SIGKILL the teacher's vLLM server once ``step``'s metrics line is written."""
+    deadline, path = time.monotonic() + timeout_s, run / "metrics.jsonl"
+    while not (path.is_file() and len(path.read_text().splitlines()) >= step):
+        assert proc.poll() is None, f"run exited early with {proc.returncode}: see {run}"
+        assert time.monotonic() < deadline, f"step {step} did not finish within {timeout_s} s"
+        time.sleep(0.05)
+    api = int((run / "logs" / "teacher" / "server_0.pid").read_text().split()[1])
+    os.kill(api, signal.SIGKILL)
+
+
+def teacher_restarts(run: Path) -> list[dict[str, Any]]:
+    """The ``server_restarted`` events of the teacher's servers (``logs/teacher/``)."""
+    import telescope_records as tr
+
+    db = tr.connect(run)
+    rows = db.execute("select event, detail from orchestrator_events order by time").fetchall()
+    urls = {
+        r.split(":", 1)[1]
+        for (r,) in db.execute("select role from setup").fetchall()
+        if r.startswith("vllm-teacher:")
+    }
+    found = [json.loads(d) for e, d in rows if e == "server_restarted"]
+    return [d for d in found if d["server"] in urls]
+
+
 @pytest.mark.xdist_group("e2e_a")
 def test_a_student_learns_from_its_teacher_and_a_reference_kl_starts_at_zero(
     tmp_path, tiny_model_dir, tiny_model_tools
 ):
     teacher = tiny_model_tools.build_tiny_teacher(tiny_model_dir, tmp_path / "teacher")
     steps = 20
-    run = train(
-        tmp_path / "run", "--config", str(EXAMPLE), *base_args(tiny_model_dir), *SCALE_DOWN,
+    run_dir, t0 = tmp_path / "run", time.monotonic()
+    proc = start(
+        run_dir, "--config", str(EXAMPLE), *base_args(tiny_model_dir), *SCALE_DOWN,
         "--teacher_model", str(teacher), "--ref_kl_coef", "0.01", "--number_of_steps", str(steps),
         "--group_size", "16", "--prompts_batch_size_for_trainer", "2", "--max_async_rollout", "0",
         "--learning_rate", "1e-2", "--checkpoint_every", str(steps),
     )  # fmt: skip
+    try:
+        kill_the_teacher_after(run_dir, proc, step=6)
+        code = proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = (tmp_path / "run.console").read_text(errors="replace")
+    run = Finished(code, output, time.monotonic() - t0, run_dir)
     lines = check_finished(run, steps)
+    restarted = teacher_restarts(run_dir)
+    assert len(restarted) == 1, restarted
+    print(f"the teacher's server was back in {restarted[0]['seconds']:.1f} s")
+    failed = [r for s in range(1, steps + 1) for r in run.rollouts(s) if r["error"] == "scoring_error"]
+    assert failed == [], failed[:2]  # its samples waited for it
+    assert "teacher server" in output
     assert "teacher and reference model" in run.output
     kl = [m["teacher_reverse_kl"] for m in lines]
     ref = [m["ref_kl"] for m in lines]

@@ -22,12 +22,16 @@ one step ahead in its LR is caught), float32 and no dropout. What every backend 
   the teacher's reverse KL of the hand computation, and a reference KL;
 - a supervised step (``objective="sft"``) has the loss of transformers' own negative
   log-likelihood of the trained tokens;
+- ``step_tokens`` gives, read back by sample, what the loss trained each token with: transformers'
+  own logprobs of the starting weights at step 1, the loss mask, the sample's advantage (under
+  ``opd``: with the teacher's term, by hand), no TIS weight or clipping; nothing after a supervised step;
 - and both backends agree: the same loss, LR and metrics at every step, and under ``opd``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -205,11 +209,44 @@ def test_a_supervised_step_is_the_negative_log_likelihood_of_its_trained_tokens(
     assert m["grad_norm"] > 0
 
 
+def _completion(sample_tokens: dict, field: str, sample: dict) -> list[float]:
+    n = len(sample["prompt_ids"])
+    return sample_tokens[field][n : n + len(sample["completion_ids"])]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_step_tokens_are_what_the_loss_trained_each_token_with(results, backend):
+    r = results[backend]
+    for k, (sample, tokens, hf) in enumerate(
+        zip(_steps()[0], r["tokens_1"], r["hf_logprobs_1"], strict=True)
+    ):
+        assert _completion(tokens, "trainer_logprob", sample) == pytest.approx(hf, abs=1e-4), k
+        assert _completion(tokens, "loss_mask", sample) == [1.0] * len(hf)
+        assert tokens["loss_mask"][0] == 0.0 or math.isnan(tokens["loss_mask"][0])  # NaN: its root's
+        assert _completion(tokens, "advantage", sample) == pytest.approx([sample["advantage"]] * len(hf))
+        assert _completion(tokens, "is_weight", sample) == [1.0] * len(hf)
+        assert _completion(tokens, "clipped", sample) == [0.0] * len(hf)
+    for sample, tokens in zip(_opd_samples(), r["opd_tokens"], strict=True):
+        # distill_reward_weight · A + distill_coef (1) · (ℓ^T − ℓ^roll)
+        expected = [
+            0.5 * sample["advantage"] + t - roll
+            for t, roll in zip(sample["teacher_logprobs"], sample["rollout_logprobs"], strict=True)
+        ]
+        assert _completion(tokens, "advantage", sample) == pytest.approx(expected, rel=1e-5)
+    assert r["sft_tokens"] == []
+
+
 def test_both_backends_agree(results):
     fsdp, meg = results["fsdp"], results["megatron"]
     for step, (a, b) in enumerate(zip(fsdp["metrics"], meg["metrics"], strict=True)):
         for key in ("loss", "entropy", "kl_divergence_inference", "grad_norm", "learning_rate", "num_tokens"):
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (step, key)
+    for a, b in zip(fsdp["tokens_1"], meg["tokens_1"], strict=True):
+        # FSDP shares prompts: NaN where the family's root holds the token
+        held = [not math.isnan(x) for x in a["trainer_logprob"]]
+        mine = [x for x, h in zip(a["trainer_logprob"], held, strict=True) if h]
+        theirs = [y for y, h in zip(b["trainer_logprob"], held, strict=True) if h]
+        assert mine == pytest.approx(theirs, abs=1e-5)
     a, b = fsdp["opd"], meg["opd"]
     for key in ("loss", "teacher_reverse_kl", "ref_kl", "grad_norm", "num_tokens"):
         assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), ("opd", key)

@@ -59,8 +59,9 @@ def _group() -> ScoredGroup:
 
 def _ctx(tmp_path, engine):
     out = io.StringIO()
-    ctx = SimpleNamespace(engine=engine, config=SimpleNamespace(event_upload_interval_seconds=0.05),
-                          console=Console(2, file=out), run=RunDir(tmp_path / "r"))  # fmt: skip
+    config = SimpleNamespace(event_upload_interval_seconds=0.05)
+    ctx = SimpleNamespace(engine=engine, rollout=engine, config=config, console=Console(2, file=out),
+                          run=RunDir(tmp_path / "r"))  # fmt: skip
     return ctx, out
 
 

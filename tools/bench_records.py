@@ -11,13 +11,18 @@ Three measurements in one run:
 2. **SmolLM2-sized steps, synthetic** (no model): a step of 8 prompts x 8 completions, 3 turns of
    ~1,500 characters each, one tool call per turn, 40 trainer spans, written by
    ``RunRecords.write_step`` 30 times: ``smol_write_ms`` per step. The quickstart's SmolLM2 step
-   takes 35-60 s on this machine (README), so the share is ``smol_write_ms / 35 s``.
+   takes 35-60 s on this machine (README), so the share is ``smol_write_ms / 35 s``. Then the same
+   steps with the token table (``record_tokens``, the default): ``tokens_merge_ms``, reading the
+   trainer's per-micro-batch rows back by sample (``record.tokens.trained_tokens``, on the step's
+   path), and ``tokens_write_ms``, the extra time ``write_step`` takes for the table (in the record's
+   thread, beside the next step); ``tokens_share`` = both over 35 s; ``tokens_kib`` the table's file.
 3. **Memory**: 10,000 steps of one group each through ``RunRecords.write_step`` in this process;
    ``rss_growth_mb`` = resident set after minus after the first 1,000 (flat = the record holds
    nothing between steps).
 
 Usage: ``python tools/bench_records.py [--skip-run]``. Last line:
-``RESULT overhead_ratio=<x> smol_share=<x> smol_write_ms=<x> rss_growth_mb=<x>``.
+``RESULT overhead_ratio=<x> smol_share=<x> tokens_share=<x> smol_write_ms=<x> tokens_merge_ms=<x>
+tokens_write_ms=<x> tokens_kib=<x> rss_growth_mb=<x>``.
 """
 
 from __future__ import annotations
@@ -85,18 +90,40 @@ def _spans(n: int) -> list[dict]:
     ]
 
 
-def synthetic(tmp: Path) -> float:
+def synthetic(tmp: Path, *, tokens: bool = False) -> float:
+    """Median ms of ``write_step`` of a SmolLM2-sized step, with or without the token table."""
     from telescope_orchestrator.record.writer import RunRecords
 
-    records = RunRecords(tmp / "smol")
+    records = RunRecords(tmp / ("smol_tokens" if tokens else "smol"))
     batch, spans = _batch(8, 8, 1500), _spans(40)
     decode = lambda ids: "t" * len(ids)  # noqa: E731 (a tokenizer's decode, without the model)
+    trained = _trained(batch)[0] if tokens else None
     times = []
     for step in range(1, 31):
         t0 = time.perf_counter()
-        records.write_step(step, batch, decode=decode, spans=spans)
+        records.write_step(step, batch, decode=decode, spans=spans, tokens=tokens, trained=trained)
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1000
+
+
+def _trained(batch: Any) -> tuple[Any, float]:
+    """The trainer's rows of ``batch`` packed as ``telescope train`` packs them (2 data-parallel ranks,
+    rows of 4,096) read back by sample: the result and the median ms of 10 reads."""
+    import numpy as np
+
+    from telescope_algos import TOKEN_FIELDS, TrainingSample, pack_samples
+    from telescope_orchestrator.record.tokens import sequences, trained_tokens
+
+    samples = [TrainingSample(seq.prompt_ids, seq.completion_ids, 1.0) for _, _, seq in sequences(batch)]
+    shards = pack_samples(samples, seq_len=4096, num_ranks=2, share_prompts=True)
+    rows = [[{f: np.zeros(len(mb), np.float32) for f in TOKEN_FIELDS} for mb in shard] for shard in shards]
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    times, out = [], None
+    for _ in range(10):
+        t0 = time.perf_counter()
+        out = trained_tokens(shards, [0, 1], rows, lengths)
+        times.append(time.perf_counter() - t0)
+    return out, statistics.median(times) * 1000
 
 
 def _rss_mb() -> float:
@@ -155,9 +182,20 @@ def main() -> None:
         tmp = Path(d)
         ratio = float("nan") if args.skip_run else tiny_run(tmp)
         smol_ms = synthetic(tmp)
+        with_tokens_ms = synthetic(tmp, tokens=True)
+        merge_ms = _trained(_batch(8, 8, 1500))[1]
+        table = tmp / "smol_tokens" / "records" / "tokens" / "step_000030.parquet"
+        kib = table.stat().st_size / 1024
         growth = memory(tmp)
+    tokens_ms = with_tokens_ms - smol_ms
+    share = (tokens_ms + merge_ms) / 1000 / SMOL_STEP_S
+    print(
+        f"SmolLM2-sized step: write_step {smol_ms:.1f} ms, {with_tokens_ms:.1f} ms with the token table "
+        f"({kib:.0f} KiB); reading the trainer's rows back by sample {merge_ms:.1f} ms"
+    )
     print(f"RESULT overhead_ratio={ratio:.4f} smol_share={smol_ms / 1000 / SMOL_STEP_S:.5f} "
-          f"smol_write_ms={smol_ms:.1f} rss_growth_mb={growth:.1f}")  # fmt: skip
+          f"tokens_share={share:.5f} smol_write_ms={smol_ms:.1f} tokens_merge_ms={merge_ms:.1f} "
+          f"tokens_write_ms={tokens_ms:.1f} tokens_kib={kib:.0f} rss_growth_mb={growth:.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

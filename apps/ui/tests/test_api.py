@@ -115,6 +115,13 @@ def test_a_sample_whole(client: TestClient, runs: Path) -> None:
         "kept",
     ]
     assert s["environment"]["metrics_ranges"] == {"correct": {"min": 0.0, "max": 1.0, "invert": False}}
+    (tokens,) = s["tokens"]  # one training sequence, as written (NaN would come back as null)
+    (written,) = [r for r in _table(runs, "tokens", 3) if r["sample_id"] == row["sample_id"]]
+    assert tokens["token_text"] == written["token_text"] == [w + " " for w in row["completion"].split(" ")]
+    assert tokens["trainer_logprob"] == pytest.approx(written["trainer_logprob"])
+    assert tokens["version_end"] == [2] * len(tokens["token_ids"])
+    discarded = next(r for r in _table(runs, "samples", 3) if r["status"] == "discarded")
+    assert get(client, "/api/sample", run="demo", step=3, id=discarded["sample_id"])["tokens"] == []
     missing = client.get("/api/sample", params={"run": "demo", "step": 3, "id": 10**9})
     assert missing.status_code == 404
     assert "no sample" in missing.json()["detail"]

@@ -129,6 +129,49 @@ def test_model_output_is_text_and_the_render_toggles(page: Any, tmp_path: Path) 
     assert page.errors == []
 
 
+def backgrounds(page: Any) -> list[str]:
+    """The computed background colour of every token of the token view."""
+    script = (
+        "[...document.querySelectorAll('#token-view .tok')].map((t) => getComputedStyle(t).backgroundColor)"
+    )
+    return page.evaluate(script)
+
+
+def opacity(colour: str) -> float:
+    """The alpha of a computed ``rgb(...)`` / ``rgba(...)`` colour."""
+    parts = colour[colour.index("(") + 1 : -1].split(",")
+    return float(parts[3]) if len(parts) == 4 else 1.0
+
+
+def test_a_samples_tokens_are_coloured_by_what_the_sampler_and_trainer_made_of_them(
+    page: Any, runs: Path, tmp_path: Path
+) -> None:
+    rows = pq.read_table(runs / "demo" / "records" / "tokens" / "step_000002.parquet").to_pylist()
+    row = rows[0]
+    page.goto(f"{page.base}#/r/demo/rollouts?step=2&sample={row['sample_id']}")
+    ready(page, "rollouts")
+    view = page.locator("#token-view")
+    view.scroll_into_view_if_needed()
+    tokens = view.locator(".tok")
+    assert tokens.count() == len(row["token_ids"])
+    assert tokens.all_text_contents() == row["token_text"]
+    # by default the mismatch |sampler − trainer|: the largest gap is the reddest token
+    gaps = [abs(a - b) for a, b in zip(row["sampler_logprob"], row["trainer_logprob"], strict=True)]
+    worst = max(range(len(gaps)), key=gaps.__getitem__)
+    alpha = [opacity(c) for c in backgrounds(page)]
+    assert alpha[worst] == max(alpha) > 0  # (gaps of 1 nat and more are all fully red)
+    assert f"largest |sampler − trainer| {max(gaps):.4f}" in view.locator(".token-summary").text_content()
+    assert "trainer" in (tokens.nth(worst).get_attribute("title") or "")
+    page.screenshot(path=str(tmp_path / "tokens-mismatch.png"), full_page=True)
+    # coloured by clipping: the one clipped token stands out
+    page.select_option("#token-colour", "clipped")
+    clipped = backgrounds(page)
+    assert [opacity(c) > 0 for c in clipped] == [x != 0 for x in row["clipped"]]
+    page.screenshot(path=str(tmp_path / "tokens-clipped.png"), full_page=True)
+    page.select_option("#token-colour", "sampler − trainer logprob")  # leave the stored choice as it was
+    assert page.errors == []
+
+
 def test_a_new_step_appears_on_the_metrics_page(page: Any, runs: Path) -> None:
     page.goto(f"{page.base}#/r/live/metrics")
     ready(page, "metrics")

@@ -19,9 +19,9 @@ def _defaults_text() -> str:
     return resources.files("telescope_config").joinpath("defaults.yaml").read_text(encoding="utf-8")
 
 
-def test_defaults_and_schema_list_the_same_175_fields_in_the_same_order():
+def test_defaults_and_schema_list_the_same_176_fields_in_the_same_order():
     assert list(defaults()) == list(TelescopeConfig.model_fields)
-    assert len(TelescopeConfig.model_fields) == 175
+    assert len(TelescopeConfig.model_fields) == 176
 
 
 def test_the_defaults_file_is_the_only_source_of_defaults():
@@ -40,6 +40,7 @@ def test_defaults_match_upstream_except_the_deliberate_differences():
         "lora_target_modules", "teacher_model", "teacher_num_workers", "teacher_tensor_parallel_size",
         "distill_coef", "distill_reward_weight", "ref_model", "ref_num_workers", "ref_kl_coef",
         "ref_kl_estimator", "sft_steps", "sft_dataset", "sft_dataset_split", "sft_batch_size",
+        "record_tokens",
     }  # fmt: skip
     assert set(upstream) <= set(ours)
     changed = {k for k in upstream if upstream[k] != ours[k] or type(upstream[k]) is not type(ours[k])}

@@ -143,6 +143,28 @@ def sample_list(
     )
 
 
+def _tokens(
+    cursor: DuckDBPyConnection, run: Path, step: int, sample_id: int, source: str, attempt: int
+) -> list[dict[str, Any]]:
+    """The sample's rows of the token table (one per training sequence; none for evals or a run
+    that did not record them), each list column as a list, NaN as null."""
+    paths = step_files(run, "tokens", step) if source == "train" else []
+    if not paths:
+        return []
+    found = rows(
+        cursor,
+        "select * exclude (attempt, step) from read_parquet(?, union_by_name = true) "
+        "where sample_id = ? and attempt = ? order by sequence",
+        [paths, sample_id, attempt],
+    )
+    for row in found:
+        for name, value in row.items():
+            if isinstance(value, list):
+                values = cast("list[Any]", value)
+                row[name] = [None if isinstance(x, float) and math.isnan(x) else x for x in values]
+    return found
+
+
 def sample_detail(
     cursor: DuckDBPyConnection, run: Path, step: int, sample_id: int, *, source: str = "train"
 ) -> dict[str, Any] | None:
@@ -180,6 +202,7 @@ def sample_detail(
     sample["turns"] = part("turns", "turn_index")
     sample["tool_calls"] = part("tool_calls", "call_index")
     sample["events"] = part("rollout_events", "started_at", HAPPENED)
+    sample["tokens"] = _tokens(cursor, run, step, sample_id, source, sample["attempt"])
     sample["environment"] = _environment(cursor, run, sample.get("env"))
     return sample
 

@@ -295,6 +295,42 @@ def _evals(folder: Path, step: int, args: dict[str, Any]) -> dict[str, Any]:
     return {"step": step, "eval/step": step, "eval/digits/correct": 0.5, "eval/digits/pass@2/correct": 1.0}
 
 
+def _tokens(samples: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    """The token table of the kept samples: each word of the completion a token; the trainer's logprob
+    near the sampler's, a few far off (the mismatch the inspector shows), one token clipped."""
+    rows: list[dict[str, Any]] = []
+    for row in samples:
+        if row["status"] != "kept":
+            continue
+        words = [w + " " for w in str(row["completion"]).split(" ")]
+        sampler = [-rng.random() * 3 for _ in words]
+        trainer = [x + (rng.gauss(0, 0.02) if k % 5 else rng.gauss(0, 1.0)) for k, x in enumerate(sampler)]
+        v = row["version_start"]
+        rows.append(
+            {
+                "attempt": 0,
+                "step": row["step"],
+                "env": row["env"],
+                "group_id": row["group_id"],
+                "sample_id": row["sample_id"],
+                "sequence": 0,
+                "token_ids": list(range(len(words))),
+                "token_text": words,
+                "sampler_logprob": sampler,
+                "trainer_logprob": trainer,
+                "teacher_logprob": None,
+                "ref_logprob": None,
+                "advantage": [row["advantage"]] * len(words),
+                "loss_mask": [1.0] * len(words),
+                "is_weight": [1.0] * len(words),
+                "clipped": [1.0 if k == 1 else 0.0 for k in range(len(words))],
+                "version_start": [v] * len(words),
+                "version_end": [v] * len(words),
+            }
+        )
+    return rows
+
+
 def _step(folder: Path, step: int, t0: float, args: dict[str, Any]) -> dict[str, Any]:
     """Write one step's files; returns its metrics line (a random stream of its own per step)."""
     rows = _samples(step, t0, args, random.Random(args["seed"] * 1_000_003 + step))
@@ -302,6 +338,9 @@ def _step(folder: Path, step: int, t0: float, args: dict[str, Any]) -> dict[str,
     for table, part in zip(("samples", "turns", "tool_calls", "rollout_events"), rows, strict=True):
         if part:
             _write(folder, table, name, _cols(part))
+    tokens = _tokens(rows[0], random.Random(args["seed"] * 7 + step))
+    if tokens:
+        _write(folder, "tokens", name, _cols(tokens))
     _write(folder, "trainer_spans", name, _cols(_spans(step, t0, args)))
     orch = [
         {

@@ -29,13 +29,21 @@ from telescope_algos._advantages import (
 )
 from telescope_algos._filters import is_gibberish, is_overlong, is_repetitive, overlong_penalty
 from telescope_algos._modifiers import KL_ESTIMATORS, dual_clip, kl_penalty, seq_is_mask, tis_weights
-from telescope_algos._objective import POLICY_TERMS, LossInputs, LossOptions, compute_loss
+from telescope_algos._objective import (
+    POLICY_TERMS,
+    TOKEN_FIELDS,
+    LossInputs,
+    LossOptions,
+    compute_loss,
+    loss_tokens,
+)
 from telescope_algos._packing import (
     MicroBatch,
     TrainingSample,
     first_fit_decreasing,
     pack_samples,
     pad_micro_batch,
+    sample_tokens,
 )
 from telescope_algos._policy_terms import (
     PolicyInputs,
@@ -73,12 +81,14 @@ __all__ += [
 # loss: the objective and the policy term of every algorithm
 __all__ += [
     "POLICY_TERMS",
+    "TOKEN_FIELDS",
     "LossInputs",
     "LossOptions",
     "PolicyInputs",
     "cispo_policy_loss",
     "compute_loss",
     "gspo_policy_loss",
+    "loss_tokens",
     "ppo_clip_policy_loss",
     "reinforce_policy_loss",
     "sapo_policy_loss",
@@ -104,7 +114,14 @@ __all__ += [
     "token_logprobs_and_entropy",
 ]
 # packing and the sample layout
-__all__ += ["MicroBatch", "TrainingSample", "first_fit_decreasing", "pack_samples", "pad_micro_batch"]
+__all__ += [
+    "MicroBatch",
+    "TrainingSample",
+    "first_fit_decreasing",
+    "pack_samples",
+    "pad_micro_batch",
+    "sample_tokens",
+]
 # LR schedules
 __all__ += ["LR_SCHEDULES", "lr_multiplier"]
 # what the trainer backends share beside the math

@@ -307,17 +307,8 @@ def _per_token_loss(b: _Batch, o: LossOptions) -> _PerToken:
     before_dual = per_token
     if o.clip_ratio_c is not None:
         per_token = dual_clip(per_token, b.advantages, o.clip_ratio_c)
-    tis = None
-    if o.use_tis:
-        assert b.data.rollout_logprobs is not None  # _check_requirements
-        tis = tis_weights(
-            b.logprobs,
-            b.data.rollout_logprobs,
-            mode=o.tis_mode,
-            cap=o.tis_cap,
-            floor=o.tis_floor,
-            logprob_clamp=o.tis_logprob_clamp,
-        )
+    tis = _tis(b, o)
+    if tis is not None:
         per_token = per_token * tis
     if o.kl_penalty_tau > 0:
         assert b.data.rollout_logprobs is not None  # _check_requirements
@@ -328,6 +319,21 @@ def _per_token_loss(b: _Batch, o: LossOptions) -> _PerToken:
         penalty = kl_penalty(b.logprobs, b.data.ref_logprobs, estimator=o.ref_kl_estimator)
         per_token = per_token + o.ref_kl_coef * penalty
     return _PerToken(per_token, before_dual, tis)
+
+
+def _tis(b: _Batch, o: LossOptions) -> torch.Tensor | None:
+    """The TIS weight of each token (``use_tis``), else None."""
+    if not o.use_tis:
+        return None
+    assert b.data.rollout_logprobs is not None  # _check_requirements
+    return tis_weights(
+        b.logprobs,
+        b.data.rollout_logprobs,
+        mode=o.tis_mode,
+        cap=o.tis_cap,
+        floor=o.tis_floor,
+        logprob_clamp=o.tis_logprob_clamp,
+    )
 
 
 # -- aggregate ---------------------------------------------------------------------------------
@@ -396,6 +402,37 @@ def _metrics(loss: torch.Tensor, b: _Batch, o: LossOptions, per_token: _PerToken
     if o.seq_is_masking:
         out["seq_is_masked_frac"] = 1.0 - count / b.input_mask.sum().to(f32).clamp_min(1)
     return out
+
+
+TOKEN_FIELDS = ("trainer_logprob", "advantage", "loss_mask", "is_weight", "clipped")
+"""What :func:`loss_tokens` gives for each token."""
+
+
+def loss_tokens(inputs: LossInputs, options: LossOptions) -> dict[str, torch.Tensor]:
+    """What :func:`compute_loss` did with each token, as float32 ``[rows, seq]`` tensors (no gradient),
+    for the run record's token table (docs/records.md, "tokens"): ``trainer_logprob`` (the logprob it
+    trained with; NaN for the first token of each sample, which nothing predicts), ``advantage`` (per
+    token: after ``opd``'s teacher term), ``loss_mask`` (1 where the token counted, after sequence IS
+    masking), ``is_weight`` (its TIS weight, 1 without TIS) and
+    ``clipped`` (−1 where the ratio was clipped at the lower bound, +1 at the upper, else 0; as
+    ``clip_low_frac`` / ``clip_high_frac`` count them)."""
+    with torch.no_grad():
+        b = _prepare(inputs, options)
+        f32 = torch.float32
+        tis = _tis(b, options)
+        clipped = torch.zeros_like(b.logprobs, dtype=f32)
+        if b.ref_logprobs is not None and (options.use_ppo_clip or options.algorithm in ("cispo", "gspo")):
+            low, high = _clipped(b, options)
+            clipped = high.to(f32) - low.to(f32)
+        # nothing predicts the first token of a sample: its "logprob" is left out
+        trainer = torch.where(b.segments.starts, torch.nan, b.logprobs.detach().to(f32))
+        return {
+            "trainer_logprob": trainer,
+            "advantage": b.advantages.detach().to(f32),
+            "loss_mask": b.mask.to(f32),
+            "is_weight": tis.to(f32) if tis is not None else torch.ones_like(b.logprobs, dtype=f32),
+            "clipped": clipped,
+        }
 
 
 def _clipped(b: _Batch, o: LossOptions) -> tuple[torch.Tensor, torch.Tensor]:

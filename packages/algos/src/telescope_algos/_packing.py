@@ -73,6 +73,10 @@ class MicroBatch:
         teacher_logprobs, ref_logprobs: float32, or None when no sample of the step had them.
         num_samples: real samples packed in (0 for a dummy micro-batch).
         num_tokens: loss tokens (``loss_mask.sum()``); the step total is ``LossInputs.num_tokens``.
+        spans: where each sample's tokens are: ``(sample, column, position, length)``, the sample's
+            index in ``pack_samples``'s list, the first column of its part of the row, the position
+            in the sample of that column (0, or ``q`` for a branch), and the part's length
+            (:func:`sample_tokens` reads per-token values back by sample).
     """
 
     input_ids: torch.Tensor
@@ -84,6 +88,7 @@ class MicroBatch:
     num_tokens: int
     teacher_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    spans: tuple[tuple[int, int, int, int], ...] = ()
 
     def __len__(self) -> int:
         return self.input_ids.shape[-1]
@@ -131,6 +136,8 @@ class _Prepared:
     advantage: float
     side: dict[str, np.ndarray]
     """Teacher / reference logprobs (:data:`_SIDE_LOGPROBS`) where the step has them."""
+    index: int = 0
+    """The sample's index in ``pack_samples``'s list."""
     start: int = 0
     """Position of ``ids[0]``: 0 for a whole sample, ``q`` for a branch that shares the first ``q``
     tokens of its root."""
@@ -138,7 +145,9 @@ class _Prepared:
     def branch(self, q: int) -> _Prepared:
         """This sample without its first ``q`` tokens (its root holds them)."""
         side = {name: v[q:] for name, v in self.side.items()}
-        return _Prepared(self.ids[q:], self.mask[q:], self.logprobs[q:], self.advantage, side, start=q)
+        return _Prepared(
+            self.ids[q:], self.mask[q:], self.logprobs[q:], self.advantage, side, index=self.index, start=q
+        )
 
 
 def _token_logprobs(given: Sequence[float | None] | None, n_prompt: int, n_comp: int) -> np.ndarray:
@@ -149,7 +158,7 @@ def _token_logprobs(given: Sequence[float | None] | None, n_prompt: int, n_comp:
     return out
 
 
-def _prepare(sample: TrainingSample, seq_len: int, side: Sequence[str] = ()) -> _Prepared:
+def _prepare(sample: TrainingSample, seq_len: int, side: Sequence[str] = (), index: int = 0) -> _Prepared:
     n_prompt, n_comp = len(sample.prompt_ids), len(sample.completion_ids)
     if n_prompt + n_comp == 0:
         raise ValueError("a sample needs at least one token")
@@ -163,7 +172,7 @@ def _prepare(sample: TrainingSample, seq_len: int, side: Sequence[str] = ()) -> 
     ids = np.asarray([*sample.prompt_ids, *sample.completion_ids], dtype=np.int64)
     mask = np.concatenate([np.zeros(n_prompt, dtype=bool), comp_mask.astype(bool)])
     mask[0] = False  # nothing predicts the first token
-    return _Prepared(ids[:seq_len], mask[:seq_len], lps[:seq_len], float(sample.advantage), others)
+    return _Prepared(ids[:seq_len], mask[:seq_len], lps[:seq_len], float(sample.advantage), others, index)
 
 
 def _shared_prefix(root: _Prepared, other: _Prepared) -> int:
@@ -234,6 +243,8 @@ def _build(parts: list[_Prepared], multiple: int, pad_token_id: int, side: Seque
         ]
         for name in side
     }
+    columns = np.cumsum([0, *(p.ids.size for p in parts)])
+    spans = tuple((p.index, int(c), p.start, p.ids.size) for p, c in zip(parts, columns, strict=False))
     return MicroBatch(
         input_ids=torch.as_tensor(ids)[None],
         position_ids=torch.as_tensor(pos.astype(np.int64))[None],
@@ -242,6 +253,7 @@ def _build(parts: list[_Prepared], multiple: int, pad_token_id: int, side: Seque
         rollout_logprobs=torch.as_tensor(lps)[None],
         num_samples=len(parts),
         num_tokens=int(mask.sum()),
+        spans=spans,
         **others,
     )
 
@@ -284,7 +296,7 @@ def pack_samples(
             raise ValueError(
                 f"{missing} of {len(samples)} samples have no {name}: give them to every sample or none"
             )
-    prepared = [_prepare(s, seq_len, side) for s in samples]
+    prepared = [_prepare(s, seq_len, side, i) for i, s in enumerate(samples)]
     items = _families(prepared, seq_len) if share_prompts else [[p] for p in prepared]
     bins = first_fit_decreasing([sum(p.ids.size for p in item) for item in items], seq_len)
     micro_batches = [
@@ -298,6 +310,26 @@ def pack_samples(
             advantages=torch.zeros_like(first.advantages),
             num_samples=0,
             num_tokens=0,
+            spans=(),
         )
         micro_batches += [replace(dummy) for _ in range(-len(micro_batches) % num_ranks)]
     return _zigzag(micro_batches, num_ranks)
+
+
+def sample_tokens(
+    micro_batches: Sequence[MicroBatch], rows: Sequence[torch.Tensor | np.ndarray], lengths: Sequence[int]
+) -> list[np.ndarray]:
+    """Per-token values of packed rows read back by sample: ``rows[i]`` holds one value per column of
+    ``micro_batches[i]`` (e.g. the trainer's logprobs, aligned with ``input_ids``); returns, for each
+    sample ``k`` of the step, its ``lengths[k]`` values from position 0 (NaN where no row holds them:
+    a branch's shared prefix, which its root holds, or tokens past ``seq_len``)."""
+    out = [np.full(n, np.nan, dtype=np.float32) for n in lengths]
+    for mb, row in zip(micro_batches, rows, strict=True):
+        values = np.asarray(row, dtype=np.float32).reshape(-1)
+        if values.size != len(mb):
+            raise ValueError(f"a row of {values.size} values for a micro-batch of {len(mb)} columns")
+        for index, column, position, length in mb.spans:
+            end = min(position + length, lengths[index])
+            if end > position:
+                out[index][position:end] = values[column : column + end - position]
+    return out

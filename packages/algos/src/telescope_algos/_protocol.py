@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from telescope_algos._packing import MicroBatch
@@ -62,6 +63,13 @@ class TrainerBackend(Protocol):
         ``entropy``, ``grad_norm``, ``learning_rate``, ``num_tokens`` and ``timing/*`` entries, and
         ``kl_divergence_inference`` for ``rl``.
         """
+        ...
+
+    def step_tokens(self) -> list[dict[str, np.ndarray] | None]:
+        """What the loss of the last ``train_step`` did with each token, for the run record's token table:
+        one dict per micro-batch it was given, in order, of :data:`~telescope_algos.TOKEN_FIELDS` arrays
+        (float32, aligned with the micro-batch's ``input_ids`` and as long); empty when the last step was
+        supervised or the config's ``record_tokens`` is off. Local: not collective."""
         ...
 
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from telescope_algos._objective import LossInputs, LossOptions, compute_loss
+from telescope_algos._objective import LossInputs, LossOptions, compute_loss, loss_tokens
 from telescope_algos._packing import MicroBatch
 from telescope_algos._schedule import lr_multiplier
 from telescope_algos._timeline import Label, Timeline
@@ -234,11 +234,14 @@ def micro_batch_loss(
     max_len: int,
     options: LossOptions,
     sft: bool = False,
+    trace: TokenTrace | None = None,
+    index: int = 0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``compute_loss`` of one packed micro-batch of minibatch group ``group`` (its tensors are moved to
     the device of ``logprobs``): the denominators are the group's totals over the ranks (``counts``)
     and ``max_len`` (the generation budget). The entropy keeps its gradient only for a bonus. ``sft``:
-    a supervised step's micro-batch (:class:`StepPlan`), whose other logprobs are left out."""
+    a supervised step's micro-batch (:class:`StepPlan`), whose other logprobs are left out. ``trace``:
+    what the loss did with each token goes there, as the step's micro-batch ``index``."""
     dev = logprobs.device
 
     def other(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -258,7 +261,28 @@ def micro_batch_loss(
         num_samples=counts.samples[group],
         max_len=max_len,
     )
+    if trace is not None:
+        trace.add(index, loss_tokens(inputs, options))
     return compute_loss(inputs, options)
+
+
+class TokenTrace:
+    """What the loss did with each token of one train step's micro-batches (:func:`telescope_algos.
+    loss_tokens`, :data:`~telescope_algos.TOKEN_FIELDS`), by micro-batch, each cut to the length it had
+    when the step got it (a trainer pads rows to its ``row_multiple``). ``rows()`` gives them in the
+    step's order, as float32 NumPy arrays: what ``TrainerBackend.step_tokens`` returns."""
+
+    def __init__(self, lengths: Sequence[int]):
+        self.lengths = list(lengths)
+        self._rows: dict[int, dict[str, np.ndarray]] = {}
+
+    def add(self, index: int, tokens: dict[str, torch.Tensor]) -> None:
+        n = self.lengths[index]
+        self._rows[index] = {k: v.detach().reshape(-1)[:n].float().cpu().numpy() for k, v in tokens.items()}
+
+    def rows(self) -> list[dict[str, np.ndarray] | None]:
+        """Each micro-batch's arrays (None for one the step did not compute the loss of)."""
+        return [self._rows.get(i) for i in range(len(self.lengths))]
 
 
 @dataclass

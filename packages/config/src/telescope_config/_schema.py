@@ -874,6 +874,11 @@ class TelescopeConfig(BaseModel):
         description="Record every trainer rank's spans (forward, backward, optimizer step, weight sync, "
         "checkpoints) in the run record's trainer_spans table; on GPU timed with CUDA events."
     )
+    record_tokens: bool = Field(
+        description="Record, for every token of the kept samples, what the sampler, the trainer's loss and "
+        "the teacher and reference model made of it (logprobs, advantage, loss mask, IS weight, clipping, "
+        "weight versions) in the run record's tokens table, which the inspector colours completions by."
+    )
 
     # Evals and tracing
     eval_before_training: bool = Field(

@@ -21,18 +21,22 @@ __all__ = [
     "ArrowTable",
     "DataType",
     "Field",
+    "ListType",
     "MapType",
     "Schema",
     "bool_",
     "field",
+    "float32",
     "float64",
     "int32",
     "int64",
     "is_boolean",
     "is_floating",
     "is_integer",
+    "is_list",
     "is_map",
     "is_string",
+    "list_",
     "map_",
     "schema",
     "string",
@@ -57,6 +61,13 @@ class MapType(DataType, Protocol):
 
     @property
     def item_type(self) -> DataType: ...
+
+
+class ListType(DataType, Protocol):
+    """A list type (``pyarrow.ListType``)."""
+
+    @property
+    def value_type(self) -> DataType: ...
 
 
 class Field(Protocol):
@@ -90,15 +101,18 @@ class ArrowTable(Protocol):
 string: Callable[[], DataType] = _pa.string
 int32: Callable[[], DataType] = _pa.int32
 int64: Callable[[], DataType] = _pa.int64
+float32: Callable[[], DataType] = _pa.float32
 float64: Callable[[], DataType] = _pa.float64
 bool_: Callable[[], DataType] = _pa.bool_
 map_: Callable[[DataType, DataType], MapType] = _pa.map_
+list_: Callable[[DataType], ListType] = _pa.list_
 
 is_string: Callable[[DataType], bool] = _types.is_string
 is_integer: Callable[[DataType], bool] = _types.is_integer
 is_floating: Callable[[DataType], bool] = _types.is_floating
 is_boolean: Callable[[DataType], bool] = _types.is_boolean
 is_map: Callable[[DataType], TypeGuard[MapType]] = _types.is_map
+is_list: Callable[[DataType], TypeGuard[ListType]] = _types.is_list
 
 
 def field(name: str, type_: DataType, *, nullable: bool) -> Field:

@@ -21,6 +21,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeGuard, cast
 
+import numpy as np
+
 from telescope_records import _arrow as arrow
 from telescope_records._schema import Column, Table
 
@@ -103,6 +105,18 @@ def _text_map(value: Any, limit: int) -> list[tuple[str, str | None]] | None:
     return [(str(k), _text(v, limit)) for k, v in value.items()]
 
 
+def _number_list(value: Any, item: arrow.DataType) -> Any:
+    """A list column's value: None, or the numbers as a NumPy array of the item type (NaN kept in
+    float lists; integers must be whole)."""
+    if value is None:
+        return None
+    dtype = np.float32 if arrow.is_floating(item) else np.int32
+    try:
+        return np.asarray(value, dtype=dtype).reshape(-1)
+    except (TypeError, ValueError):
+        return None
+
+
 def _value(column: Column, value: Any) -> Any:
     """``value`` coerced to ``column``'s type (see the module docstring)."""
     limit = column.max_chars or MAX_CHARS
@@ -119,6 +133,10 @@ def _value(column: Column, value: Any) -> Any:
         return _float_map(value)
     if arrow.is_map(t):
         return _text_map(value, limit)
+    if arrow.is_list(t) and arrow.is_string(t.value_type):
+        return None if value is None else [cut(str(v), limit) for v in value]
+    if arrow.is_list(t):
+        return _number_list(value, t.value_type)
     raise TypeError(f"column {column.name}: no coercion for type {t}")  # a schema without a rule
 
 

@@ -29,6 +29,9 @@ F64 = arrow.float64()
 BOOL = arrow.bool_()
 NUM_MAP = arrow.map_(arrow.string(), arrow.float64())
 STR_MAP = arrow.map_(arrow.string(), arrow.string())
+F32_LIST = arrow.list_(arrow.float32())
+I32_LIST = arrow.list_(arrow.int32())
+STR_LIST = arrow.list_(arrow.string())
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,56 @@ SAMPLES = Table(
             "why each sequence after the first began, comma separated (tools_changed, resent, "
             "assistant_edited@i, history_rewritten@i, history_truncated, endpoint_changed; i counts "
             "messages, or tokens for /completions); empty for one",
+        ),
+    ),
+)
+
+TOKENS = Table(
+    "tokens",
+    1,
+    "step",
+    "What became of every completion token of the kept samples: one row per training sequence, one list "
+    "entry per token (record_tokens).",
+    (
+        ATTEMPT,
+        STEP,
+        _c("env", STR, "the environment (config entry name)"),
+        _c("group_id", I64, "its sample's group"),
+        SAMPLE_ID,
+        _c("sequence", I32, "the sample's training sequence: 0, or k for its further sequence k"),
+        _c("token_ids", I32_LIST, "the completion's token ids (model and environment tokens)"),
+        _c(
+            "token_text", STR_LIST, "each token decoded on its own (a character split over tokens shows as �)"
+        ),
+        _c("sampler_logprob", F32_LIST, "vLLM's logprob of each token as sampled (0 where not generated)"),
+        _c(
+            "trainer_logprob",
+            F32_LIST,
+            "the logprob the trainer's loss used; NaN where not computed (cut by seq_len, or not recorded)",
+        ),
+        _c("teacher_logprob", F32_LIST, "the teacher's logprob of each token; null without a teacher"),
+        _c("ref_logprob", F32_LIST, "the reference model's logprob; null without a reference model"),
+        _c(
+            "advantage",
+            F32_LIST,
+            "the advantage the loss used (whitened; algorithm opd: with its teacher term)",
+        ),
+        _c(
+            "loss_mask",
+            F32_LIST,
+            "1 where the token counted in the loss (after filters and sequence IS masking)",
+        ),
+        _c("is_weight", F32_LIST, "the token's TIS weight (1 without TIS)"),
+        _c("clipped", F32_LIST, "-1 where the ratio was clipped at the lower bound, +1 at the upper, else 0"),
+        _c(
+            "version_start",
+            I32_LIST,
+            "weight version live on the server when the token's model turn was sent; -1: not generated",
+        ),
+        _c(
+            "version_end",
+            I32_LIST,
+            "weight version live when that turn's answer came back (above version_start: updated mid-turn)",
         ),
     ),
 )
@@ -378,6 +431,7 @@ TABLES: dict[str, Table] = {
     t.name: t
     for t in (
         SAMPLES,
+        TOKENS,
         EVAL_SAMPLES,
         TURNS,
         TOOL_CALLS,

@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import structlog
 import torch
 import torch.distributed as dist
@@ -47,6 +48,7 @@ from telescope_algos.backend import (
     StepLog,
     StepPlan,
     Timeline,
+    TokenTrace,
     check_micro_batches,
     loss_options,
     micro_batch_loss,
@@ -127,6 +129,8 @@ class FSDPTrainer:
         self.steps_done = 0
         self.timeline = Timeline(self.device)
         """Spans of every step, checkpoint and weight export on this rank; the caller drains it."""
+        self._tokens: list[dict[str, np.ndarray] | None] = []
+        """The last step's token record (``step_tokens``)."""
         self._closed = False
 
     # -- protocol --------------------------------------------------------------------------------
@@ -156,6 +160,8 @@ class FSDPTrainer:
         self.model.train()
         self._temperature = plan.temperature
         old = self._old_logprobs(mbs, log) if plan.needs_old else [None] * len(mbs)
+        recording = bool(self.config.record_tokens) and not plan.sft
+        trace = TokenTrace([len(mb) for mb in micro_batches]) if recording else None
         lr = float(self.optimizer.param_groups[0]["lr"])
         for g, indices in enumerate(groups):
             with tl.span("minibatch", minibatch=g):
@@ -164,10 +170,13 @@ class FSDPTrainer:
                     for j, i in enumerate(indices):
                         last = j == len(indices) - 1
                         with tl.span("microbatch", microbatch=i):
-                            self._forward_backward(mbs[i], old[i], counts, g, metrics, plan, sync=last)
+                            self._forward_backward(
+                                mbs[i], old[i], counts, g, metrics, plan, sync=last, trace=trace, index=i
+                            )
                 with log.timed("optimizer"):
                     self._optimizer_step(log, step)
         self._step_scheduler()
+        self._tokens = trace.rows() if trace is not None else []
         self.skipped_steps_total += log.skipped
         self.steps_done += 1
         with tl.span("metrics"):
@@ -191,6 +200,10 @@ class FSDPTrainer:
             else merged_hf_weights(self.model, lora, dtype=dtype)
         )
         return self.timeline.span_iter("hf_weights", weights)
+
+    def step_tokens(self) -> list[dict[str, np.ndarray] | None]:
+        """What the loss of the last ``train_step`` did with each token (``TrainerBackend.step_tokens``)."""
+        return list(self._tokens)
 
     def adapter_config(self) -> dict[str, Any] | None:
         """The LoRA adapter's ``adapter_config.json`` (PEFT's), or None when the full model trains."""
@@ -286,9 +299,12 @@ class FSDPTrainer:
         plan: StepPlan,
         *,
         sync: bool,
+        trace: TokenTrace | None = None,
+        index: int = 0,
     ) -> None:
         """Forward and backward of one micro-batch of minibatch group ``group`` (gradients are
-        reduce-scattered with ``sync``, the group's last)."""
+        reduce-scattered with ``sync``, the group's last); ``trace`` gets its tokens' record as the
+        step's micro-batch ``index``."""
         tl = self.timeline
         cast(FSDPModule, self.model).set_requires_gradient_sync(sync)
         with tl.span("forward"):
@@ -304,6 +320,8 @@ class FSDPTrainer:
                 max_len=self.config.max_tokens,
                 options=plan.options,
                 sft=plan.sft,
+                trace=trace,
+                index=index,
             )
         # FSDP averages gradients over ranks; the loss is already the replica's share of the
         # sum, and context-parallel ranks each hold the part of the gradient through their tokens.

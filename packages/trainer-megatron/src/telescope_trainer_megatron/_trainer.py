@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import structlog
 import torch
 import torch.distributed as dist
@@ -79,6 +80,7 @@ from telescope_algos.backend import (
     StepLog,
     StepPlan,
     Timeline,
+    TokenTrace,
     check_micro_batches,
     cu_seqlens,
     gather_replicated,
@@ -140,6 +142,8 @@ class _Batch:
     labels: torch.Tensor
     """The next token after each of ``model_ids`` (0 after the row's last token), ``[1, L / CP]``."""
     old_logprobs: torch.Tensor | None = None
+    index: int = 0
+    """Its place among the step's micro-batches."""
 
 
 def create_trainer(
@@ -205,6 +209,7 @@ class MegatronTrainer:
         """The temperature of this step's logprobs (``StepPlan.temperature``)."""
         self._lr_multiplier = lr_schedule(config)  # a bad schedule fails here, with its message
         self.timeline = Timeline(self._device)
+        self._tokens: list[dict[str, np.ndarray] | None] = []
         """Spans of every step, checkpoint and weight export on this rank; the caller drains it."""
         self._micro: MicroBatchSpans | None = None
         self._build(self.seed, (adam_beta1, adam_beta2), adam_eps)
@@ -295,7 +300,8 @@ class MegatronTrainer:
         with tl.span("prepare"):
             self._check_same_micro_batch_count(len(micro_batches))
             check_micro_batches(micro_batches)
-            batches = [self._prepare(mb) for mb in micro_batches]
+            batches = [self._prepare(mb, i) for i, mb in enumerate(micro_batches)]
+            trace = TokenTrace([len(mb) for mb in micro_batches]) if self._traces(plan) else None
             groups = minibatch_groups(len(batches), plan.minibatches)
             # each group's loss tokens and samples over the data-parallel ranks (CP ranks share theirs)
             counts = step_counts(micro_batches, groups, device=self._device, group=self.dp_group)
@@ -308,13 +314,14 @@ class MegatronTrainer:
         for g, indices in enumerate(groups):
             with tl.span("minibatch", minibatch=g):
                 with log.timed("forward_backward", span=False):
-                    outputs = self._forward_backward(batches, indices, counts, g, plan)
+                    outputs = self._forward_backward(batches, indices, counts, g, plan, trace)
                 with log.timed("optimizer"):
                     norm, applied = self._optimizer_step(step)
             log.update(norm, applied=applied)
             _accumulate(sums, outputs)
         self.scheduler_step += 1
         self.skipped_steps_total += log.skipped
+        self._tokens = trace.rows() if trace is not None else []
         sums["num_samples"] = float(sum(mb.num_samples for mb in micro_batches))
         with tl.span("metrics"):
             metrics = self._reduce_metrics(sums, len(groups))
@@ -325,6 +332,15 @@ class MegatronTrainer:
             box = [metrics]
             dist.broadcast_object_list(box, src=self._metrics_src)
         return box[0]
+
+    def _traces(self, plan: StepPlan) -> bool:
+        """Whether this step's tokens are recorded (``record_tokens``; never for a supervised step)."""
+        return bool(self.config.record_tokens) and not plan.sft
+
+    def step_tokens(self) -> list[dict[str, np.ndarray] | None]:
+        """What the loss of the last ``train_step`` did with each token (``TrainerBackend.step_tokens``);
+        None for the micro-batches whose loss this rank did not compute (pipeline stages but the last)."""
+        return list(self._tokens)
 
     def adapter_config(self) -> dict[str, Any] | None:
         """None: this backend trains the full model (LoRA is refused with Megatron by the config)."""
@@ -522,7 +538,7 @@ class MegatronTrainer:
             else torch.device("cpu")
         )
 
-    def _prepare(self, mb: MicroBatch) -> _Batch:
+    def _prepare(self, mb: MicroBatch, index: int = 0) -> _Batch:
         from megatron.core.packed_seq_params import PackedSeqParams
 
         if mb.input_ids.dim() != 2 or mb.input_ids.shape[0] != 1:
@@ -543,6 +559,7 @@ class MegatronTrainer:
             model_ids=row.input_ids[:, local],
             model_positions=row.position_ids[:, local],
             labels=labels[:, local],
+            index=index,
         )
 
     def _logprobs(self, logits: torch.Tensor, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -626,10 +643,16 @@ class MegatronTrainer:
         return [o["logprobs"] for o in out] if self._is_last_stage else [None] * len(batches)
 
     def _forward_backward(
-        self, batches: list[_Batch], indices: list[int], counts: StepCounts, index: int, plan: StepPlan
+        self,
+        batches: list[_Batch],
+        indices: list[int],
+        counts: StepCounts,
+        index: int,
+        plan: StepPlan,
+        trace: TokenTrace | None = None,
     ) -> list[dict[str, torch.Tensor]]:
         """Forward and backward of minibatch group ``index`` (the micro-batches ``indices`` of
-        ``batches``); ``counts`` are the totals over the DP ranks."""
+        ``batches``); ``counts`` are the totals over the DP ranks; ``trace`` gets each token's record."""
 
         def loss_func(b: _Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
             lp, ent = self._logprobs(logits, b)
@@ -643,6 +666,8 @@ class MegatronTrainer:
                 max_len=self.config.max_tokens,
                 options=plan.options,
                 sft=plan.sft,
+                trace=trace,
+                index=b.index,
             )
             return loss, torch.tensor(b.row.num_tokens, dtype=torch.int), metrics
 

@@ -483,7 +483,87 @@ function sampleBody(s) {
   if (!(s.turns || []).length) out.push(textBlock(s.completion || ""));
   if (s.info && (!Array.isArray(s.info) || s.info.length)) out.push(el("h3", {}, "Info"), el("div", { class: "text" }, JSON.stringify(s.info, null, 1)));
   if (s.trainer_input) out.push(el("details", {}, el("summary", {}, "trainer input (decoded)"), el("div", { class: "text" }, s.trainer_input)));
+  if ((s.tokens || []).length) out.push(el("h3", {}, "Tokens"), tokenView(s.tokens));
   return out;
+}
+
+// The token table of a sample (docs/records.md, "tokens"): its completion, each token coloured by
+// one of what the sampler, the trainer's loss, the teacher and the reference model made of it; the
+// title of a token lists every value.
+const TOKEN_COLOURS = {
+  "sampler − trainer logprob": { of: (r, i) => diff(r.sampler_logprob[i], r.trainer_logprob[i]), scale: "mismatch" },
+  "sampler logprob": { of: (r, i) => r.sampler_logprob[i], scale: "prob" },
+  "trainer logprob": { of: (r, i) => r.trainer_logprob[i], scale: "prob" },
+  "teacher logprob": { of: (r, i) => (r.teacher_logprob || [])[i], scale: "prob" },
+  "teacher − sampler logprob": { of: (r, i) => diff((r.teacher_logprob || [])[i], r.sampler_logprob[i]), scale: "signed" },
+  "reference logprob": { of: (r, i) => (r.ref_logprob || [])[i], scale: "prob" },
+  advantage: { of: (r, i) => r.advantage[i], scale: "signed" },
+  "loss mask": { of: (r, i) => r.loss_mask[i], scale: "mask" },
+  "IS weight": { of: (r, i) => r.is_weight[i], scale: "weight" },
+  clipped: { of: (r, i) => r.clipped[i], scale: "signed" },
+  "weight version": { of: (r, i) => r.version_end[i], scale: "version" },
+};
+const tokenMode = { name: localStorage.getItem("token-colour") || "sampler − trainer logprob" };
+
+function diff(a, b) { return a === null || a === undefined || b === null || b === undefined ? null : a - b; }
+
+function tokenColour(scale, v, range) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "transparent";
+  const clamp = (x) => Math.max(0, Math.min(1, x));
+  if (scale === "prob") return `hsl(${Math.round(120 * clamp(Math.exp(v)))}, 70%, 80%)`;  // red unlikely, green likely
+  if (scale === "mismatch") return `hsla(0, 80%, 55%, ${clamp(Math.abs(v))})`;  // |Δ| of 1 nat is full red
+  if (scale === "signed") {
+    const f = range > 0 ? clamp(Math.abs(v) / range) : 0;
+    return v >= 0 ? `hsla(130, 60%, 45%, ${f})` : `hsla(0, 75%, 55%, ${f})`;
+  }
+  if (scale === "mask") return v > 0 ? "transparent" : "#d0d0d5";
+  if (scale === "weight") return `hsla(35, 90%, 50%, ${clamp(Math.abs(v - 1))})`;
+  return `hsla(${(210 + 47 * v) % 360}, 60%, 80%, 1)`;  // a hue per weight version
+}
+
+function tokenTitle(r, i) {
+  const n = (x) => (x === null || x === undefined ? "–" : fmt(x, 4));
+  const at = (list) => (list ? list[i] : null);
+  return [`token ${r.token_ids[i]} ${JSON.stringify(r.token_text ? r.token_text[i] : "")}`,
+    `sampler ${n(r.sampler_logprob[i])}  trainer ${n(r.trainer_logprob[i])}  Δ ${n(diff(r.sampler_logprob[i], r.trainer_logprob[i]))}`,
+    `teacher ${n(at(r.teacher_logprob))}  reference ${n(at(r.ref_logprob))}`,
+    `advantage ${n(r.advantage[i])}  loss mask ${n(r.loss_mask[i])}  IS weight ${n(r.is_weight[i])}  clipped ${n(r.clipped[i])}`,
+    `weights v${r.version_start[i]}→v${r.version_end[i]}`].join("\n");
+}
+
+const TOKEN_LEGENDS = {
+  mismatch: "red: how far apart the two logprobs are (1 nat and more: full red)",
+  prob: "red: unlikely, green: likely (the probability e^logprob)",
+  signed: "green: positive, red: negative, the strongest in the sequence the deepest",
+  mask: "grey: not in the loss",
+  weight: "orange: the TIS weight away from 1",
+  version: "a colour per weight version",
+};
+
+function tokenView(rowsData) {
+  const pick = el("select", { id: "token-colour" }, Object.keys(TOKEN_COLOURS).map((k) => el("option", { value: k, selected: k === tokenMode.name }, k)));
+  const legend = el("span", { class: "muted", id: "token-legend" });
+  const body = el("div");
+  const draw = () => {
+    const mode = TOKEN_COLOURS[pick.value] || TOKEN_COLOURS["sampler − trainer logprob"];
+    put(legend, TOKEN_LEGENDS[mode.scale] || "");
+    put(body, ...rowsData.map((r) => {
+      const values = r.token_ids.map((_, i) => mode.of(r, i));
+      const range = Math.max(0, ...values.filter((v) => v !== null && v !== undefined).map(Math.abs));
+      const trained = r.token_ids.map((_, i) => i).filter((i) => r.loss_mask[i] > 0);
+      const gaps = trained.map((i) => diff(r.sampler_logprob[i], r.trainer_logprob[i])).filter((v) => v !== null);
+      const worst = gaps.length ? Math.max(...gaps.map(Math.abs)) : null;
+      return el("div", { class: "token-seq" },
+        el("div", { class: "muted token-summary" }, `sequence ${r.sequence + 1} · ${r.token_ids.length} tokens, ${trained.length} trained · largest |sampler − trainer| ${worst === null ? "–" : fmt(worst, 4)}`),
+        el("div", { class: "tokens text" }, r.token_ids.map((t, i) => el("span", {
+          class: "tok", "data-i": String(i), title: tokenTitle(r, i),
+          style: `background:${tokenColour(mode.scale, values[i], range)}`,
+        }, r.token_text ? r.token_text[i] : `[${t}]`))));
+    }));
+  };
+  pick.addEventListener("change", () => { tokenMode.name = pick.value; localStorage.setItem("token-colour", pick.value); draw(); });
+  draw();
+  return el("div", { id: "token-view" }, el("div", { class: "toolbar" }, "colour by:", pick, legend), body);
 }
 
 function toolCall(c) {

@@ -444,6 +444,12 @@ class TrainerActor:
             metrics = self.trainer.train_step(micro_batches, step=step, objective=objective)
         return {**metrics, "timing/cores_lent_s": used.seconds}
 
+    def step_tokens(self) -> list[Any]:
+        """What the loss of the last step did with each token, per micro-batch
+        (``TrainerBackend.step_tokens``; a backend from before it: none)."""
+        take = getattr(self.trainer, "step_tokens", None)
+        return list(take()) if take is not None else []
+
     def publish(self, version: int, group: str = "full") -> dict[str, float]:
         """Send the current weights to the servers (collective: every rank walks ``hf_weights``, or with
         LoRA ``adapter_weights``: the servers then load the adapter in place).

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 if TYPE_CHECKING:
+    from telescope_orchestrator.record.tokens import Trained
     from telescope_rollout import DroppedGroup, EvalResult, RolloutBatch, ScoredGroup, ScoredSample
     from telescope_rollout.engine import Turn
 
@@ -226,6 +227,8 @@ class RunRecords:
         """Per step, the ids of dropped groups written while it waited (:meth:`write_waiting`; keyed
         by step: step N's records are written on another thread while step N + 1 waits)."""
         self._waits = 0
+        self._piece: Callable[[int], str] | None = None
+        """One token decoded on its own, cached (``record.tokens.pieces``; set at the first step)."""
         self.eval_tag = ""
         """Added to the file tags of eval records (``telescope eval``: its attempt, so that an
         in-training eval of the same step is kept)."""
@@ -311,16 +314,25 @@ class RunRecords:
         decode: Decode | None,
         spans: Sequence[dict[str, Any]],
         events: list[dict[str, Any]] | None = None,
+        tokens: bool = False,
+        trained: Trained | None = None,
     ) -> None:
         """Every record of one trained step (see the module docstring); ``events``: the orchestrator
         events to file with it (default: those logged so far). Dropped groups already written while
-        the step waited (:meth:`write_waiting`) are left out."""
+        the step waited (:meth:`write_waiting`) are left out. ``tokens``: the token table too, with
+        the trainer's columns from ``trained`` (``record.tokens``)."""
         if self.steps_off:
             return
         groups = list(_groups(batch))
         early = self._early.pop(step, set())  # written while the step waited: left out
         groups = [g for g in groups if g[0] == "kept" or g[2].group_id not in early]
         self._write_groups(step, groups, decode=decode, tag="")
+        if tokens:
+            from telescope_orchestrator.record.tokens import pieces, token_rows
+
+            if decode is not None and self._piece is None:
+                self._piece = pieces(decode)
+            self.writer.write_step("tokens", step, token_rows(step, batch, trained, self._piece))
         self.writer.write_step("trainer_spans", step, spans)
         self.last_step = max(self.last_step, step)
         self.flush_events(step, events=events)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -49,10 +50,11 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
     from pathlib import Path
 
-    from telescope_algos import TrainingSample
+    from telescope_algos import MicroBatch, TrainingSample
     from telescope_config import TelescopeConfig
     from telescope_orchestrator.cluster.cores import CoreLease
     from telescope_orchestrator.record.lines import MetricsLines
+    from telescope_orchestrator.record.tokens import Trained
     from telescope_orchestrator.run.report import Reporter
     from telescope_orchestrator.run.sft import SupervisedBatches
     from telescope_orchestrator.run.weights import WeightUpdates
@@ -121,6 +123,10 @@ class LoopContext:
     """The conversations of the run's supervised steps (``sft_steps``; ``run.sft``), or None."""
     scorer_clients: list[InferenceClient] = field(default_factory=list["InferenceClient"])
     """The clients of the teacher's and reference model's servers (``run.scorers``), closed at the end."""
+    shards: list[list[MicroBatch]] = field(default_factory=list["list[MicroBatch]"])
+    """The micro-batches of the last step trained, per data-parallel rank (``_train``)."""
+    trained: Trained | None = None
+    """What the trainer's loss did with each token of the last RL step (``record.tokens``)."""
 
     @property
     def rollout(self) -> RolloutEngine:
@@ -400,6 +406,7 @@ async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[s
         pad_token_id=ctx.pad_token_id,
         share_prompts=ctx.share_prompts,
     )
+    ctx.shards = shards
     pairs = zip(ctx.trainers, ctx.dp_ranks, strict=True)
     lend = asyncio.create_task(_lend_cores(ctx, step)) if ctx.cores is not None else None
     try:
@@ -455,7 +462,9 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
         _write_step(ctx, step, batch, metrics, spans=[])
         raise
     metrics["timing/records_wait_s"] = time.monotonic() - t3
-    ctx.records_task = asyncio.create_task(_record_step(ctx, step, batch), name=f"records-step-{step}")
+    ctx.records_task = asyncio.create_task(
+        _record_step(ctx, step, batch, ctx.trained), name=f"records-step-{step}"
+    )
     _write_step(ctx, step, batch, metrics, spans=None)
     ctx.last_step = step
     if _should_checkpoint(ctx.config, step):
@@ -490,6 +499,7 @@ async def _train_and_publish(
     with records.phase("train_step", step, samples=len(samples), tokens=num_tokens):
         per_rank = await _on_trainers(ctx, f"the training of step {step}", lambda: _train(ctx, samples, step))
     t_train = time.monotonic() - t1
+    ctx.trained = await _trained_tokens(ctx, samples)
     if ctx.trainer_restarts is not None:
         ctx.trainer_restarts.trained(step, samples, _mean_metrics(per_rank))
     metrics: dict[str, Any] = {
@@ -595,20 +605,40 @@ async def _records_written(ctx: LoopContext) -> None:
             ctx.records_task = None
 
 
-async def _record_step(ctx: LoopContext, step: int, batch: Any) -> None:
+async def _record_step(ctx: LoopContext, step: int, batch: Any, trained: Trained | None) -> None:
     """A step's record, written off the event loop while the next step goes on: the trainer ranks'
-    spans (one call per rank, queued before their next step), then the files, in a thread. Never
-    raises: the record of a step must never cost the step."""
+    spans (one call per rank, queued before their next step), then the files, in a thread, with the
+    token table when ``record_tokens`` is on. Never raises: the record of a step must never cost the
+    step."""
     records = ctx.run.records
     events = records.take_events()
     spans = await _spans(ctx)
     decode = getattr(getattr(ctx.engine, "tokenizer", None), "decode", None)
     t0 = time.monotonic()
+    written = functools.partial(
+        records.write_step, decode=decode, spans=spans, events=events, tokens=bool(ctx.config.record_tokens)
+    )
     try:
-        await asyncio.to_thread(records.write_step, step, batch, decode=decode, spans=spans, events=events)
+        await asyncio.to_thread(written, step, batch, trained=trained)
     except Exception as exc:
         log.warning("step records not written", step=step, error=repr(exc))
     log.debug("step records written", step=step, seconds=round(time.monotonic() - t0, 4))
+
+
+async def _trained_tokens(ctx: LoopContext, samples: list[TrainingSample]) -> Trained | None:
+    """What the trainer ranks' loss did with each token of the step just trained, by training
+    sequence (``record.tokens``); None when ``record_tokens`` is off or the ranks did not say."""
+    if not ctx.config.record_tokens or not ctx.shards:
+        return None
+    from telescope_orchestrator.record.tokens import trained_tokens
+
+    try:
+        per_rank = await _gather([a.step_tokens.remote() for a in ctx.trainers])
+        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+        return await asyncio.to_thread(trained_tokens, ctx.shards, ctx.dp_ranks, per_rank, lengths)
+    except Exception as exc:  # the record of a step must never cost the step
+        log.warning("trainer token records not collected", error=repr(exc))
+        return None
 
 
 def _derived(batch: Any, metrics: dict[str, Any]) -> dict[str, float]:
