@@ -66,6 +66,7 @@ def _sample(sample_id: int, text: int) -> Any:
         env_name="math", group_id=sample_id // 8, sample_id=sample_id, sample_index=sample_id, reward=1.0,
         advantage=0.5, prompt_text="p" * 800, system_prompt="s" * 200, completion_text="c" * 3 * text,
         prompt_ids=list(range(300)), completion_ids=list(range(1200)), completion_mask=[1] * 1200,
+        completion_logprobs=[-((sample_id * 7919 + i * 104729) % 1000) / 250 for i in range(1200)],
         finish_reason="stop", is_truncated=False, num_turns=3, version_start=1, version_end=1,
         off_policy_steps=0,
         server="http://a", lane=0, error=None, error_detail="", metrics={"correct": 1.0, "format": 1.0},
@@ -116,7 +117,15 @@ def _trained(batch: Any) -> tuple[Any, float]:
 
     samples = [TrainingSample(seq.prompt_ids, seq.completion_ids, 1.0) for _, _, seq in sequences(batch)]
     shards = pack_samples(samples, seq_len=4096, num_ranks=2, share_prompts=True)
-    rows = [[{f: np.zeros(len(mb), np.float32) for f in TOKEN_FIELDS} for mb in shard] for shard in shards]
+    rng = np.random.default_rng(0)  # values as varied as real ones: the table's size depends on them
+
+    def row(n: int) -> dict[str, np.ndarray]:  # a logprob per token; the rest as a run without TIS has them
+        values = {f: np.zeros(n, np.float32) for f in TOKEN_FIELDS}
+        values.update(trainer_logprob=-rng.random(n, dtype=np.float32) * 4, loss_mask=np.ones(n, np.float32))
+        values.update(advantage=np.full(n, 0.5, np.float32), is_weight=np.ones(n, np.float32))
+        return values
+
+    rows = [[row(len(mb)) for mb in shard] for shard in shards]
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
     times, out = [], None
     for _ in range(10):
