@@ -36,6 +36,7 @@ rollouts file per step with no sample errors, no traceback, no process left.
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -459,6 +460,7 @@ def test_the_run_record_holds_every_table(tmp_path, tiny_model_dir):
     _check_turns_and_tools(con)
     _check_spans_nest(con)
     _check_rollout_events(con)
+    _check_tokens(con)
     events = {e for (e,) in con.execute("select distinct event from orchestrator_events").fetchall()}
     assert {
         "startup",
@@ -530,6 +532,35 @@ def _check_spans_nest(con):
     assert {"train_step", "weight_sync", "weight_sync/server"} <= names, names
     assert any(n.endswith("forward") for n in names), names
     assert any(n.endswith("backward") for n in names), names
+
+
+def _check_tokens(con) -> None:
+    """The token table: one list entry per completion token of each kept sample, the trainer's logprob
+    on every trained token near the sampler's (the same model a step apart at most), environment
+    tokens never trained and never attributed to a weight version."""
+    rows = con.execute(
+        "select t.token_ids, t.token_text, t.sampler_logprob, t.trainer_logprob, t.loss_mask, "
+        "t.version_start, t.version_end, s.completion_tokens, s.env from tokens t "
+        "join samples s using (step, attempt, sample_id) where t.sequence = 0 and s.status = 'kept'"
+    ).fetchall()
+    assert rows, "no token rows for the kept samples"
+    envs, gaps = set(), []
+    for ids, text, sampler, trainer, mask, v0, v1, completion_tokens, env in rows:
+        envs.add(env)
+        assert len(ids) == completion_tokens, env
+        assert len(text) == len(sampler) == len(trainer) == len(mask) == len(v0) == len(v1) == len(ids)
+        for i, m in enumerate(mask):
+            if m:
+                assert not math.isnan(trainer[i]), "a trained token without the trainer's logprob"
+                assert 0 <= v0[i] <= v1[i]
+                gaps.append(abs(sampler[i] - trainer[i]))
+            elif v0[i] == -1:
+                assert sampler[i] == 0.0  # an environment token: nothing sampled it
+    assert envs == {DIGITS_NAME, "e2e_envs:EchoToolEnv"}
+    print(f"token table: {len(gaps)} trained tokens, |sampler - trainer| max {max(gaps):.2e}")
+    # a logprob of the tiny random model is about -6: a misplaced token would be off by nats
+    assert max(gaps) < 0.5, max(gaps)
+    assert any(-1 in v0 for *_, v0, _, _, env in rows if env == "e2e_envs:EchoToolEnv")
 
 
 def _check_rollout_events(con):

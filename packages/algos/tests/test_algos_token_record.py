@@ -104,3 +104,22 @@ def test_a_trace_keeps_each_micro_batch_at_the_length_it_was_given():
     assert rows[1] is not None
     assert rows[1]["trainer_logprob"].tolist() == [-1.0, -2.0]
     assert rows[1]["trainer_logprob"].dtype == np.float32
+
+
+def test_a_token_outside_the_loss_is_never_clipped_or_weighed():
+    # token 1 is in the loss, token 2 (an environment token: its sampler logprob is 0) is not; both
+    # have a ratio of 2 against π_old with A > 0, which clips at the upper bound
+    lp = torch.tensor([[0.0, math.log(0.5), math.log(0.5)]])
+    old = torch.tensor([[0.0, math.log(0.25), math.log(0.25)]])
+    inputs = LossInputs(
+        lp,
+        advantages=torch.tensor([[1.0, 1.0, 1.0]]),
+        loss_mask=torch.tensor([[0, 1, 0]]),
+        rollout_logprobs=torch.tensor([[0.0, math.log(0.25), 0.0]]),
+        old_logprobs=old,
+        position_ids=torch.tensor([[0, 1, 2]]),
+    )
+    out = loss_tokens(inputs, LossOptions(use_ppo_clip=True, clip_low=0.2, clip_high=0.2, use_tis=True))
+    assert out["clipped"][0, 1:].tolist() == [1.0, 0.0]
+    assert out["is_weight"][0, 1:].tolist() == pytest.approx([2.0, 1.0])  # tis_cap 2
+    assert out["loss_mask"][0].tolist() == [0.0, 1.0, 0.0]

@@ -73,6 +73,12 @@ def test_a_teacher_with_a_shorter_context_than_max_model_len_is_refused(tiny_mod
 def test_positions_come_from_a_text_config_and_unknown_ones_pass(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 4096}}))
     assert model_positions(str(tmp_path)) == 4096
+    yarn = {"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    (tmp_path / "config.json").write_text(json.dumps(yarn))
+    assert model_positions(str(tmp_path)) == 16384  # vLLM serves YaRN's stretched context
+    llama3 = {"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    (tmp_path / "config.json").write_text(json.dumps(llama3))
+    assert model_positions(str(tmp_path)) == 131072
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "x"}))
     assert model_positions(str(tmp_path)) is None
     assert model_positions(str(tmp_path / "missing")) is None

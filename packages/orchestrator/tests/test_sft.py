@@ -227,3 +227,23 @@ async def test_the_supervised_steps_weights_reach_the_servers_before_the_rl_step
     assert trainer.published == [2]
     assert engine.state == {"step": 2, "version": 2}  # the engine counts on from the last supervised step
     assert engine.versions == [2]
+
+
+def test_an_rl_run_resumes_a_checkpoint_of_supervised_steps_only_with_a_fresh_engine(tmp_path, monkeypatch):
+    from telescope_orchestrator.record.rundir import RunDir
+    from telescope_orchestrator.run import startup
+
+    calls: list[tuple[str, tuple]] = []
+    monkeypatch.setattr(startup, "call_all", lambda actors, method, *args: calls.append((method, args)))
+    engine = _Engine()
+    engine.state = {"step": 0, "version": 0, "sampler": {"drawn": 0}}  # a fresh engine's
+    checkpoint = tmp_path / "checkpoints" / "step_24"
+    checkpoint.mkdir(parents=True)
+    meta = {"step": 24, "extra_state": {"engine": None}}  # what `telescope sft` writes
+    run = RunDir(tmp_path / "run")
+    assert startup._resume((checkpoint, meta), [object()], cast(Any, engine), run) == 24
+    assert engine.state == {"step": 24, "version": 24, "sampler": {"drawn": 0}}
+    assert calls == [("load_checkpoint", (str(checkpoint),)), ("publish", (24,))]
+    calls.clear()
+    assert startup._resume((checkpoint, meta), [object()], None, run) == 24  # `telescope sft` itself
+    assert calls == [("load_checkpoint", (str(checkpoint),))]

@@ -413,7 +413,7 @@ def loss_tokens(inputs: LossInputs, options: LossOptions) -> dict[str, torch.Ten
     for the run record's token table (docs/records.md, "tokens"): ``trainer_logprob`` (the logprob it
     trained with; NaN for the first token of each sample, which nothing predicts), ``advantage`` (per
     token: after ``opd``'s teacher term), ``loss_mask`` (1 where the token counted, after sequence IS
-    masking), ``is_weight`` (its TIS weight, 1 without TIS) and
+    masking), ``is_weight`` (its TIS weight; 1 without TIS and outside the loss) and
     ``clipped`` (−1 where the ratio was clipped at the lower bound, +1 at the upper, else 0; as
     ``clip_low_frac`` / ``clip_high_frac`` count them)."""
     with torch.no_grad():
@@ -423,7 +423,9 @@ def loss_tokens(inputs: LossInputs, options: LossOptions) -> dict[str, torch.Ten
         clipped = torch.zeros_like(b.logprobs, dtype=f32)
         if b.ref_logprobs is not None and (options.use_ppo_clip or options.algorithm in ("cispo", "gspo")):
             low, high = _clipped(b, options)
-            clipped = high.to(f32) - low.to(f32)
+            clipped = torch.where(b.mask, high.to(f32) - low.to(f32), 0.0)  # as the metrics count them
+        if tis is not None:
+            tis = torch.where(b.mask, tis.to(f32), 1.0)  # a token out of the loss is weighed by nothing
         # nothing predicts the first token of a sample: its "logprob" is left out
         trainer = torch.where(b.segments.starts, torch.nan, b.logprobs.detach().to(f32))
         return {

@@ -189,8 +189,8 @@ TOKENS = Table(
             F32_LIST,
             "1 where the token counted in the loss (after filters and sequence IS masking)",
         ),
-        _c("is_weight", F32_LIST, "the token's TIS weight (1 without TIS)"),
-        _c("clipped", F32_LIST, "-1 where the ratio was clipped at the lower bound, +1 at the upper, else 0"),
+        _c("is_weight", F32_LIST, "the token's TIS weight (1 without TIS, and outside the loss)"),
+        _c("clipped", F32_LIST, "-1 where the ratio was clipped at the lower bound, +1 at the upper; 0 else"),
         _c(
             "version_start",
             I32_LIST,

@@ -209,8 +209,9 @@ class MegatronTrainer:
         """The temperature of this step's logprobs (``StepPlan.temperature``)."""
         self._lr_multiplier = lr_schedule(config)  # a bad schedule fails here, with its message
         self.timeline = Timeline(self._device)
-        self._tokens: list[dict[str, np.ndarray] | None] = []
         """Spans of every step, checkpoint and weight export on this rank; the caller drains it."""
+        self._tokens: list[dict[str, np.ndarray] | None] = []
+        """The last step's token record (``step_tokens``)."""
         self._micro: MicroBatchSpans | None = None
         self._build(self.seed, (adam_beta1, adam_beta2), adam_eps)
 

@@ -491,11 +491,11 @@ function sampleBody(s) {
 // one of what the sampler, the trainer's loss, the teacher and the reference model made of it; the
 // title of a token lists every value.
 const TOKEN_COLOURS = {
-  "sampler − trainer logprob": { of: (r, i) => diff(r.sampler_logprob[i], r.trainer_logprob[i]), scale: "mismatch" },
-  "sampler logprob": { of: (r, i) => r.sampler_logprob[i], scale: "prob" },
+  "sampler − trainer logprob": { of: (r, i) => (r.loss_mask[i] > 0 ? diff(r.sampler_logprob[i], r.trainer_logprob[i]) : null), scale: "mismatch" },
+  "sampler logprob": { of: (r, i) => (r.version_start[i] === -1 ? null : r.sampler_logprob[i]), scale: "prob" },
   "trainer logprob": { of: (r, i) => r.trainer_logprob[i], scale: "prob" },
   "teacher logprob": { of: (r, i) => (r.teacher_logprob || [])[i], scale: "prob" },
-  "teacher − sampler logprob": { of: (r, i) => diff((r.teacher_logprob || [])[i], r.sampler_logprob[i]), scale: "signed" },
+  "teacher − sampler logprob": { of: (r, i) => (r.loss_mask[i] > 0 ? diff((r.teacher_logprob || [])[i], r.sampler_logprob[i]) : null), scale: "signed" },
   "reference logprob": { of: (r, i) => (r.ref_logprob || [])[i], scale: "prob" },
   advantage: { of: (r, i) => r.advantage[i], scale: "signed" },
   "loss mask": { of: (r, i) => r.loss_mask[i], scale: "mask" },
@@ -532,7 +532,7 @@ function tokenTitle(r, i) {
 }
 
 const TOKEN_LEGENDS = {
-  mismatch: "red: how far apart the two logprobs are (1 nat and more: full red)",
+  mismatch: "red: how far apart the two logprobs are on the trained tokens (1 nat and more: full red)",
   prob: "red: unlikely, green: likely (the probability e^logprob)",
   signed: "green: positive, red: negative, the strongest in the sequence the deepest",
   mask: "grey: not in the loss",

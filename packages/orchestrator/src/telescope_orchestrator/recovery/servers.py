@@ -319,9 +319,12 @@ class ServerSupervisor:
         if server.state != "up":
             return
         if server.scorer is not None:  # frozen: its process and /health say it all
-            if await self._exited(server) is None and await self._unresponsive(url, engine=False) is None:
+            alive = await self._exited(server) is None and await self._unresponsive(url, engine=False) is None
+            if server.state != "up":  # lost meanwhile (the watcher found it dead): its restart decides
+                return
+            if alive:
                 log.warning("scorer server unreachable for a moment; it answers now", server=url, error=error)
-                self.event("server_blip", server=url, error=error[:2000])
+                self.event("server_blip", server=url, error=error[:2000], what=server.what)
                 server.scorer.server_back(url)
                 return
         elif not await self._probe([url]) and engine.server_versions[url] == engine.version:
@@ -338,7 +341,7 @@ class ServerSupervisor:
             return
         server.state = "out"
         log.error(f"{server.what} server died", server=url, reason=reason, restarts=server.restarts)
-        self.event("server_down", server=url, reason=reason, restarts=server.restarts)
+        self.event("server_down", server=url, reason=reason, restarts=server.restarts, what=server.what)
         if server.scorer is not None:
             server.scorer.server_lost(url)
             meanwhile = f"its requests go to the {server.what} model's other servers or wait"
@@ -361,7 +364,7 @@ class ServerSupervisor:
             server.restarts += 1
             self.restarts += 1
             t0 = time.monotonic()
-            self.event("server_restarting", server=server.url, attempt=server.restarts)
+            self.event("server_restarting", server=server.url, attempt=server.restarts, what=server.what)
             try:
                 await server.actor.restart.remote(self.start_timeout_s)
                 version = await self._resync_soon(server) if server.scorer is None else None
@@ -370,8 +373,12 @@ class ServerSupervisor:
             except Exception as exc:
                 error = f"{type(actor_cause(exc)).__name__}: {str(actor_cause(exc))[:2000]}"
                 log.error("inference server restart failed", server=server.url, error=error)
-                self.event("server_restart_failed", server=server.url, attempt=server.restarts, error=error)
-                self.connected = {}
+                attempt = server.restarts
+                self.event(
+                    "server_restart_failed", server=server.url, attempt=attempt, error=error, what=server.what
+                )
+                if server.scorer is None:  # it may have joined the weight-sync groups before it failed
+                    self.connected = {}
                 if server.restarts >= self.max_restarts:
                     await self._give_up(server, error)
                     return
@@ -392,6 +399,7 @@ class ServerSupervisor:
                 attempt=server.restarts,
                 version=version,
                 seconds=seconds,
+                what=server.what,
             )
             held = f"weights of step {version}" if version is not None else "its model never changes"
             self.say(f"{server.what} server {server.url} is back ({seconds:.0f} s, {held})")
@@ -436,7 +444,13 @@ class ServerSupervisor:
             report = await server.actor.failure_report.remote(what)
         except Exception:  # its actor is gone too
             report = f"{what}. Its log: {logs} in the run directory"
-        self.event("server_given_up", server=server.url, restarts=server.restarts, reason=reason[:2000])
+        self.event(
+            "server_given_up",
+            server=server.url,
+            restarts=server.restarts,
+            reason=reason[:2000],
+            what=server.what,
+        )
         peers = [s for s in self.servers.values() if s.scorer is server.scorer]
         if all(s.state == "given_up" for s in peers):
             gone = ServersGone(

@@ -125,8 +125,8 @@ class LoopContext:
     """The clients of the teacher's and reference model's servers (``run.scorers``), closed at the end."""
     shards: list[list[MicroBatch]] = field(default_factory=list["list[MicroBatch]"])
     """The micro-batches of the last step trained, per data-parallel rank (``_train``)."""
-    trained: Trained | None = None
-    """What the trainer's loss did with each token of the last RL step (``record.tokens``)."""
+    trained: TokenRequest | None = None
+    """The trainer ranks' token records of the last RL step, asked for (``_ask_tokens``)."""
 
     @property
     def rollout(self) -> RolloutEngine:
@@ -499,7 +499,7 @@ async def _train_and_publish(
     with records.phase("train_step", step, samples=len(samples), tokens=num_tokens):
         per_rank = await _on_trainers(ctx, f"the training of step {step}", lambda: _train(ctx, samples, step))
     t_train = time.monotonic() - t1
-    ctx.trained = await _trained_tokens(ctx, samples)
+    ctx.trained = _ask_tokens(ctx, samples)
     if ctx.trainer_restarts is not None:
         ctx.trainer_restarts.trained(step, samples, _mean_metrics(per_rank))
     metrics: dict[str, Any] = {
@@ -605,7 +605,7 @@ async def _records_written(ctx: LoopContext) -> None:
             ctx.records_task = None
 
 
-async def _record_step(ctx: LoopContext, step: int, batch: Any, trained: Trained | None) -> None:
+async def _record_step(ctx: LoopContext, step: int, batch: Any, asked: TokenRequest | None) -> None:
     """A step's record, written off the event loop while the next step goes on: the trainer ranks'
     spans (one call per rank, queued before their next step), then the files, in a thread, with the
     token table when ``record_tokens`` is on. Never raises: the record of a step must never cost the
@@ -613,6 +613,7 @@ async def _record_step(ctx: LoopContext, step: int, batch: Any, trained: Trained
     records = ctx.run.records
     events = records.take_events()
     spans = await _spans(ctx)
+    trained = await _trained_tokens(asked)
     decode = getattr(getattr(ctx.engine, "tokenizer", None), "decode", None)
     t0 = time.monotonic()
     written = functools.partial(
@@ -625,17 +626,41 @@ async def _record_step(ctx: LoopContext, step: int, batch: Any, trained: Trained
     log.debug("step records written", step=step, seconds=round(time.monotonic() - t0, 4))
 
 
-async def _trained_tokens(ctx: LoopContext, samples: list[TrainingSample]) -> Trained | None:
-    """What the trainer ranks' loss did with each token of the step just trained, by training
-    sequence (``record.tokens``); None when ``record_tokens`` is off or the ranks did not say."""
+@dataclass
+class TokenRequest:
+    """The trainer ranks' ``step_tokens`` of one step, asked for right after it trained (each rank
+    answers in call order, so later steps cannot change them) and read with the step's record."""
+
+    answers: list[Any]
+    shards: list[list[MicroBatch]]
+    dp_ranks: list[int]
+    lengths: list[int]
+
+
+def _ask_tokens(ctx: LoopContext, samples: list[TrainingSample]) -> TokenRequest | None:
+    """Ask every trainer rank for what its loss did with each token of the step just trained
+    (``record_tokens``); None when off or a rank cannot be asked."""
     if not ctx.config.record_tokens or not ctx.shards:
+        return None
+    try:
+        answers = [a.step_tokens.remote() for a in ctx.trainers]
+    except Exception as exc:  # the record of a step must never cost the step
+        log.warning("trainer token records not asked for", error=repr(exc))
+        return None
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    return TokenRequest(answers, ctx.shards, list(ctx.dp_ranks), lengths)
+
+
+async def _trained_tokens(asked: TokenRequest | None) -> Trained | None:
+    """The ranks' answers to ``asked`` read back by training sequence (``record.tokens``), off the
+    event loop; None when there are none."""
+    if asked is None:
         return None
     from telescope_orchestrator.record.tokens import trained_tokens
 
     try:
-        per_rank = await _gather([a.step_tokens.remote() for a in ctx.trainers])
-        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
-        return await asyncio.to_thread(trained_tokens, ctx.shards, ctx.dp_ranks, per_rank, lengths)
+        per_rank = await _gather(asked.answers)
+        return await asyncio.to_thread(trained_tokens, asked.shards, asked.dp_ranks, per_rank, asked.lengths)
     except Exception as exc:  # the record of a step must never cost the step
         log.warning("trainer token records not collected", error=repr(exc))
         return None

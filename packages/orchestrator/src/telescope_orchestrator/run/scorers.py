@@ -95,7 +95,8 @@ def check_tokenizers(cfg: TelescopeConfig, policy: Tokenizer, scorers: list[Scor
 
 def model_positions(path: str) -> int | None:
     """The most positions the model in folder ``path`` was built for: ``max_position_embeddings`` of
-    its ``config.json`` (or of its ``text_config``), None when it does not say."""
+    its ``config.json`` (or of its ``text_config``) times its ``rope_scaling`` factor (YaRN and the
+    like), None when it does not say."""
     import json
     from pathlib import Path
 
@@ -111,9 +112,22 @@ def model_positions(path: str) -> int | None:
         fields = cast("dict[str, Any]", section)
         value = fields.get("max_position_embeddings")
         if isinstance(value, int) and value > 0:
-            return value
+            return int(value * _rope_factor(fields.get("rope_scaling")))
         sections.append(fields.get("text_config"))
     return None
+
+
+def _rope_factor(scaling: Any) -> float:
+    """How much a ``rope_scaling`` stretches the context, as vLLM counts it (1: none; ``su``,
+    ``longrope`` and ``llama3`` leave ``max_position_embeddings`` as the model's length)."""
+    if not isinstance(scaling, dict):
+        return 1.0
+    fields = cast("dict[str, Any]", scaling)
+    kind = fields.get("rope_type", fields.get("type"))
+    factor = fields.get("factor")
+    if kind in ("su", "longrope", "llama3") or not isinstance(factor, int | float) or factor <= 1:
+        return 1.0
+    return float(factor)
 
 
 def check_contexts(cfg: TelescopeConfig, scorers: list[ScorerModel]) -> str | None:

@@ -279,7 +279,7 @@ def _start(state: _Run) -> Any:
     restarts = _trainer_restarts(state, inputs, groups, pids)
     supervisor = (
         _supervisor(state, engine, servers, trainers, evals, pids, groups, scoring=scoring)
-        if engine
+        if engine is not None
         else None
     )
     return LoopContext(
@@ -292,7 +292,11 @@ def _start(state: _Run) -> Any:
         run=run,
         console=console,
         checkpoint_root=run.checkpoints(cfg.checkpoint_dir),
-        weights=WeightUpdates(groups, engine, supervisor.publish) if engine and supervisor else None,
+        weights=(
+            WeightUpdates(groups, engine, supervisor.publish)
+            if engine is not None and supervisor is not None
+            else None
+        ),
         lines=MetricsLines(run, state.wandb, start_step=start_step),
         start_step=start_step,
         pad_token_id=parts.pad_token_id if parts is not None else pad_token_id(inputs.tokenizer),
