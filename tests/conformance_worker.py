@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 import telescope_config  # noqa: E402
 from telescope_algos import TOKEN_FIELDS, TrainingSample, pack_samples, sample_tokens  # noqa: E402
-from telescope_algos.backend import TrainerBackend  # noqa: E402
+from telescope_algos.backend import FROZEN_TOKEN_FIELDS, TrainerBackend  # noqa: E402
 from telescope_orchestrator.run import checkpoints as ck  # noqa: E402
 
 
@@ -65,12 +65,12 @@ def _save(trainer, root: Path, step: int, *, training_state: bool = True, keep_l
     return path
 
 
-def _tokens(trainer, mbs, samples: list[dict]) -> list[dict[str, list[float]]]:
+def _tokens(trainer, mbs, samples: list[dict], fields=TOKEN_FIELDS) -> list[dict[str, list[float]]]:
     """The last step's ``step_tokens`` read back by sample (``sample_tokens``), whole sequences."""
     rows = trainer.step_tokens()
     lengths = [len(s["prompt_ids"]) + len(s["completion_ids"]) for s in samples]
-    by_field = {f: sample_tokens(mbs, [r[f] for r in rows], lengths) for f in TOKEN_FIELDS}
-    return [{f: by_field[f][k].tolist() for f in TOKEN_FIELDS} for k in range(len(samples))]
+    by_field = {f: sample_tokens(mbs, [r[f] for r in rows], lengths) for f in fields}
+    return [{f: by_field[f][k].tolist() for f in fields} for k in range(len(samples))]
 
 
 def _hf_logprobs(model, samples: list[dict]) -> list[list[float]]:
@@ -175,6 +175,22 @@ def main(spec: dict) -> None:
     out["opd_tokens"] = _tokens(trainer, mbs, opd["steps"][0])
     trainer.close()
 
+    # frozen models in the trainer: a teacher of another size, and the reference model (the starting
+    # weights); the samples carry neither's logprobs
+    held = spec["frozen"]
+    frozen = {**spec, "overrides": {**spec["overrides"], **held["overrides"]}, "steps": [spec["steps"][0]]}
+    trainer = backend.create_trainer(
+        _config(frozen),
+        model_path=spec["model_dir"],
+        seed=config.seed,
+        frozen_models={"teacher": held["teacher_dir"], "ref": spec["model_dir"]},
+    )
+    mbs = _micro_batches(trainer, frozen, 0, spec["seq_len"])
+    out["frozen"] = trainer.train_step(mbs, step=1)
+    fields = (*TOKEN_FIELDS, *FROZEN_TOKEN_FIELDS.values())
+    out["frozen_tokens"] = _tokens(trainer, mbs, frozen["steps"][0], fields)
+    trainer.close()
+
     # a supervised step, from the starting weights
     sft = {**spec, "steps": [spec["sft"]]}
     trainer = backend.create_trainer(config, model_path=spec["model_dir"], seed=config.seed)
@@ -188,6 +204,8 @@ def main(spec: dict) -> None:
     start = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
     out["sft_nll"] = _nll(start, spec["sft"])
     out["hf_logprobs_1"] = _hf_logprobs(start, spec["steps"][0])
+    teacher = AutoModelForCausalLM.from_pretrained(held["teacher_dir"], dtype=torch.float32)
+    out["hf_teacher_logprobs_1"] = _hf_logprobs(teacher, spec["steps"][0])
 
     model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
     out["converted"] = {n: t.detach().clone() for n, t in model.state_dict().items()}

@@ -20,6 +20,10 @@ one step ahead in its LR is caught), float32 and no dropout. What every backend 
 - ``convert_checkpoint`` gives a folder transformers loads with the trained weights;
 - on-policy distillation with a reference KL (samples with teacher and reference logprobs) reports
   the teacher's reverse KL of the hand computation, and a reference KL;
+- frozen models in the trainer (``frozen_models``: a teacher of another size, the reference model at
+  the starting weights; samples without their logprobs): the teacher's and reference model's logprobs
+  in ``step_tokens`` are transformers' own, the teacher's reverse KL is that of the hand computation
+  with them, and the reference KL is 0 at step 1;
 - a supervised step (``objective="sft"``) has the loss of transformers' own negative
   log-likelihood of the trained tokens;
 - ``step_tokens`` gives, read back by sample, what the loss trained each token with: transformers'
@@ -86,6 +90,7 @@ def _steps() -> list[list[dict]]:
 
 
 OPD = {"algorithm": "opd", "teacher_model": "a-teacher", "distill_reward_weight": 0.5, "ref_kl_coef": 0.1}
+IN_TRAINER = {**OPD, "teacher_placement": "trainer", "ref_placement": "trainer"}
 
 
 def _opd_samples() -> list[dict]:
@@ -117,11 +122,12 @@ def _sft_samples() -> list[dict]:
     ]
 
 
-def _run(backend: str, model_dir: Path, tmp: Path) -> dict:
+def _run(backend: str, model_dir: Path, teacher_dir: Path, tmp: Path) -> dict:
     spec = {
         "backend": backend, "model_dir": str(model_dir), "overrides": OVERRIDES, "steps": _steps(),
         "seq_len": 24, "one_row_seq_len": 256, "dir": str(tmp), "out": str(tmp / "out.pt"),
         "opd": {"overrides": OPD, "samples": _opd_samples()},
+        "frozen": {"overrides": IN_TRAINER, "teacher_dir": str(teacher_dir)},
         "sft": _sft_samples(),
     }  # fmt: skip
     (tmp / "spec.json").write_text(json.dumps(spec))
@@ -130,8 +136,11 @@ def _run(backend: str, model_dir: Path, tmp: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def results(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    return {b: _run(b, tiny_model_dir, tmp_path_factory.mktemp(b)) for b in BACKENDS}
+def results(
+    tiny_model_dir: Path, tiny_tp_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict]:
+    # the teacher: the same tokenizer, twice the width and four heads
+    return {b: _run(b, tiny_model_dir, tiny_tp_model, tmp_path_factory.mktemp(b)) for b in BACKENDS}
 
 
 def _same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
@@ -200,6 +209,29 @@ def test_distillation_and_the_reference_kl(results, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_frozen_models_in_the_trainer_score_as_transformers_does(results, backend):
+    r = results[backend]
+    m = r["frozen"]
+    samples = _steps()[0]
+    gaps = []
+    for k, (sample, tokens, teacher, start) in enumerate(
+        zip(samples, r["frozen_tokens"], r["hf_teacher_logprobs_1"], r["hf_logprobs_1"], strict=True)
+    ):
+        assert _completion(tokens, "teacher_logprob", sample) == pytest.approx(teacher, abs=1e-4), k
+        assert _completion(tokens, "ref_logprob", sample) == pytest.approx(start, abs=1e-4), k
+        # distill_reward_weight · A + (ℓ^T − ℓ^roll), with the teacher's logprobs by transformers
+        expected = [
+            0.5 * sample["advantage"] + t - roll
+            for t, roll in zip(teacher, sample["rollout_logprobs"], strict=True)
+        ]
+        assert _completion(tokens, "advantage", sample) == pytest.approx(expected, rel=1e-4, abs=1e-4), k
+        gaps += [roll - t for t, roll in zip(teacher, sample["rollout_logprobs"], strict=True)]
+    assert m["teacher_reverse_kl"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-5)
+    assert abs(m["ref_kl"]) < 1e-6  # the reference is the very weights the step starts from
+    assert m["num_tokens"] == len(gaps)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_supervised_step_is_the_negative_log_likelihood_of_its_trained_tokens(results, backend):
     r = results[backend]
     m = r["sft"]
@@ -247,6 +279,7 @@ def test_both_backends_agree(results):
         mine = [x for x, h in zip(a["trainer_logprob"], held, strict=True) if h]
         theirs = [y for y, h in zip(b["trainer_logprob"], held, strict=True) if h]
         assert mine == pytest.approx(theirs, abs=1e-5)
-    a, b = fsdp["opd"], meg["opd"]
-    for key in ("loss", "teacher_reverse_kl", "ref_kl", "grad_norm", "num_tokens"):
-        assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), ("opd", key)
+    for name in ("opd", "frozen"):
+        a, b = fsdp[name], meg[name]
+        for key in ("loss", "teacher_reverse_kl", "ref_kl", "grad_norm", "num_tokens"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (name, key)

@@ -10,8 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from telescope_algos import LossInputs, LossOptions, TrainingSample, loss_tokens, pack_samples, sample_tokens
-from telescope_algos.backend import TokenTrace
+from telescope_algos import (
+    LossInputs,
+    LossOptions,
+    MicroBatch,
+    TrainingSample,
+    loss_tokens,
+    pack_samples,
+    sample_tokens,
+)
+from telescope_algos.backend import TokenTrace, frozen_models, with_frozen_logprobs
 
 
 def _ids(mbs):
@@ -104,6 +112,42 @@ def test_a_trace_keeps_each_micro_batch_at_the_length_it_was_given():
     assert rows[1] is not None
     assert rows[1]["trainer_logprob"].tolist() == [-1.0, -2.0]
     assert rows[1]["trainer_logprob"].dtype == np.float32
+
+
+def test_a_trace_adds_a_frozen_models_logprobs_to_the_rows_of_its_loss():
+    trace = TokenTrace([3, 2])
+    trace.add_frozen(0, "teacher", torch.tensor([[0.0, -1.5, -2.5, 0.0]]))  # computed, never trained
+    trace.add_frozen(1, "ref", torch.tensor([[0.0, -0.5]]))
+    trace.add(1, {"trainer_logprob": torch.tensor([[0.0, -2.0]])})
+    rows = trace.rows()
+    assert rows[0] is None  # no loss row: nothing to record
+    assert rows[1] is not None
+    assert rows[1]["ref_logprob"].tolist() == [0.0, -0.5]
+    assert set(rows[1]) == {"trainer_logprob", "ref_logprob"}
+
+
+def test_frozen_models_are_named_and_fill_their_field():
+    assert frozen_models(None) == {}
+    assert frozen_models({"ref": "/r", "teacher": "/t"}) == {"ref": "/r", "teacher": "/t"}
+    with pytest.raises(ValueError, match=r"unknown frozen models \['critic'\]; a trainer holds teacher, ref"):
+        frozen_models({"critic": "/c"})
+    mb = MicroBatch(
+        input_ids=torch.tensor([[5, 6, 7]]),
+        position_ids=torch.tensor([[0, 1, 2]]),
+        loss_mask=torch.tensor([[0, 1, 1]]),
+        advantages=torch.tensor([[0.0, 1.0, 1.0]]),
+        rollout_logprobs=torch.tensor([[0.0, -1.5, -1.5]]),
+        num_samples=1,
+        num_tokens=2,
+    )
+    lp = torch.tensor([[0.0, -1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    out = with_frozen_logprobs(mb, "teacher", lp)
+    assert out.teacher_logprobs is not None
+    assert out.ref_logprobs is None
+    assert out.teacher_logprobs.dtype == torch.float32
+    assert not out.teacher_logprobs.requires_grad
+    assert out.teacher_logprobs.tolist() == [[0.0, -1.0, -2.0]]
+    assert mb.teacher_logprobs is None  # a copy
 
 
 def test_a_token_outside_the_loss_is_never_clipped_or_weighed():

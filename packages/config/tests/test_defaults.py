@@ -19,9 +19,9 @@ def _defaults_text() -> str:
     return resources.files("telescope_config").joinpath("defaults.yaml").read_text(encoding="utf-8")
 
 
-def test_defaults_and_schema_list_the_same_176_fields_in_the_same_order():
+def test_defaults_and_schema_list_the_same_178_fields_in_the_same_order():
     assert list(defaults()) == list(TelescopeConfig.model_fields)
-    assert len(TelescopeConfig.model_fields) == 176
+    assert len(TelescopeConfig.model_fields) == 178
 
 
 def test_the_defaults_file_is_the_only_source_of_defaults():
@@ -37,7 +37,8 @@ def test_defaults_match_upstream_except_the_deliberate_differences():
         "enable_prefix_caching",
         "fsdp_gradient_checkpointing", "inference_max_restarts", "inference_health_timeout_seconds",
         "weight_broadcast_timeout_s", "trainer_max_restarts", "lora_rank", "lora_alpha", "lora_dropout",
-        "lora_target_modules", "teacher_model", "teacher_num_workers", "teacher_tensor_parallel_size",
+        "lora_target_modules", "teacher_model", "teacher_placement", "teacher_num_workers",
+        "teacher_tensor_parallel_size", "ref_placement",
         "distill_coef", "distill_reward_weight", "ref_model", "ref_num_workers", "ref_kl_coef",
         "ref_kl_estimator", "sft_steps", "sft_dataset", "sft_dataset_split", "sft_batch_size",
         "record_tokens",

@@ -12,6 +12,7 @@ from telescope_orchestrator.run.scorers import (
     ScorerModel,
     check_contexts,
     check_tokenizers,
+    in_trainer,
     model_positions,
     scorer_launches,
     scorer_models,
@@ -38,6 +39,27 @@ def test_a_config_serves_its_teacher_and_its_reference_which_defaults_to_the_pol
     assert scorer_models(make_config(), "/p") == []
     only_sft = make_config(**OPD, teacher_model="t", sft_steps=4, number_of_steps=4, sft_dataset="d.jsonl")
     assert scorer_models(only_sft, "/p") == []  # no RL step to score
+
+
+def test_a_frozen_model_placed_in_the_trainer_has_no_server_and_goes_to_the_ranks(tiny_model_dir, tmp_path):
+    from telescope_orchestrator.cluster.ray_cluster import scorer_servers
+    from telescope_orchestrator.cluster.vllm_server import ServerSettings
+
+    cfg = make_config(**OPD, teacher_model=str(tiny_model_dir), teacher_placement="trainer", ref_kl_coef=0.1)
+    assert cfg.frozen_models == {"teacher": "trainer", "ref": "servers"}
+    assert scorer_servers(cfg) == {"ref": (1, 1)}
+    teacher, ref = scorer_models(cfg, "/resolved/policy")
+    assert (teacher.placement, teacher.servers, teacher.path) == ("trainer", 0, str(tiny_model_dir))
+    assert (ref.placement, ref.servers) == ("servers", 1)
+    assert in_trainer([teacher, ref]) == {"teacher": str(tiny_model_dir)}
+    policy = ServerSettings.from_config(cfg, model="/policy", device="cpu", seed=0, host="127.0.0.1")
+    launches = scorer_launches(cfg, [teacher, ref], policy, tmp_path, first_port=9000)
+    assert [x["scorer"] for x in launches] == ["ref"]  # the teacher has no server
+    both = make_config(
+        **OPD, teacher_model="t", teacher_placement="trainer", ref_kl_coef=0.1, ref_placement="trainer"
+    )
+    assert scorer_servers(both) == {}
+    assert both.frozen_models == {"teacher": "trainer", "ref": "trainer"}
 
 
 def test_a_teacher_sharing_the_tokenizer_passes_and_another_is_named(

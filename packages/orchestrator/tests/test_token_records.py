@@ -83,6 +83,24 @@ def test_the_trainers_rows_are_read_back_by_training_sequence_from_every_rank():
     assert agent["teacher_logprob"] is None
 
 
+def test_a_teacher_in_the_trainer_fills_the_teacher_column_from_the_trainers_rows():
+    batch = _batch()
+    samples = [TrainingSample(s.prompt_ids, s.completion_ids, 1.0) for _, _, s in sequences(batch)]
+    shards = pack_samples(samples, seq_len=16, num_ranks=1)
+    fields = (*TOKEN_FIELDS, "teacher_logprob")
+    # the trainer's teacher logprob of column c is -(token id) / 10
+    per_rank = [[{f: -mb.input_ids[0].numpy() / 10 for f in fields} for mb in shards[0]]]
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    trained = trained_tokens(shards, [0], per_rank, lengths)
+    assert "ref_logprob" not in trained  # no rank held a reference model
+    rows = token_rows(5, batch, trained)
+    assert rows[1]["teacher_logprob"].tolist() == [np.float32(-t / 10) for t in (10, 11, 12, 13, 14)]
+    assert rows[1]["ref_logprob"] is None
+    # a sample its teacher's servers scored keeps its own logprobs
+    batch.groups[0].samples[0].teacher_logprobs = [-7.0, -8.0]
+    assert token_rows(5, batch, trained)[0]["teacher_logprob"] == [-7.0, -8.0]
+
+
 def test_without_the_trainers_rows_its_columns_are_nan_and_the_table_is_written(tmp_path):
     run = RunDir(tmp_path / "r")
     decode = lambda ids: "".join(f"<{t}>" for t in ids)  # noqa: E731

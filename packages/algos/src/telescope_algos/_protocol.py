@@ -9,6 +9,13 @@ the caller and handed to every rank as is: a backend reads it, and never validat
 Every method is *collective*: every rank of the trainer world calls it with the same arguments, in
 the same order.
 
+``create_trainer`` may also take ``frozen_models``, ``{name: local folder}`` of the frozen models the
+ranks hold beside the policy (names in :data:`~telescope_algos.backend.FROZEN_MODELS`: the teacher of
+on-policy distillation, the reference model of the reference KL; ``teacher_placement`` /
+``ref_placement`` ``trainer``): before the loss of an RL step, each one's logprobs of every
+micro-batch (raw distribution, temperature 1, no gradient) fill the micro-batch's ``teacher_logprobs``
+/ ``ref_logprobs``, which the caller then leaves empty. A backend without it is given none.
+
 ``torch.distributed`` is initialised by the backend from the usual environment variables
 (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) when the caller has not done it:
 gloo on CPU, NCCL on GPU.
@@ -68,8 +75,9 @@ class TrainerBackend(Protocol):
     def step_tokens(self) -> list[dict[str, np.ndarray] | None]:
         """What the loss of the last ``train_step`` did with each token, for the run record's token table:
         one dict per micro-batch it was given, in order, of :data:`~telescope_algos.TOKEN_FIELDS` arrays
-        (float32, aligned with the micro-batch's ``input_ids`` and as long); empty when the last step was
-        supervised or the config's ``record_tokens`` is off. Local: not collective."""
+        (float32, aligned with the micro-batch's ``input_ids`` and as long), and of the
+        :data:`~telescope_algos.backend.FROZEN_TOKEN_FIELDS` of the frozen models it holds; empty when
+        the last step was supervised or the config's ``record_tokens`` is off. Local: not collective."""
         ...
 
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -12,6 +12,9 @@
   supervised step: the token-mean negative log-likelihood of the trained tokens, one update);
 - :class:`StepLog`: the grad norms, skipped updates and timings of a step, as its metrics (and its
   timed blocks as spans of a :class:`~telescope_algos.backend.Timeline`);
+- :data:`FROZEN_MODELS`: the frozen models a trainer may hold (the teacher, the reference model),
+  :func:`frozen_models` checks their names, :func:`with_frozen_logprobs` puts one's logprobs in a
+  micro-batch;
 - :func:`row_multiple`: the length every packed row must be a multiple of for a parallel layout,
   and :func:`pad_multiple`, what the loop pads rows to;
 - :func:`seed_everything`, and :func:`rng_state` / :func:`set_rng_state`: Python, NumPy, torch
@@ -29,7 +32,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -130,6 +133,31 @@ class StepPlan:
         if objective == "sft":
             return cls(SFT_OPTIONS, needs_old=False, minibatches=1, sft=True, temperature=1.0)
         raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+
+
+FROZEN_MODELS = {"teacher": "teacher_logprobs", "ref": "ref_logprobs"}
+"""The frozen models a trainer may hold beside the policy (``create_trainer(..., frozen_models=)``), and
+the :class:`MicroBatch` field each one's logprobs fill: the teacher of on-policy distillation, the
+reference model of the reference KL (docs/algorithms.md#frozen-models)."""
+FROZEN_TOKEN_FIELDS = {"teacher": "teacher_logprob", "ref": "ref_logprob"}
+"""The ``step_tokens`` field of each frozen model's logprobs (a trainer that holds it records them)."""
+FROZEN_TEMPERATURE = 1.0
+"""A frozen model's logprobs are those of its raw distribution, as its vLLM servers give them."""
+
+
+def frozen_models(given: Mapping[str, str] | None) -> dict[str, str]:
+    """``given`` (``{name: local folder}``) checked against :data:`FROZEN_MODELS`, in its order; a
+    ValueError names an unknown one."""
+    out = dict(given or {})
+    if unknown := sorted(set(out) - set(FROZEN_MODELS)):
+        raise ValueError(f"unknown frozen models {unknown}; a trainer holds {', '.join(FROZEN_MODELS)}")
+    return out
+
+
+def with_frozen_logprobs(mb: MicroBatch, name: str, logprobs: torch.Tensor) -> MicroBatch:
+    """``mb`` with frozen model ``name``'s logprobs of its tokens (``[1, L]``, aligned with
+    ``input_ids``) in the field :data:`FROZEN_MODELS` names, as float32 without a gradient."""
+    return replace(mb, **{FROZEN_MODELS[name]: logprobs.detach().float()})
 
 
 def check_micro_batches(micro_batches: Sequence[MicroBatch]) -> None:
@@ -275,14 +303,27 @@ class TokenTrace:
     def __init__(self, lengths: Sequence[int]):
         self.lengths = list(lengths)
         self._rows: dict[int, dict[str, np.ndarray]] = {}
+        self._frozen: dict[int, dict[str, np.ndarray]] = {}
+
+    def _arrays(self, index: int, tokens: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        n = self.lengths[index]
+        return {k: v.detach().reshape(-1)[:n].float().cpu().numpy() for k, v in tokens.items()}
 
     def add(self, index: int, tokens: dict[str, torch.Tensor]) -> None:
-        n = self.lengths[index]
-        self._rows[index] = {k: v.detach().reshape(-1)[:n].float().cpu().numpy() for k, v in tokens.items()}
+        """Micro-batch ``index``'s :func:`~telescope_algos.loss_tokens`."""
+        self._rows[index] = self._arrays(index, tokens)
+
+    def add_frozen(self, index: int, name: str, logprobs: torch.Tensor) -> None:
+        """Frozen model ``name``'s logprobs of micro-batch ``index`` (:data:`FROZEN_TOKEN_FIELDS`)."""
+        self._frozen.setdefault(index, {}).update(self._arrays(index, {FROZEN_TOKEN_FIELDS[name]: logprobs}))
 
     def rows(self) -> list[dict[str, np.ndarray] | None]:
         """Each micro-batch's arrays (None for one the step did not compute the loss of)."""
-        return [self._rows.get(i) for i in range(len(self.lengths))]
+        out: list[dict[str, np.ndarray] | None] = []
+        for i in range(len(self.lengths)):
+            row = self._rows.get(i)
+            out.append(None if row is None else {**row, **self._frozen.get(i, {})})
+        return out
 
 
 @dataclass

@@ -20,6 +20,9 @@ from telescope_algos._context_parallel import (
 from telescope_algos._protocol import TrainerBackend
 from telescope_algos._segments import Segments, find_segments, segment_ids_from_position_ids
 from telescope_algos._step import (
+    FROZEN_MODELS,
+    FROZEN_TEMPERATURE,
+    FROZEN_TOKEN_FIELDS,
     OBJECTIVES,
     SFT_OPTIONS,
     StepCounts,
@@ -27,6 +30,7 @@ from telescope_algos._step import (
     StepPlan,
     TokenTrace,
     check_micro_batches,
+    frozen_models,
     loss_options,
     lr_schedule,
     micro_batch_loss,
@@ -38,6 +42,7 @@ from telescope_algos._step import (
     seed_everything,
     set_rng_state,
     step_counts,
+    with_frozen_logprobs,
 )
 from telescope_algos._timeline import Span, Timeline, nesting_problems
 
@@ -60,6 +65,12 @@ __all__ = [
     "pad_multiple",
     "row_multiple",
     "step_counts",
+    # frozen models (teacher, reference) in the trainer
+    "FROZEN_MODELS",
+    "FROZEN_TEMPERATURE",
+    "FROZEN_TOKEN_FIELDS",
+    "frozen_models",
+    "with_frozen_logprobs",
     # seeds and RNG state
     "rng_state",
     "seed_everything",

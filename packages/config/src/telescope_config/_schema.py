@@ -55,6 +55,7 @@ Dtype = Literal["float32", "float16", "bfloat16"]
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 Algorithm = Literal["grpo", "rloo", "reinforce_pp", "dr_grpo", "cispo", "gspo", "sapo", "opd"]
 KlEstimator = Literal["k2", "k3"]
+FrozenPlacement = Literal["servers", "trainer"]
 CheckpointEvery = Annotated[Annotated[int, Field(ge=0)] | Literal[False], BeforeValidator(_checkpoint_every)]
 ResumeFrom = Annotated[bool | Annotated[int, Field(ge=1)], BeforeValidator(_resume_from_checkpoint)]
 
@@ -539,14 +540,20 @@ class TelescopeConfig(BaseModel):
     # Teacher and reference model
     teacher_model: str | None = Field(
         description="The teacher of on-policy distillation (algorithm opd): a Hugging Face model id or a "
-        "local folder, served by vLLM servers of its own that score every token the student samples. "
+        "local folder, that scores every token the student samples (teacher_placement says where). "
         "It must share the student's tokenizer (checked at start). null: no teacher; algorithm opd "
         "needs one."
+    )
+    teacher_placement: FrozenPlacement = Field(
+        description="Where the teacher scores the sampled tokens: servers (vLLM servers of its own, "
+        "teacher_num_workers GPUs, while the next samples generate) or trainer (a frozen copy in every "
+        "trainer rank, sharded like the policy, one forward pass per micro-batch before the loss: no "
+        "GPUs of its own; for teachers that fit beside the policy). docs/algorithms.md#frozen-models."
     )
     teacher_num_workers: int = Field(
         ge=1,
         description="GPUs given to the teacher's vLLM servers, >= 1; they form teacher_num_workers / "
-        "teacher_tensor_parallel_size servers. Read only with a teacher_model.",
+        "teacher_tensor_parallel_size servers. Read only with a teacher_model on servers.",
     )
     teacher_tensor_parallel_size: int = Field(
         ge=1,
@@ -564,15 +571,21 @@ class TelescopeConfig(BaseModel):
     )
     ref_model: str | None = Field(
         description="The frozen reference model of the reference KL: a Hugging Face model id or a local "
-        "folder, served by vLLM servers of its own. null: the run's model as it was at step 0 (before any "
+        "folder (ref_placement says where it runs). null: the run's model as it was at step 0 (before any "
         "sft_steps: give the fine-tuned folder to stay near it). Setting "
-        "it (or ref_kl_coef > 0) starts the reference servers; with ref_kl_coef 0 the run only "
+        "it (or ref_kl_coef > 0) starts the reference model; with ref_kl_coef 0 the run only "
         "records ref_kl.",
+    )
+    ref_placement: FrozenPlacement = Field(
+        description="Where the reference model scores the sampled tokens: servers (vLLM servers of its "
+        "own, ref_num_workers GPUs) or trainer (a frozen copy in every trainer rank, sharded like the "
+        "policy: no GPUs of its own, one more forward pass per micro-batch). "
+        "docs/algorithms.md#frozen-models."
     )
     ref_num_workers: int = Field(
         ge=1,
         description="GPUs given to the reference model's vLLM servers, >= 1, inference_tensor_parallel_size "
-        "per server (the reference is the size of the model). Read only with a reference model.",
+        "per server (the reference is the size of the model). Read only with a reference model on servers.",
     )
     ref_kl_coef: float = Field(
         ge=0,
@@ -920,6 +933,20 @@ class TelescopeConfig(BaseModel):
         """Whether the run starts reference servers: a reference KL (ref_kl_coef > 0), or a ref_model
         whose KL is only recorded."""
         return self.ref_kl_coef > 0 or self.ref_model is not None
+
+    @property
+    def frozen_models(self) -> dict[str, FrozenPlacement]:
+        """The frozen models an RL step of the run scores its tokens with, ``{name: placement}``: the
+        teacher (``algorithm: opd``) and the reference model (:attr:`uses_reference`); none when every
+        step is supervised."""
+        out: dict[str, FrozenPlacement] = {}
+        if self.supervised_only:
+            return out
+        if self.algorithm == "opd" and self.teacher_model is not None:
+            out["teacher"] = self.teacher_placement
+        if self.uses_reference:
+            out["ref"] = self.ref_placement
+        return out
 
     @property
     def supervised_only(self) -> bool:

@@ -12,6 +12,9 @@
 * ``fully_shard`` on every module whose class is in ``_no_split_modules`` (the decoder layers), on
   untied input embeddings, then on the root; ``MixedPrecisionPolicy(param_dtype=mixed_precision_dtype,
   reduce_dtype=float32)``.
+* A frozen model (a teacher or reference model held beside the policy: ``load_frozen_model``) is
+  loaded and sharded the same way, without gradient checkpointing or adapters, every parameter
+  frozen, in eval mode: each rank holds its shard, and a forward gathers one layer at a time.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from telescope_trainer_fsdp._packed_attention import PACKED_SDPA, register_packed_sdpa
 
-__all__ = ["DTYPES", "attention_implementation", "load_sharded_model", "torch_dtype"]
+__all__ = ["DTYPES", "attention_implementation", "load_frozen_model", "load_sharded_model", "torch_dtype"]
 
 _log = structlog.get_logger()
 
@@ -109,3 +112,27 @@ def load_sharded_model(
     model.train()  # from_pretrained returns eval mode; checkpointing only acts in training mode
     _log.debug("model sharded", model=model_path, attention=attn, units=len(units), tied=tied)
     return model
+
+
+def load_frozen_model(
+    model_path: str,
+    *,
+    device: torch.device,
+    model_dtype: str,
+    mixed_precision_dtype: str | None,
+    attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
+) -> torch.nn.Module:
+    """``model_path`` sharded like the policy (collective), every parameter frozen, in eval mode: a
+    teacher or reference model whose logprobs a step computes without gradients."""
+    model = load_sharded_model(
+        model_path,
+        device=device,
+        model_dtype=model_dtype,
+        mixed_precision_dtype=mixed_precision_dtype,
+        gradient_checkpointing=False,
+        attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
+    )
+    model.requires_grad_(False)
+    return model.eval()

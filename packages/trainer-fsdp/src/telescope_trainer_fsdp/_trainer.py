@@ -6,7 +6,10 @@ helpers, the ones the Megatron backend uses too):
 1. One all-gather of the micro-batch count and of the loss tokens / samples per minibatch group
    (``step_counts``), so each update is the exact token mean of its group over all ranks
    (docs/algorithms.md#normalisation).
-2. With ``ppo_clip_ref_logprobs: batch`` and a ratio-based loss, a no-grad pass stores π_old.
+2. With frozen models in the trainer (``frozen_models``: the teacher, the reference model; each
+   loaded and sharded like the policy, without gradients), a no-grad pass of each over the
+   micro-batches fills their ``teacher_logprobs`` / ``ref_logprobs`` (temperature 1). With
+   ``ppo_clip_ref_logprobs: batch`` and a ratio-based loss, a no-grad pass stores π_old.
 3. Micro-batches are dealt round-robin into ``number_of_minibatches`` groups; per group:
    ``zero_grad`` → forward/backward each micro-batch (gradient reduce-scatter only on the last) →
    global grad norm, clipped to ``grad_clip`` (0: norm only) → AdamW step, **skipped** (and counted)
@@ -16,11 +19,12 @@ helpers, the ones the Megatron backend uses too):
 With ``fsdp_context_parallel_size`` > 1 each row is split over the context-parallel ranks of its
 replica (``_context_parallel``); the counts and sums above then count each replica once.
 
-Spans (``FSDPTrainer.timeline``, a ``telescope_algos.backend.Timeline``; the caller drains it): every step
-is ``train_step`` with ``prepare`` (padding, the counts), ``old_logprobs`` (a ``forward`` per
-micro-batch), per group ``minibatch`` (label ``minibatch``) with per micro-batch ``microbatch``
-(label ``microbatch``: its index in the step) holding ``forward``, ``loss`` and ``backward``, then
-``optimizer`` with ``grad_norm`` and ``update``; and ``metrics`` (the reduction over ranks).
+Spans (``FSDPTrainer.timeline``, a ``telescope_algos.backend.Timeline``; the caller drains it): every
+step is ``train_step`` with ``prepare`` (padding, the counts), ``teacher_logprobs`` / ``ref_logprobs``
+and ``old_logprobs`` (a ``forward`` per micro-batch each), per group ``minibatch`` (label
+``minibatch``) with per micro-batch ``microbatch`` (label ``microbatch``: its index in the step)
+holding ``forward``, ``loss`` and ``backward``, then ``optimizer`` with ``grad_norm`` and ``update``;
+and ``metrics`` (the reduction over ranks).
 Checkpoints are ``checkpoint/save`` and ``checkpoint/load`` with their phases (``_state``), and a
 weight export is ``hf_weights``, from the first tensor asked for to the last.
 """
@@ -31,7 +35,7 @@ import contextlib
 import json
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -44,6 +48,7 @@ from torch.distributed.tensor import DTensor
 
 from telescope_algos import MicroBatch, pad_micro_batch
 from telescope_algos.backend import (
+    FROZEN_TEMPERATURE,
     StepCounts,
     StepLog,
     StepPlan,
@@ -53,10 +58,14 @@ from telescope_algos.backend import (
     loss_options,
     micro_batch_loss,
     minibatch_groups,
+    rng_state,
     row_multiple,
     seed_everything,
+    set_rng_state,
     step_counts,
+    with_frozen_logprobs,
 )
+from telescope_algos.backend import frozen_models as frozen_models_checked
 from telescope_trainer_fsdp import _checkpoint as ck
 from telescope_trainer_fsdp import _export, _state, _step
 from telescope_trainer_fsdp._context_parallel import (
@@ -69,7 +78,7 @@ from telescope_trainer_fsdp._context_parallel import (
 from telescope_trainer_fsdp._distributed import DistInfo, init_distributed
 from telescope_trainer_fsdp._lora import adapter_config, adapter_weights, lora_settings, merged_hf_weights
 from telescope_trainer_fsdp._metrics import StepMetrics
-from telescope_trainer_fsdp._model import load_sharded_model
+from telescope_trainer_fsdp._model import load_frozen_model, load_sharded_model
 from telescope_trainer_fsdp._packed_attention import PACKED_SDPA
 from telescope_trainer_fsdp._schedule import build_lr_scheduler
 
@@ -101,6 +110,7 @@ class FSDPTrainer:
         dist_info: DistInfo,
         model: torch.nn.Module,
         layout: CPLayout | None = None,
+        frozen: Mapping[str, torch.nn.Module] | None = None,
     ) -> None:
         self.config = config
         self.model_path = model_path
@@ -113,6 +123,8 @@ class FSDPTrainer:
         self.dp_world_size = self._cp.dp_world_size if self._cp else dist_info.world_size
         self.device = dist_info.device
         self.model = model
+        self.frozen = dict(frozen or {})
+        """The frozen models beside the policy (``create_trainer``'s ``frozen_models``), by name."""
         self._params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
             self._params, lr=config.learning_rate, weight_decay=config.weight_decay
@@ -159,9 +171,11 @@ class FSDPTrainer:
         metrics = StepMetrics()
         self.model.train()
         self._temperature = plan.temperature
-        old = self._old_logprobs(mbs, log) if plan.needs_old else [None] * len(mbs)
         recording = bool(self.config.record_tokens) and not plan.sft
         trace = TokenTrace([len(mb) for mb in micro_batches]) if recording else None
+        if not plan.sft:
+            mbs = self._frozen_logprobs(mbs, log, trace)
+        old = self._old_logprobs(mbs, log) if plan.needs_old else [None] * len(mbs)
         lr = float(self.optimizer.param_groups[0]["lr"])
         for g, indices in enumerate(groups):
             with tl.span("minibatch", minibatch=g):
@@ -269,7 +283,7 @@ class FSDPTrainer:
             return
         self._closed = True
         del self.model, self.optimizer, self.scheduler
-        self._params = []
+        self._params, self.frozen = [], {}
         if self._dist.owns_group and dist.is_initialized():
             dist.destroy_process_group()
         elif self._cp is not None and self._cp.group is not None and dist.is_initialized():
@@ -288,6 +302,22 @@ class FSDPTrainer:
                         old.append(self._logprobs(mb)[0].detach())
             self.model.train()
         return old
+
+    def _frozen_logprobs(
+        self, mbs: list[MicroBatch], log: StepLog, trace: TokenTrace | None
+    ) -> list[MicroBatch]:
+        """``mbs`` with each frozen model's logprobs of their tokens (its ``<name>_logprobs`` span, a
+        ``forward`` per micro-batch); ``trace`` records them."""
+        out = list(mbs)
+        for name, model in self.frozen.items():
+            with log.timed(f"{name}_logprobs"), torch.no_grad():
+                for i, mb in enumerate(out):
+                    with self.timeline.span("forward", microbatch=i):
+                        lp = self._logprobs(mb, model=model, temperature=FROZEN_TEMPERATURE)[0]
+                    out[i] = with_frozen_logprobs(mb, name, lp)
+                    if trace is not None:
+                        trace.add_frozen(i, name, lp)
+        return out
 
     def _forward_backward(
         self,
@@ -354,23 +384,17 @@ class FSDPTrainer:
             )
             self.scheduler.step()
 
-    def _logprobs(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(
+        self, mb: MicroBatch, *, model: torch.nn.Module | None = None, temperature: float | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logprobs, entropy)`` of ``mb`` under ``model`` (default: the policy) at ``temperature``
+        (default: the step's)."""
+        net = self.model if model is None else model
+        temp = self._temperature if temperature is None else temperature
+        chunk = self.config.entropy_chunk_size
         if self._cp:
-            return cp_logprobs(
-                self.model,
-                mb,
-                self._cp,
-                device=self.device,
-                temperature=self._temperature,
-                chunk_size=self.config.entropy_chunk_size,
-            )
-        return _step.forward_logprobs(
-            self.model,
-            mb,
-            device=self.device,
-            temperature=self._temperature,
-            chunk_size=self.config.entropy_chunk_size,
-        )
+            return cp_logprobs(net, mb, self._cp, device=self.device, temperature=temp, chunk_size=chunk)
+        return _step.forward_logprobs(net, mb, device=self.device, temperature=temp, chunk_size=chunk)
 
     def _write_hf_meta(self, out: Path) -> None:
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
@@ -396,6 +420,7 @@ def create_trainer(
     seed: int | None = None,
     trust_remote_code: bool = False,
     dist_timeout_s: float = 1800.0,
+    frozen_models: Mapping[str, str] | None = None,
 ) -> FSDPTrainer:
     """Build the FSDP2 trainer from a ``TelescopeConfig`` (collective: every rank calls it).
 
@@ -413,7 +438,11 @@ def create_trainer(
             takes ``config.seed``.
         trust_remote_code: passed to transformers.
         dist_timeout_s: collective timeout when this call creates the process group.
+        frozen_models: ``{name: local folder}`` of the teacher and reference model held beside the
+            policy (``telescope_algos.backend.FROZEN_MODELS``), each sharded like it, without
+            gradients (``_model.load_frozen_model``).
     """
+    frozen_paths = frozen_models_checked(frozen_models)
     cp = config.fsdp_context_parallel_size
     if cp > 1 and attn_implementation not in (None, ATTENTION):
         raise ValueError(
@@ -439,12 +468,35 @@ def create_trainer(
             trust_remote_code=trust_remote_code,
             lora=lora_settings(config),
         )
+        frozen = {
+            name: _frozen(config, where, info, attn_implementation, trust_remote_code)
+            for name, where in frozen_paths.items()
+        }
     except BaseException:
         if info.owns_group and dist.is_initialized():
             dist.destroy_process_group()
         raise
     _log.debug("fsdp trainer ready", model=path, rank=info.rank, world_size=info.world_size)
-    return FSDPTrainer(config, model_path=path, dist_info=info, model=model, layout=layout)
+    return FSDPTrainer(config, model_path=path, dist_info=info, model=model, layout=layout, frozen=frozen)
+
+
+def _frozen(
+    config: TelescopeConfig, path: str, info: DistInfo, attention: str | None, trust_remote_code: bool
+) -> torch.nn.Module:
+    """One frozen model, loaded without drawing from the RNGs (the policy's training draws the same
+    numbers with and without it)."""
+    state = rng_state()
+    try:
+        return load_frozen_model(
+            path,
+            device=info.device,
+            model_dtype=config.model_dtype,
+            mixed_precision_dtype=config.mixed_precision_dtype,
+            attn_implementation=attention,
+            trust_remote_code=trust_remote_code,
+        )
+    finally:
+        set_rng_state(state)
 
 
 def _check_world(config: TelescopeConfig, info: DistInfo) -> None:

@@ -18,6 +18,11 @@ Learning rate: the k-th ``train_step`` (k = 1, 2, ...) trains with ``learning_ra
 lr_multiplier(k − 1)``, as FSDP's ``LambdaLR``: the argument is the trainer's own count of steps
 done (``scheduler_step``, saved in checkpoints), not the ``step`` argument.
 
+Frozen models (``frozen_models``: a teacher, a reference model): each is a GPTModel of its own
+architecture in the same parallel layout, filled with its Hugging Face weights, without DDP, an
+optimizer or gradients; at the start of an RL step a forward-only pass of each over the micro-batches
+fills their ``teacher_logprobs`` / ``ref_logprobs`` on the last pipeline stage (temperature 1).
+
 One ``train_step``: optionally a no-grad pass for the pre-update log-probabilities
 (``ppo_clip_ref_logprobs: batch``); then the micro-batches are dealt round-robin into
 ``number_of_minibatches`` groups and each group is one optimizer step through Megatron's
@@ -51,7 +56,8 @@ micro-batches need no common length (on the CPU it runs through ``_cpu_shim``). 
 the same number of micro-batches, which each step checks first.
 
 Spans (``MegatronTrainer.timeline``, a ``telescope_algos.backend.Timeline``; the caller drains it): every
-step is ``train_step`` with ``prepare`` (the count check, padding, the counts), ``old_logprobs``,
+step is ``train_step`` with ``prepare`` (the count check, padding, the counts), ``teacher_logprobs`` /
+``ref_logprobs`` (frozen models), ``old_logprobs``,
 per group ``minibatch`` (label ``minibatch``) with the micro-batches of Megatron's schedule
 (``_spans``: without pipeline parallelism ``microbatch`` holding ``forward``, ``loss`` and
 ``backward``; with it ``forward`` and ``loss`` alone), ``grad_sync`` (``finalize_model_grads``) and
@@ -64,7 +70,7 @@ per group ``minibatch`` (label ``minibatch``) with the micro-batches of Megatron
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -76,6 +82,7 @@ import torch.distributed as dist
 
 from telescope_algos import MicroBatch, align_to_inputs, next_token_labels, pad_micro_batch
 from telescope_algos.backend import (
+    FROZEN_TEMPERATURE,
     StepCounts,
     StepLog,
     StepPlan,
@@ -90,8 +97,10 @@ from telescope_algos.backend import (
     minibatch_groups,
     row_multiple,
     step_counts,
+    with_frozen_logprobs,
     zigzag_indices,
 )
+from telescope_algos.backend import frozen_models as frozen_models_checked
 from telescope_config import TelescopeConfig
 from telescope_trainer_megatron import _checkpoint as ckpt
 from telescope_trainer_megatron._arch import Architecture, padded_vocab_size
@@ -146,6 +155,14 @@ class _Batch:
     """Its place among the step's micro-batches."""
 
 
+@dataclass(frozen=True)
+class _Frozen:
+    """A frozen model beside the policy: its GPTModel (no DDP, no gradients) and true vocabulary size."""
+
+    module: Any
+    vocab_size: int
+
+
 def create_trainer(
     config: TelescopeConfig, *, model_path: str | Path | None = None, seed: int | None = None, **options: Any
 ) -> MegatronTrainer:
@@ -159,7 +176,9 @@ def create_trainer(
         options: ``params_dtype`` (overrides the config's: ``mixed_precision_dtype``, or
             ``model_dtype`` when that is null; bfloat16 by default, float32 for exact tests),
             ``adam_beta1`` (0.9), ``adam_beta2`` (0.999), ``adam_eps`` (1e-8): PyTorch AdamW's
-            defaults, as the FSDP backend; ``init_timeout_s`` (600, process-group timeout).
+            defaults, as the FSDP backend; ``init_timeout_s`` (600, process-group timeout);
+            ``frozen_models``: ``{name: local folder}`` of the teacher and reference model held beside
+            the policy (``telescope_algos.backend.FROZEN_MODELS``; module docstring).
 
     Raises:
         ImportError: megatron-core is missing (the message names the ``[megatron]`` extra).
@@ -183,8 +202,10 @@ class MegatronTrainer:
         adam_eps: float = 1e-8,
         seed: int | None = None,
         init_timeout_s: float = 600.0,
+        frozen_models: Mapping[str, str] | None = None,
     ) -> None:
         require_megatron()
+        frozen_paths = frozen_models_checked(frozen_models)
         self.config = config
         self.seed = int(config.seed if seed is None else seed)
         self.model_path = Path(model_path or config.model)
@@ -214,6 +235,8 @@ class MegatronTrainer:
         """The last step's token record (``step_tokens``)."""
         self._micro: MicroBatchSpans | None = None
         self._build(self.seed, (adam_beta1, adam_beta2), adam_eps)
+        self.frozen = {name: self._build_frozen(Path(where)) for name, where in frozen_paths.items()}
+        """The frozen models beside the policy (``frozen_models``), by name."""
 
     # ------------------------------------------------------------------ setup
     def _build(self, seed: int, betas: tuple[float, float], eps: float) -> None:
@@ -246,6 +269,36 @@ class MegatronTrainer:
         self._read_parallel_state()
         self.scheduler_step = 0
         self.skipped_steps_total = 0
+
+    def _build_frozen(self, path: Path) -> _Frozen:
+        """A frozen model in the policy's parallel layout (module docstring), built without drawing
+        from the RNGs (the policy's training draws the same numbers with and without it)."""
+        cfg, lo = self.config, self.layout
+        arch = Architecture.from_pretrained(path)
+        check_megatron_settings(cfg, arch, lo, has_te=te_available(), has_cuda=torch.cuda.is_available())
+        tf_config = transformer_config(
+            arch,
+            lo,
+            params_dtype=self.params_dtype,
+            sequence_parallel=sequence_parallel(cfg, lo),
+            recompute=False,
+            fp8=False,
+            cpu=self._cpu,
+        )
+        padded = padded_vocab_size(arch.vocab_size, lo.tp)
+        state = ckpt.rng_state()
+        try:
+            module = build_gpt_model(
+                arch, tf_config, padded_vocab=padded, use_te=bool(cfg.megatron_use_transformer_engine)
+            )
+        finally:
+            ckpt.set_rng_state(state)
+        if torch.cuda.is_available():
+            module.cuda(torch.cuda.current_device())
+        load_hf_weights(module, arch, str(path), padded_vocab=padded)
+        module.requires_grad_(False)
+        module.eval()
+        return _Frozen(module, arch.vocab_size)
 
     def _read_parallel_state(self) -> None:
         """This rank's groups and coordinates, and the rank whose metrics every rank returns."""
@@ -306,6 +359,8 @@ class MegatronTrainer:
             groups = minibatch_groups(len(batches), plan.minibatches)
             # each group's loss tokens and samples over the data-parallel ranks (CP ranks share theirs)
             counts = step_counts(micro_batches, groups, device=self._device, group=self.dp_group)
+        if not plan.sft:
+            self._frozen_logprobs(batches, log, trace)
         if plan.needs_old:
             with log.timed("old_logprobs"):
                 for b, lp in zip(batches, self._forward_logprobs(batches), strict=True):
@@ -333,6 +388,20 @@ class MegatronTrainer:
             box = [metrics]
             dist.broadcast_object_list(box, src=self._metrics_src)
         return box[0]
+
+    def _frozen_logprobs(self, batches: list[_Batch], log: StepLog, trace: TokenTrace | None) -> None:
+        """Each frozen model's logprobs of ``batches`` into their rows (the last pipeline stage), each
+        model's pass its ``<name>_logprobs`` span; ``trace`` records them."""
+        for name, frozen in self.frozen.items():
+            with log.timed(f"{name}_logprobs"):
+                found = self._forward_logprobs(
+                    batches, model=frozen.module, vocab_size=frozen.vocab_size, temperature=FROZEN_TEMPERATURE
+                )
+            for b, lp in zip(batches, found, strict=True):
+                if lp is not None:
+                    b.row = with_frozen_logprobs(b.row, name, lp)
+                    if trace is not None:
+                        trace.add_frozen(b.index, name, lp)
 
     def _traces(self, plan: StepPlan) -> bool:
         """Whether this step's tokens are recorded (``record_tokens``; never for a supervised step)."""
@@ -473,6 +542,7 @@ class MegatronTrainer:
         if self._closed:
             return
         self._closed = True
+        self.frozen = {}
         from megatron.core import parallel_state as ps
 
         ps.destroy_model_parallel()
@@ -563,13 +633,21 @@ class MegatronTrainer:
             index=index,
         )
 
-    def _logprobs(self, logits: torch.Tensor, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Full-row ``[1, L]`` log-probabilities and entropies in the ``telescope_algos`` layout."""
+    def _logprobs(
+        self,
+        logits: torch.Tensor,
+        batch: _Batch,
+        *,
+        vocab_size: int | None = None,
+        temperature: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full-row ``[1, L]`` log-probabilities and entropies in the ``telescope_algos`` layout, of the
+        policy's logits (a frozen model's: its ``vocab_size``) at the step's temperature (or that given)."""
         lp, ent = vocab_parallel_label_logprobs_and_entropy(
             logits,
             batch.labels,
-            vocab_size=self.arch.vocab_size,
-            temperature=self._temperature,
+            vocab_size=self.arch.vocab_size if vocab_size is None else vocab_size,
+            temperature=self._temperature if temperature is None else temperature,
             group=self.tp_group,
             chunk_size=self.config.entropy_chunk_size,
         )
@@ -578,10 +656,17 @@ class MegatronTrainer:
         return align_to_inputs(lp), align_to_inputs(ent)
 
     def _run_schedule(
-        self, batches: list[_Batch], indices: Sequence[int], loss_func: Any, *, forward_only: bool
+        self,
+        batches: list[_Batch],
+        indices: Sequence[int],
+        loss_func: Any,
+        *,
+        forward_only: bool,
+        model: Any = None,
     ) -> list[Any]:
-        """Megatron's forward-backward schedule over ``batches`` (the step's micro-batches ``indices``),
-        each micro-batch's forward and loss (and backward) a span (``_spans``)."""
+        """Megatron's forward-backward schedule over ``batches`` (the step's micro-batches ``indices``)
+        through ``model`` (default: the policy), each micro-batch's forward and loss (and backward) a
+        span (``_spans``)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         spans = MicroBatchSpans(
@@ -604,7 +689,7 @@ class MegatronTrainer:
             return schedule(
                 forward_step_func=forward_step,
                 data_iterator=iter(batches),
-                model=[self.model],
+                model=[self.model if model is None else model],
                 num_microbatches=len(batches),
                 seq_length=max(b.model_ids.shape[1] for b in batches),
                 micro_batch_size=1,
@@ -629,18 +714,29 @@ class MegatronTrainer:
         return finalize_with_span
 
     @torch.no_grad()
-    def _forward_logprobs(self, batches: list[_Batch]) -> list[torch.Tensor | None]:
-        """Pre-update log-probabilities of every micro-batch (last pipeline stage; None elsewhere)."""
+    def _forward_logprobs(
+        self,
+        batches: list[_Batch],
+        *,
+        model: Any = None,
+        vocab_size: int | None = None,
+        temperature: float | None = None,
+    ) -> list[torch.Tensor | None]:
+        """Log-probabilities of every micro-batch without gradients (last pipeline stage; None
+        elsewhere): the policy's before the update, or a frozen ``model``'s (``_logprobs``' arguments)."""
 
         def loss_func(b: _Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-            lp, _ = self._logprobs(logits, b)
+            lp, _ = self._logprobs(logits, b, vocab_size=vocab_size, temperature=temperature)
             return logits.new_zeros(()), torch.tensor(0, dtype=torch.int), {"logprobs": lp.detach()}
 
-        self.model.eval()
+        policy = model is None
+        if policy:
+            self.model.eval()
         try:
-            out = self._run_schedule(batches, range(len(batches)), loss_func, forward_only=True)
+            out = self._run_schedule(batches, range(len(batches)), loss_func, forward_only=True, model=model)
         finally:
-            self.model.train()
+            if policy:
+                self.model.train()
         return [o["logprobs"] for o in out] if self._is_last_stage else [None] * len(batches)
 
     def _forward_backward(

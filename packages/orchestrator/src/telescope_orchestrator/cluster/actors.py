@@ -330,9 +330,12 @@ class TrainerActor:
         model_path: str,
         log_dir: str,
         cores: LentCores | None = None,
+        frozen_models: dict[str, str] | None = None,
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.config, self.model_path = config, model_path
+        self.frozen_models = dict(frozen_models or {})
+        """The teacher and reference model this rank loads beside the policy (``{name: folder}``)."""
         self.cores = cores
         """The servers' cores this rank may use while they idle (``cluster.cores``); None: never."""
         self.log_dir = Path(log_dir)
@@ -387,7 +390,8 @@ class TrainerActor:
                 f"installed: {', '.join(sorted(found))}"
             )
         backend = found[config.train_backend].load()
-        self.trainer = backend.create_trainer(config, model_path=self.model_path, seed=config.seed)
+        frozen = {"frozen_models": self.frozen_models} if self.frozen_models else {}  # a backend may lack it
+        self.trainer = backend.create_trainer(config, model_path=self.model_path, seed=config.seed, **frozen)
         t = self.trainer
         return {
             "rank": t.rank,

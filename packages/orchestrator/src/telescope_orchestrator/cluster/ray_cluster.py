@@ -88,16 +88,18 @@ class ClusterError(RuntimeError):
 
 def scorer_servers(cfg: TelescopeConfig) -> dict[str, tuple[int, int]]:
     """The frozen models a run serves beside the policy, ``{name: (servers, GPUs per server)}``: its
-    teacher (``algorithm: opd``) and its reference model (``TelescopeConfig.uses_reference``)."""
+    teacher and its reference model (``TelescopeConfig.frozen_models``) where their placement is
+    ``servers`` (a frozen model placed in the trainer has no server)."""
     out: dict[str, tuple[int, int]] = {}
-    if cfg.supervised_only:  # no RL step to score
-        return out
-    if cfg.algorithm == "opd" and cfg.teacher_model is not None:
-        tp = cfg.teacher_tensor_parallel_size
-        out["teacher"] = (cfg.teacher_num_workers // tp, tp)
-    if cfg.uses_reference:
-        tp = cfg.inference_tensor_parallel_size
-        out["ref"] = (cfg.ref_num_workers // tp, tp)
+    for name, placement in cfg.frozen_models.items():
+        if placement != "servers":
+            continue
+        if name == "teacher":
+            tp = cfg.teacher_tensor_parallel_size
+            out[name] = (cfg.teacher_num_workers // tp, tp)
+        else:
+            tp = cfg.inference_tensor_parallel_size
+            out[name] = (cfg.ref_num_workers // tp, tp)
     return out
 
 
@@ -259,12 +261,16 @@ class Cluster:
         tp = cfg.inference_tensor_parallel_size
         return cpu_plan(cores, policy_servers(cfg), tp, cfg.trainer_num_workers)
 
-    def place_trainers(self, model_path: str, log_dir: str, *, lend: bool = True) -> list[Any]:
+    def place_trainers(
+        self, model_path: str, log_dir: str, *, lend: bool = True, frozen_models: dict[str, str] | None = None
+    ) -> list[Any]:
         """One TrainerActor per rank, forming one torch.distributed world.
 
         The validated config goes into Ray's object store once and every rank receives that object
         (no rank validates it again). ``lend``: the ranks may borrow the servers' idle cores
         (``cluster.cores``; :attr:`core_lease` is set when the CPU plan leaves any to lend).
+        ``frozen_models``: the teacher and reference model the ranks load beside the policy
+        (``run.scorers.in_trainer``).
         """
         ray = _ray()
         cfg = self.config
@@ -287,7 +293,13 @@ class Cluster:
             return opts
 
         first: Any = TrainerActor.options(**options(0)).remote(
-            rank=0, world_size=n, config=config_ref, model_path=model_path, log_dir=log_dir, cores=cores
+            rank=0,
+            world_size=n,
+            config=config_ref,
+            model_path=model_path,
+            log_dir=log_dir,
+            cores=cores,
+            frozen_models=frozen_models,
         )
         addr, port = ray.get(first.master_address.remote())
         self.trainer_actors = [first]
@@ -301,6 +313,7 @@ class Cluster:
                     model_path=model_path,
                     log_dir=log_dir,
                     cores=cores,
+                    frozen_models=frozen_models,
                 )
             )
         for actor in self.trainer_actors:

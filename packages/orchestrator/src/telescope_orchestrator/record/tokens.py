@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 __all__ = ["pieces", "sequences", "token_rows", "token_versions", "trained_tokens"]
 
 Trained = dict[str, list[np.ndarray]]
-"""Per :data:`telescope_algos.TOKEN_FIELDS` name, one array per training sequence (prompt and
-completion positions; NaN where no trainer rank computed the token)."""
+"""Per :data:`telescope_algos.TOKEN_FIELDS` name (and ``teacher_logprob`` / ``ref_logprob`` where the
+trainer ranks hold that frozen model: ``telescope_algos.backend.FROZEN_TOKEN_FIELDS``), one array per
+training sequence (prompt and completion positions; NaN where no trainer rank computed the token)."""
 
 
 def sequences(batch: RolloutBatch) -> list[tuple[ScoredSample, int, Any]]:
@@ -46,6 +47,7 @@ def trained_tokens(
     rank ``dp_ranks[i]``) returned for them; the first rank of a replica with a row gives it (pipeline
     stages before the last have none). ``lengths``: each sequence's prompt and completion tokens."""
     from telescope_algos import TOKEN_FIELDS, sample_tokens
+    from telescope_algos.backend import FROZEN_TOKEN_FIELDS
 
     rows: dict[int, list[Mapping[str, np.ndarray] | None]] = {}
     for dp, got in zip(dp_ranks, per_rank, strict=True):
@@ -59,8 +61,10 @@ def trained_tokens(
         if row is not None
     ]
     micro_batches = [mb for mb, _ in pairs]
+    frozen = [f for f in FROZEN_TOKEN_FIELDS.values() if pairs and all(f in row for _, row in pairs)]
     return {
-        name: sample_tokens(micro_batches, [row[name] for _, row in pairs], lengths) for name in TOKEN_FIELDS
+        name: sample_tokens(micro_batches, [row[name] for _, row in pairs], lengths)
+        for name in (*TOKEN_FIELDS, *frozen)
     }
 
 
@@ -117,6 +121,10 @@ def token_rows(
                 return np.full(n, np.nan, dtype=np.float32)
             return trained[name][j][n_prompt : n_prompt + n]
 
+        def frozen(given: Any, name: str) -> Any:
+            """A frozen model's logprobs: the sample's (its servers scored it), else the trainer's."""
+            return given if given is not None or trained is None or name not in trained else trainer(name)
+
         rows.append(
             {
                 "step": step,
@@ -127,8 +135,8 @@ def token_rows(
                 "token_ids": seq.completion_ids,
                 "token_text": [piece(t) for t in seq.completion_ids] if piece is not None else None,
                 "sampler_logprob": seq.completion_logprobs,
-                "teacher_logprob": seq.teacher_logprobs,
-                "ref_logprob": seq.ref_logprobs,
+                "teacher_logprob": frozen(seq.teacher_logprobs, "teacher_logprob"),
+                "ref_logprob": frozen(seq.ref_logprobs, "ref_logprob"),
                 **{name: trainer(name) for name in TOKEN_FIELDS},  # the columns of the same names
                 "version_start": start,
                 "version_end": end,

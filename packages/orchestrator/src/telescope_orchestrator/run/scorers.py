@@ -1,8 +1,10 @@
 """The run's frozen models beside the policy: the teacher of on-policy distillation and the reference
-model of the reference KL, each served by vLLM servers of its own that score the sampled tokens.
+model of the reference KL, each served by vLLM servers of its own that score the sampled tokens, or
+placed in the trainer ranks (``teacher_placement`` / ``ref_placement``: ``trainer``).
 
 :func:`scorer_models` says which a config starts (``teacher`` with ``algorithm: opd``, ``ref`` with
-``ref_kl_coef > 0`` or a ``ref_model``); :func:`check_tokenizers` refuses, before any server starts,
+``ref_kl_coef > 0`` or a ``ref_model``), :func:`in_trainer` those the trainer ranks load;
+:func:`check_tokenizers` refuses, before any server starts,
 one whose tokenizer maps a token of the policy's to another id (it would score other tokens than
 were sampled); :func:`scorer_launches` are their servers' launches: no weight sync (they never
 change), and a context one token longer than the policy's, since vLLM generates one token after
@@ -29,13 +31,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ScorerModel:
     """One frozen model of a run: ``name`` (``teacher`` or ``ref``), the model as configured and as
-    resolved on disk (``path``), and its servers."""
+    resolved on disk (``path``), where it runs (``placement``: ``servers`` or ``trainer``) and, on
+    servers, how many and their GPUs each (0 in the trainer)."""
 
     name: str
     model: str
     path: str
     servers: int
     tensor_parallel: int
+    placement: str = "servers"
 
     @property
     def title(self) -> str:
@@ -43,20 +47,28 @@ class ScorerModel:
 
 
 def scorer_models(cfg: TelescopeConfig, model_path: str) -> list[ScorerModel]:
-    """The frozen models ``cfg`` starts (``cluster.ray_cluster.scorer_servers``), resolved like the
-    policy (``run.models.resolve_model``); the reference defaults to the policy's own start
-    (``model_path``)."""
+    """The frozen models ``cfg`` scores with (``TelescopeConfig.frozen_models``; the servers of those on
+    servers: ``cluster.ray_cluster.scorer_servers``), resolved like the policy
+    (``run.models.resolve_model``); the reference defaults to the policy's own start (``model_path``)."""
     from telescope_orchestrator.cluster.ray_cluster import scorer_servers
     from telescope_orchestrator.run.models import resolve_model
 
+    served = scorer_servers(cfg)
     out: list[ScorerModel] = []
-    for name, (servers, tp) in scorer_servers(cfg).items():
+    for name, placement in cfg.frozen_models.items():
+        servers, tp = served.get(name, (0, 0))
         model = cfg.teacher_model if name == "teacher" else cfg.ref_model
         if model is None:  # the reference model by default: the policy as it starts
-            out.append(ScorerModel(name, cfg.model, model_path, servers, tp))
+            out.append(ScorerModel(name, cfg.model, model_path, servers, tp, placement))
         else:
-            out.append(ScorerModel(name, model, resolve_model(model), servers, tp))
+            out.append(ScorerModel(name, model, resolve_model(model), servers, tp, placement))
     return out
+
+
+def in_trainer(scorers: list[ScorerModel]) -> dict[str, str]:
+    """``{name: local folder}`` of the frozen models placed in the trainer ranks (what the backend's
+    ``create_trainer`` takes as ``frozen_models``)."""
+    return {s.name: s.path for s in scorers if s.placement == "trainer"}
 
 
 def tokenizer_problem(policy: Tokenizer, other: Tokenizer, *, model: str, scorer: ScorerModel) -> str | None:
@@ -152,7 +164,7 @@ def scorer_launches(
     """The servers of ``scorers``, from the policy servers' ``settings`` (``ServerSettings``), on the
     ports after ``first_port``; each launch names its scorer in ``scorer``."""
     launches: list[dict[str, Any]] = []
-    for scorer in scorers:
+    for scorer in (s for s in scorers if s.placement == "servers"):
         own = dataclasses.replace(
             settings,
             model=scorer.path,

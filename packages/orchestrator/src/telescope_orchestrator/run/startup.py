@@ -28,6 +28,7 @@ from telescope_orchestrator.cluster.guard import start_guard
 from telescope_orchestrator.record.lines import MetricsLines
 from telescope_orchestrator.record.rundir import RunDir, choose_run_dir
 from telescope_orchestrator.recovery.trainers import dead_ranks, why_no_restarts
+from telescope_orchestrator.run.scorers import in_trainer
 from telescope_orchestrator.run.waiting import on_engine_event
 from telescope_orchestrator.run.weights import WeightUpdates, weight_groups
 
@@ -411,7 +412,9 @@ def _trainer_restarts(
 
     def place() -> list[Any]:
         cluster.stop_trainers()
-        trainers = cluster.place_trainers(inputs.model_path, str(log_dir), lend=False)
+        trainers = cluster.place_trainers(
+            inputs.model_path, str(log_dir), lend=False, frozen_models=in_trainer(inputs.scorers)
+        )
         call_all(trainers, "setup", timeout=float(cfg.ray_placement_timeout_s))
         from telescope_orchestrator.record.observe import local_pids
 
@@ -610,10 +613,9 @@ def _scorer_models(
     cfg: TelescopeConfig, model_path: str, tokenizer: Tokenizer, console: Any
 ) -> list[ScorerModel]:
     """The phase "teacher and reference model": resolved, their tokenizers checked against the policy's."""
-    from telescope_orchestrator.cluster.ray_cluster import scorer_servers
     from telescope_orchestrator.run.scorers import check_contexts, check_tokenizers, scorer_models
 
-    if not scorer_servers(cfg):
+    if not cfg.frozen_models:
         return []
     with console.phase("teacher and reference model"):
         scorers = scorer_models(cfg, model_path)
@@ -713,7 +715,10 @@ def _start_workers(
             if not lend and cluster.lendable():
                 log.info("the servers' idle cores are not lent: trainer restarts replay steps exactly")
             trainers = cluster.place_trainers(
-                inputs.model_path, str(run.path / "logs" / "trainer"), lend=lend
+                inputs.model_path,
+                str(run.path / "logs" / "trainer"),
+                lend=lend,
+                frozen_models=in_trainer(inputs.scorers),
             )
             setting_up = start_all(trainers, "setup")  # loads the model while vLLM boots
             call_all([*actors, *scorer_actors], "wait_healthy", float(cfg.ray_placement_timeout_s))
