@@ -11,12 +11,18 @@ model; FSDP; weight sync; tiny offline models).
   weights: ``ref_kl`` is 0 at step 1 (the reference servers hold the very weights the trainer
   starts from) and grows as the student moves. The teacher's only server is SIGKILLed after
   step 6: it is restarted, the samples it was to score wait for it, and none fails.
+- The same example with its teacher (a model of another size) and its reference model in the trainer
+  ranks (``teacher_placement`` / ``ref_placement``: ``trainer``): no server of theirs starts; the token
+  table has the trainer's teacher and reference logprobs of every trained token, the step's
+  ``teacher_reverse_kl`` is their mean gap to the sampler's, the reference logprobs at step 1 are the
+  trainer's own (``ref_kl`` 0), and each model's pass is a span of the step.
 - A teacher whose tokenizer gives tokens other ids is refused before any server starts.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -150,6 +156,49 @@ def test_a_student_learns_from_its_teacher_and_a_reference_kl_starts_at_zero(
     print(f"held-out reverse KL: start (= an lr=0 run) {before:.3f}, after {steps} steps {after:.3f}")
     # measured: 6.61 -> 4.86 after 16 steps
     assert after < 0.85 * before, (before, after)
+
+
+@pytest.mark.xdist_group("e2e_a")
+def test_a_teacher_and_a_reference_model_in_the_trainer_ranks(tmp_path, tiny_model_dir, tiny_tp_model):
+    steps = 3
+    run = train(
+        tmp_path / "run", "--config", str(EXAMPLE), *base_args(tiny_model_dir), *SCALE_DOWN,
+        "--teacher_model", str(tiny_tp_model), "--teacher_placement", "trainer", "--ref_kl_coef", "0.01",
+        "--ref_placement", "trainer", "--number_of_steps", str(steps), "--group_size", "8",
+    )  # fmt: skip
+    lines = check_finished(run, steps)
+    import telescope_records as tr
+
+    db = tr.connect(run.run_dir)
+    roles = [r for (r,) in db.execute("select role from setup").fetchall()]
+    assert not [r for r in roles if r.startswith(("vllm-teacher:", "vllm-ref:"))], roles
+    assert "vLLM server(s) and" in run.output
+    assert "teacher/reference" not in run.output
+    for m in lines:
+        rows = db.execute(
+            "select t.sampler_logprob, t.trainer_logprob, t.teacher_logprob, t.ref_logprob, t.loss_mask "
+            "from tokens t join samples s using (step, attempt, sample_id) "
+            "where t.step = ? and s.status = 'kept'",
+            [m["step"]],
+        ).fetchall()
+        assert rows, m["step"]
+        gaps, ref_gaps = [], []
+        for sampler, trainer, teacher, ref, mask in rows:
+            for i, on in enumerate(mask):
+                if on:
+                    assert not math.isnan(teacher[i]), "a trained token without its teacher logprob"
+                    assert not math.isnan(ref[i]), "a trained token without its reference logprob"
+                    gaps.append(sampler[i] - teacher[i])
+                    ref_gaps.append(abs(ref[i] - trainer[i]))
+        # the loss's own mean over the step's loss tokens, from the record's per-token values
+        assert m["teacher_reverse_kl"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-3), m["step"]
+        assert m["timing/teacher_logprobs"] > 0
+        assert m["timing/ref_logprobs"] > 0
+        if m["step"] == 1:  # the reference is the starting weights, which train step 1
+            assert max(ref_gaps) < 1e-4, max(ref_gaps)
+            assert abs(m["ref_kl"]) < 1e-6, m["ref_kl"]
+    spans = {n for (n,) in db.execute("select distinct name from trainer_spans").fetchall()}
+    assert {"train_step/teacher_logprobs/forward", "train_step/ref_logprobs/forward"} <= spans, spans
 
 
 @pytest.mark.xdist_group("e2e_a")

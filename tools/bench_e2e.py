@@ -62,8 +62,11 @@ every side's median steady seconds per step (``<side>_s_per_step=``); a side not
 ``--opd`` measures what a teacher costs instead: ``async1`` against ``opd1``, the same run with
 ``algorithm: opd`` and ``teacher_model`` (``--teacher``, by default the model itself: a teacher of
 the student's size, one more vLLM server on the same cores, scoring every sample's whole sequence
-while the next ones generate). Its last line is ``RESULT opd_vs_grpo=<opd1 / async1 seconds per
-step, steady> opd_vs_grpo_incl=<the same, start-up included> opd1_s_per_step= async1_s_per_step=``.
+while the next ones generate), and ``opdt1``, the teacher in the trainer rank instead
+(``teacher_placement: trainer``: one more forward pass per micro-batch, on the trainer's cores). Its
+last line is ``RESULT opd_vs_grpo=<opd1 / async1 seconds per step, steady> opd_trainer_vs_grpo=<opdt1
+/ async1> opd_vs_grpo_incl=<opd1, start-up included> opd_trainer_vs_grpo_incl= opd1_s_per_step=
+opdt1_s_per_step= async1_s_per_step=``.
 
     python tools/bench_e2e.py --opd --model smollm2 --steps 12
 """
@@ -85,7 +88,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SIDES = ("plain_hf", "plain_vllm", "async0", "async1", "async2", "trl", "opd1")
+SIDES = ("plain_hf", "plain_vllm", "async0", "async1", "async2", "trl", "opd1", "opdt1")
 ALIASES = {"plain": "plain_hf"}
 NAN = float("nan")
 
@@ -199,12 +202,16 @@ def _telescope_tokens(run: Path, steps: int) -> tuple[list[float], list[float]]:
     return generated, trained
 
 
-def run_telescope(cfg: dict[str, Any], level: int, work: Path, *, opd: bool = False) -> Timed:
+def run_telescope(cfg: dict[str, Any], level: int, work: Path, *, opd: str | None = None) -> Timed:
     """``telescope train`` as a user starts it (its own process), the quickstart preset plus overrides
-    (``opd``: distilling from ``cfg["teacher"]``)."""
-    name = f"opd{level}" if opd else f"async{level}"
+    (``opd``: distilling from ``cfg["teacher"]`` placed there, ``servers`` or ``trainer``)."""
+    name = f"async{level}" if opd is None else f"opd{'t' if opd == 'trainer' else ''}{level}"
     run = work / f"{name}_{time.time_ns()}"
-    teacher = {"algorithm": "opd", "teacher_model": cfg["teacher"]} if opd else {}
+    teacher = (
+        {"algorithm": "opd", "teacher_model": cfg["teacher"], "teacher_placement": opd}
+        if opd is not None
+        else {}
+    )
     overrides = {
         **teacher,
         "model": cfg["model"],
@@ -331,8 +338,10 @@ def _run_side(side: str, cfg: dict[str, Any], work: Path) -> Timed:
         return run_plain(cfg, side)
     if side == "trl":
         return run_trl(cfg)
+    if side.startswith("opdt"):
+        return run_telescope(cfg, int(side.removeprefix("opdt")), work, opd="trainer")
     if side.startswith("opd"):
-        return run_telescope(cfg, int(side.removeprefix("opd")), work, opd=True)
+        return run_telescope(cfg, int(side.removeprefix("opd")), work, opd="servers")
     return run_telescope(cfg, int(side.removeprefix("async")), work)
 
 
@@ -393,12 +402,15 @@ def _reward_table(runs: dict[str, list[Timed]], steps: int) -> None:
 def _result(runs: dict[str, list[Timed]], *, opd: bool = False) -> str:
     if opd:  # seconds per step: the inverse of the rates' ratio
         slower = {
-            name: _ratio(runs, "async1", "opd1", attr) for name, attr in (("", "steady"), ("_incl", "incl"))
+            f"{name}{k}": _ratio(runs, "async1", side, attr)
+            for k, attr in (("", "steady"), ("_incl", "incl"))
+            for name, side in (("opd_vs_grpo", "opd1"), ("opd_trainer_vs_grpo", "opdt1"))
         }
         seconds = [
-            f"{side}_s_per_step={1 / _median(runs, side, 'steady'):.2f}" for side in ("opd1", "async1")
+            f"{side}_s_per_step={1 / _median(runs, side, 'steady'):.2f}"
+            for side in ("opd1", "opdt1", "async1")
         ]
-        return "RESULT " + " ".join([f"opd_vs_grpo{k}={v}" for k, v in slower.items()] + seconds)
+        return "RESULT " + " ".join([f"{k}={v}" for k, v in slower.items()] + seconds)
     ratios = {
         "vs_plain_hf": ("async1", "plain_hf", "steady"),
         "vs_plain_vllm": ("async1", "plain_vllm", "steady"),
@@ -427,7 +439,7 @@ def _parse() -> argparse.Namespace:
         default=",".join(SIDES),
         help=f"comma-separated subset of {','.join(SIDES)} (plain = plain_hf)",
     )
-    parser.add_argument("--opd", action="store_true", help="a teacher's cost: async1 against opd1")
+    parser.add_argument("--opd", action="store_true", help="a teacher's cost: async1 against opd1 and opdt1")
     parser.add_argument("--teacher", help="--opd: the teacher (a model folder; default: the model itself)")
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)  # the TRL side's own process: its cfg as JSON
     return parser.parse_args()
@@ -439,7 +451,9 @@ def main() -> None:
     if args.trl_child:
         trl_child(json.loads(args.trl_child))
         return
-    names: list[str] = ["async1", "opd1"] if args.opd else [s for s in str(args.sides).split(",") if s]
+    names: list[str] = (
+        ["async1", "opd1", "opdt1"] if args.opd else [s for s in str(args.sides).split(",") if s]
+    )
     sides = list(dict.fromkeys(ALIASES.get(s, s) for s in names))
     if unknown := set(sides) - set(SIDES):
         raise SystemExit(f"unknown sides {sorted(unknown)}; choose from {', '.join(SIDES)} (or plain)")
