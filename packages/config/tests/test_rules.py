@@ -495,6 +495,15 @@ def test_whole_teacher_and_reference_servers(run, problems, only):
     assert "multiple of 2" in p.fix
     p = only(problems({**bad, "ref_model": "m"}), "ref_num_workers")
     assert run({**bad, "ref_num_workers": 2, "ref_kl_coef": 0.1}).config.ref_kl_coef == 0.1
+    # placed in the trainer, neither has servers to share GPUs among
+    in_trainer = {"ref_kl_coef": 0.1, "ref_placement": "trainer"}
+    assert run({**bad, **in_trainer}).config.ref_placement == "trainer"
+    odd_teacher = {
+        "teacher_num_workers": 3,
+        "teacher_tensor_parallel_size": 2,
+        "teacher_placement": "trainer",
+    }
+    assert run(odd_teacher).config.teacher_num_workers == 3
 
 
 def test_supervised_steps_need_conversations_and_fit_in_the_run(run, problems, only):

@@ -82,3 +82,12 @@ def test_a_teacher_or_reference_at_another_temperature_warns():
     assert "temperature is 0.7" in warning
     assert "ref_kl_coef" in warning
     assert "temperature: 1.0" in warning
+
+
+def test_a_placement_in_the_trainer_without_its_model_warns():
+    assert _checks.unused_placement_warning(_config(ref_kl_coef=0.1, ref_placement="trainer")) is None
+    warning = _checks.unused_placement_warning(_config(teacher_placement="trainer", ref_placement="trainer"))
+    assert warning is not None
+    assert warning.startswith("teacher_placement: trainer and ref_placement: trainer place(s) a model")
+    assert "algorithm: opd with a teacher_model" in warning
+    assert _checks.unused_placement_warning(_config()) is None  # servers, the default: nothing to say

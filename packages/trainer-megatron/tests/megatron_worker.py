@@ -12,7 +12,9 @@ counters after a weights-only load, what a full load raises when ``layout.json``
 layout (``ckpt/other_layout``, a copy with a different ``tp_size``), and the first step trained
 after the weights-only load next to the same step of a trainer built on ``weights_K/hf``. With
 ``mismatched_counts``, a last step where the ranks get different numbers of micro-batches, and the
-error it raised.
+error it raised. With ``frozen``, the first step again on a fresh trainer that holds the model itself
+as its frozen reference model (``frozen_models``, ``ref_kl_coef`` 0.1): its metrics and every rank's
+``step_tokens`` (``frozen_tokens``).
 """
 
 from __future__ import annotations
@@ -163,10 +165,25 @@ def main() -> None:
         result["scheduler_step"] = fresh.scheduler_step
         for i in range(save_after + 1, len(spec["steps"])):
             result["resumed"].append(run_step(fresh, i))
+    if spec.get("frozen"):
+        result["frozen"] = _frozen_step(spec, options, run_step)
     if rank == 0:
         torch.save(result, spec["out"])
     dist.barrier()
     trainer.close()
+
+
+def _frozen_step(spec: dict, options: dict, run_step) -> dict:
+    """Step 1 on a trainer holding the model itself as its reference: metrics and every rank's tokens."""
+    config = make_config(
+        spec["model_dir"], {**spec["overrides"], "ref_kl_coef": 0.1, "ref_placement": "trainer"}
+    )
+    tr = create_trainer(config, frozen_models={"ref": spec["model_dir"]}, **options)
+    out = run_step(tr, 0)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, tr.step_tokens())
+    tr.close()
+    return {"metrics": out["metrics"], "tokens": everyone}
 
 
 if __name__ == "__main__":

@@ -102,6 +102,23 @@ def _check_against_reference(result: dict, reference: list[dict]) -> None:
             assert key in m
 
 
+def _check_frozen_reference(result: dict, samples: list[dict]) -> None:
+    """A frozen reference that is the model itself scores every token as the policy does at step 1,
+    through the tensor-parallel vocabulary and on the last pipeline stage: the reference KL is 0 and
+    the two logprobs agree on every loss token."""
+    frozen = result["frozen"]
+    assert frozen["metrics"]["loss"] == pytest.approx(result["steps"][0]["metrics"]["loss"], rel=1e-5)
+    assert abs(frozen["metrics"]["ref_kl"]) < 1e-6
+    rows = [row for rank in frozen["tokens"] for row in rank if row is not None]
+    assert rows, "no rank recorded its tokens"
+    compared = 0
+    for row in rows:
+        on = row["loss_mask"] > 0
+        assert abs(row["ref_logprob"][on] - row["trainer_logprob"][on]).max() < 1e-5
+        compared += int(on.sum())
+    assert compared >= sum(len(s["completion_ids"]) for s in samples)  # each loss token (TP ranks: twice)
+
+
 @pytest.mark.parametrize(("world", "tp", "pp"), [(1, 1, 1), (2, 2, 1), (2, 1, 1), (2, 1, 2)])
 def test_training_matches_reference_and_resumes_exactly(
     tiny_tp_model: Path, tmp_path: Path, world: int, tp: int, pp: int
@@ -122,11 +139,14 @@ def test_training_matches_reference_and_resumes_exactly(
             "mixed_precision_dtype": None,  # compute in model_dtype, float32
         },
         "options": {"adam_eps": EPS},  # betas: the default 0.9/0.999, as the reference
+        "frozen": world > 1,  # the step again with the model as its frozen reference, TP or PP 2
     }
     result = run_ranks(spec, world, tmp_path, timeout=900)
     assert result["dp_world_size"] == world // (tp * pp)
     assert result["params_dtype"] == "torch.float32"
     _check_against_reference(result, _reference(tiny_tp_model, steps))
+    if world > 1:
+        _check_frozen_reference(result, steps[0])
     # Checkpoint round trip: a fresh trainer loaded from step 0 repeats step 1 bit for bit.
     assert result["returned"] is None
     assert result["scheduler_step"] == 1

@@ -167,9 +167,9 @@ def _sft_steps_need_conversations(c: TelescopeConfig) -> Iterator[Violation]:
         )
 
 
-@_rule("teacher_num_workers", "teacher_tensor_parallel_size")
+@_rule("teacher_num_workers", "teacher_tensor_parallel_size", "teacher_placement")
 def _whole_teacher_servers(c: TelescopeConfig) -> Iterator[Violation]:
-    if c.teacher_num_workers % c.teacher_tensor_parallel_size:
+    if c.teacher_placement == "servers" and c.teacher_num_workers % c.teacher_tensor_parallel_size:
         yield Violation(
             "teacher_num_workers",
             c.teacher_num_workers,
@@ -179,9 +179,10 @@ def _whole_teacher_servers(c: TelescopeConfig) -> Iterator[Violation]:
         )
 
 
-@_rule("ref_num_workers", "inference_tensor_parallel_size", "ref_kl_coef", "ref_model")
+@_rule("ref_num_workers", "inference_tensor_parallel_size", "ref_kl_coef", "ref_model", "ref_placement")
 def _whole_reference_servers(c: TelescopeConfig) -> Iterator[Violation]:
-    if c.uses_reference and c.ref_num_workers % c.inference_tensor_parallel_size:
+    served = c.uses_reference and c.ref_placement == "servers"
+    if served and c.ref_num_workers % c.inference_tensor_parallel_size:
         yield Violation(
             "ref_num_workers",
             c.ref_num_workers,

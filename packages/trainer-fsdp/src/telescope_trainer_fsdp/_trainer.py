@@ -317,6 +317,9 @@ class FSDPTrainer:
                     out[i] = with_frozen_logprobs(mb, name, lp)
                     if trace is not None:
                         trace.add_frozen(i, name, lp)
+                # FSDP2 keeps the root's parameters gathered after a forward, for the backward that
+                # a frozen model never runs: free them now, or its unsharded head stays all run long
+                cast(FSDPModule, model).reshard()
         return out
 
     def _forward_backward(

@@ -109,6 +109,34 @@ def policy_servers(cfg: TelescopeConfig) -> int:
     return 0 if cfg.supervised_only else cfg.num_inference_servers
 
 
+def _free_per_node(bundle: dict[str, float]) -> str:
+    """What each alive node has free of the resources ``bundle`` asks for, and how many bundles of it
+    each could hold, e.g. "free now: 10.0.0.1 CPU 1 (0 such bundles), 10.0.0.2 CPU 1 (0)"."""
+    import ray
+    from ray._private import state
+
+    free: dict[str, dict[str, float]] = cast(Any, state).available_resources_per_node()
+    nodes = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes() if n.get("Alive")}
+    parts = []
+    for node, address in nodes.items():
+        mine = free.get(node, {})
+        fits = min(int(mine.get(k, 0.0) // v) for k, v in bundle.items() if v > 0) if bundle else 0
+        have = " ".join(f"{k} {mine.get(k, 0.0):g}" for k in bundle)
+        parts.append(f"{address} {have} ({fits} such bundle{'s' if fits != 1 else ''})")
+    return "free now: " + (", ".join(parts) if parts else "no node is alive")
+
+
+def _joined_summary() -> str:
+    """ "joined the Ray cluster at <address>: N node(s), C CPUs, G GPUs" for the console."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    total = ray.cluster_resources()
+    address = ray.get_runtime_context().gcs_address
+    gpus = f", {total.get('GPU', 0):g} GPUs" if total.get("GPU") else ""
+    return f"joined the Ray cluster at {address}: {len(nodes)} node(s), {total.get('CPU', 0):g} CPUs{gpus}"
+
+
 def has_cuda() -> bool:
     """Whether torch sees a CUDA device on this machine."""
     import torch
@@ -158,6 +186,8 @@ class Cluster:
     core_lease: CoreLease | None = None
     """The servers' cores lent to the trainer ranks while they idle (``cluster.cores``): a CPU plan
     with cores to lend; None otherwise."""
+    summary: str = ""
+    """What :meth:`start` did, for the console: joined which cluster, or started a local Ray."""
 
     def start(self, *, run_env: dict[str, str]) -> None:
         ray = _ray()
@@ -171,7 +201,8 @@ class Cluster:
         if address not in ("", "local"):
             try:
                 ray.init(address=address, **common)
-                log.info("joined a Ray cluster", address=address)
+                self.summary = _joined_summary()
+                log.info("joined a Ray cluster", address=address, summary=self.summary)
                 return
             except (ConnectionError, RuntimeError) as exc:
                 if address != "auto" or not cfg.ray_auto_start_local:
@@ -183,9 +214,21 @@ class Cluster:
         cpus = max(os.cpu_count() or 1, int(need + 1))
         if need + 1 > (os.cpu_count() or 1):
             log.info("more CPUs reserved than this machine has; they will share cores", reserved=need)
-        with _output_to(self.log_path):  # Ray's own notices go to the run's log, not the console
-            ray.init(num_cpus=cpus, include_dashboard=False, **common)
+        # "local": a new Ray of this run's own, even where `ray start` left an address behind (with
+        # none, ray.init joins the cluster of /tmp/ray/ray_current_cluster)
+        try:
+            with _output_to(self.log_path):  # Ray's own notices go to the run's log, not the console
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False, **common)
+        except OSError as exc:
+            if "AF_UNIX path length" not in str(exc):
+                raise
+            raise ClusterError(
+                f"Ray could not start: its socket paths under the temp folder are too long ({exc}). Point "
+                "TMPDIR (or RAY_TMPDIR) at a short folder, e.g. TMPDIR=/tmp."
+            ) from exc
         self.started_ray = True
+        why = " (no cluster answered ray_address: auto)" if address == "auto" else ""
+        self.summary = f"started a local Ray of {cpus} CPUs for this run{why}"
         log.info("started a local Ray", cpus=cpus)
 
     def _bundle_cpus(self) -> float:
@@ -198,7 +241,7 @@ class Cluster:
 
     def _placement_group(self, bundles: list[dict[str, float]], strategy: str, what: str) -> Any:
         from ray.exceptions import GetTimeoutError
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, remove_placement_group
 
         ray = _ray()
         cpus = what if what in ("inference", "trainer") else "inference"  # scorers use the servers' field
@@ -206,10 +249,14 @@ class Cluster:
         try:
             ray.get(pg.ready(), timeout=self.config.ray_placement_timeout_s)
         except GetTimeoutError as exc:
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)  # never leave a half-reserved group on a user's cluster
+            free = _free_per_node(bundles[0])
             raise ClusterError(
                 f"Ray could not reserve {len(bundles)} {what} bundle(s) of {bundles[0]} within "
-                f"ray_placement_timeout_s={self.config.ray_placement_timeout_s}s. Check `ray status`; lower "
-                f"{what}_num_workers or ray_{cpus}_cpus_per_worker, or add nodes."
+                f"ray_placement_timeout_s={self.config.ray_placement_timeout_s}s: {free}. "
+                f"Lower {what}_num_workers or ray_{cpus}_cpus_per_worker, free those resources, or add "
+                "nodes (`ray status` shows the cluster)."
             ) from exc
         self.groups.append(pg)
         return pg

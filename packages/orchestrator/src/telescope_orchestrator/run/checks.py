@@ -26,6 +26,7 @@ __all__ = [
     "frozen_model_temperature_warning",
     "supervised_only_warning",
     "truncated_sampling_warning",
+    "unused_placement_warning",
 ]
 
 BACKEND_REQUIREMENTS = {"megatron": ("megatron", "telescope-trainer-megatron[megatron]")}
@@ -129,6 +130,28 @@ def frozen_model_temperature_warning(cfg: TelescopeConfig) -> str | None:
         f"temperature is {cfg.temperature}: the teacher's and reference model's logprobs are those of their "
         f"raw distribution (temperature 1), so {', '.join(uses)} compare them with a tempered one. Set "
         "temperature: 1.0 for on-policy distillation and the reference KL."
+    )
+
+
+def unused_placement_warning(cfg: TelescopeConfig) -> str | None:
+    """A warning when ``teacher_placement`` or ``ref_placement`` places in the trainer a model the run
+    does not have (``TelescopeConfig.frozen_models``): the setting does nothing."""
+    if cfg.supervised_only:  # supervised_only_warning says it
+        return None
+    unused = [
+        f"{field}: trainer"
+        for field, name, placement in (
+            ("teacher_placement", "teacher", cfg.teacher_placement),
+            ("ref_placement", "ref", cfg.ref_placement),
+        )
+        if placement == "trainer" and name not in cfg.frozen_models
+    ]
+    if not unused:
+        return None
+    return (
+        f"{' and '.join(unused)} place(s) a model this run does not have, so nothing is loaded in the "
+        "trainer: a teacher needs algorithm: opd with a teacher_model, a reference model ref_kl_coef > 0 "
+        "or a ref_model."
     )
 
 

@@ -219,7 +219,7 @@ def _train(
     resolved: ResolvedConfig, run: RunDir, console: Reporter, stop_requested: Callable[[], bool]
 ) -> Finished:
     """Start-up, the loop and the stop, in the driver's scope (``train``)."""
-    from telescope_orchestrator.cluster.ray_cluster import Cluster
+    from telescope_orchestrator.cluster.ray_cluster import Cluster, ClusterError
 
     cfg = resolved.config
     console.on_phase = lambda text, at, seconds: run.records.event(
@@ -228,7 +228,10 @@ def _train(
     console.info(f"run directory: {run.path}")
     state = _Run(resolved, run, console, Cluster(cfg, log_path=run.path / "logs" / "ray.log"))
     try:
-        ctx = _start(state)
+        try:
+            ctx = _start(state)
+        except ClusterError as err:  # Ray could not be reached, or could not place the run
+            raise TrainError(str(err)) from None
         ctx.stop_requested = stop_requested
         state.loop_started = True
         from telescope_orchestrator.recovery.trainers import TrainersGone
@@ -263,6 +266,9 @@ def _start(state: _Run) -> Any:
     run.records.open(resume_from=resume_from, flush_every_s=float(cfg.event_upload_interval_seconds))
     with console.phase("Ray"):
         state.cluster.start(run_env=_actor_env(cfg, run))
+    console.info(state.cluster.summary)
+    if not state.cluster.started_ray:
+        _check_storage(state)
     servers, trainers, infos, scoring = _start_workers(state.cluster, resolved, inputs, run, console)
     log.info("trainer ranks ready", torch_threads=[i["threads"] for i in infos])
     urls = [s["url"] for s in servers]
@@ -550,12 +556,7 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
     Everything here fails with a ``TrainError`` before any process starts; ``sandboxes`` receives
     the pools as they are built (the caller closes them).
     """
-    from telescope_orchestrator.run.checks import (
-        backend_problem,
-        frozen_model_temperature_warning,
-        supervised_only_warning,
-        truncated_sampling_warning,
-    )
+    from telescope_orchestrator.run.checks import backend_problem
     from telescope_orchestrator.run.models import resolve_model
     from telescope_orchestrator.run.sandboxes import SandboxSetupError
     from telescope_orchestrator.run.wiring import DatasetError, build_training_environments, load_datasets
@@ -563,11 +564,7 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
 
     if (problem := backend_problem(cfg.train_backend, lora=cfg.lora_rank > 0)) is not None:
         raise TrainError(problem)
-    checks = (truncated_sampling_warning, frozen_model_temperature_warning, supervised_only_warning)
-    for warning in (check(cfg) for check in checks):
-        if warning is not None:
-            log.warning("sampling settings", detail=warning)
-            console.warning(warning)
+    _warn_settings(cfg, console)
     resume = None
     if cfg.resume_from_checkpoint:
         resume = _choose_checkpoint(cfg, run.checkpoints(cfg.checkpoint_dir))
@@ -592,6 +589,35 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
     resumed_at = int(resume[1]["step"]) if resume is not None else 0
     sft = _conversations(cfg, tokenizer, console) if resumed_at < cfg.sft_steps else None
     return _Inputs(built, model_path, tokenizer, resume, scorers, sft)
+
+
+def _check_storage(state: _Run) -> None:
+    """The phase "shared storage" of a joined cluster: every other node sees the run directory and the
+    checkpoint directory (``cluster.storage``), or the run stops here, before anything is placed."""
+    from telescope_orchestrator.cluster.storage import check_shared_storage
+
+    cfg, run = state.resolved.config, state.run
+    with state.console.phase("shared storage on every node"):
+        problem = check_shared_storage(
+            [run.path, run.checkpoints(cfg.checkpoint_dir)], timeout_s=float(cfg.ray_placement_timeout_s)
+        )
+    if problem is not None:
+        raise TrainError(problem)
+
+
+def _warn_settings(cfg: TelescopeConfig, console: Any) -> None:
+    """The start-up warnings of settings that work, but not as a user may think (``run.checks``)."""
+    from telescope_orchestrator.run import checks
+
+    for check in (
+        checks.truncated_sampling_warning,
+        checks.frozen_model_temperature_warning,
+        checks.supervised_only_warning,
+        checks.unused_placement_warning,
+    ):
+        if (warning := check(cfg)) is not None:
+            log.warning("sampling settings", detail=warning)
+            console.warning(warning)
 
 
 def _conversations(cfg: TelescopeConfig, tokenizer: Tokenizer, console: Any) -> SupervisedBatches | None:
