@@ -8,7 +8,8 @@ alive, every CPU free, no actor or placement group of the run left, the cluster 
 
 - ``ray_address: <address>``: the run spans both nodes (the server and the trainer rank on different
   nodes, placement strategies SPREAD and STRICT_SPREAD), weights travel over the node address
-  (loopback off), and the sampler agrees with the trainer (``kl_divergence_inference`` < 1e-3);
+  (loopback off), and the sampler agrees with the trainer (``kl_divergence_inference`` < 1e-3); the
+  setup record names each process's Ray node and ``infra`` has every node's system and processes;
 - ``ray_address: auto`` finds the cluster (``RAY_ADDRESS``) and a Ctrl-C stops the run;
 - a run whose trainer bundle no node can hold fails with the free resources of each node;
 - ``ray_address: auto`` with no cluster running (a PID namespace of its own, where no Ray is
@@ -123,6 +124,30 @@ def test_a_run_joins_a_cluster_spans_its_nodes_and_leaves_it_as_found(ray_cluste
     placed = after["placed"]  # dead actors keep their node in the cluster's table
     assert placed["InferenceServerActor"] != placed["TrainerActor"], placed
     assert wait_gone(run.run_dir, timeout_s=30) == []
+    _check_every_node_observed(
+        run.run_dir, server=placed["InferenceServerActor"], trainer=placed["TrainerActor"]
+    )
+
+
+def _check_every_node_observed(run_dir: Path, *, server: str, trainer: str) -> None:
+    """The setup record names each process's Ray node; infra has both nodes' system rows and each
+    process's rows from the node it ran on (the driver samples its own node, an observer the other)."""
+    import telescope_records as tr
+
+    db = tr.connect(run_dir)
+    nodes = dict(db.execute("select role, node_id from setup").fetchall())
+    assert nodes["trainer:0"] == trainer, nodes
+    assert [n for r, n in nodes.items() if r.startswith("vllm:")] == [server], nodes
+    assert nodes["driver"] in (server, trainer)
+    system = {
+        n for (n,) in db.execute("select distinct node_id from infra where source = 'system'").fetchall()
+    }
+    assert system == {server, trainer}, system
+    processes = dict(
+        db.execute("select distinct target, node_id from infra where source = 'process'").fetchall()
+    )
+    assert processes["trainer:0"] == trainer, processes
+    assert [n for r, n in processes.items() if r.startswith("vllm:")] == [server], processes
 
 
 def test_auto_joins_the_cluster_and_ctrl_c_leaves_it_as_found(ray_cluster, tiny_model_dir, tmp_path):

@@ -213,6 +213,20 @@ def test_infra_setup_model_and_evals(client: TestClient, runs: Path) -> None:
     assert [c["completion_idx"] for c in items[0]["completions"]] == [0, 1]
 
 
+def test_infra_of_two_ray_nodes_on_one_host_are_two_series(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    synthetic_run(root / "two", steps=2, samples=8, group_size=4)
+    folder = root / "two" / "records" / "infra"
+    first = pq.read_table(next(folder.glob("*.parquet"))).to_pylist()
+    # the same host, another Ray node (infra version 2 names it); the first file has none
+    other = [{**r, "node_id": "c0ffee1234567890", "value": r["value"] + 1} for r in first]
+    pq.write_table(pa.Table.from_pylist(other), folder / "a000-node0-2-000001.parquet")
+    with TestClient(create_app([root]), base_url=LOCAL) as c:
+        series = get(c, "/api/infra", run="two")["series"]
+    cpu = sorted(s["node"] for s in series if s["metric"] == "cpu_utilization_percent")
+    assert cpu == ["node0", "node0 · c0ffee12"]
+
+
 def test_metrics_since_a_line(client: TestClient) -> None:
     full = get(client, "/api/metrics", run="demo")
     assert full["count"] == 4  # three steps and one eval line

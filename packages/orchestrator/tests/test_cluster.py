@@ -64,3 +64,16 @@ def test_a_cpu_node_is_split_between_servers_and_trainer_ranks_without_oversubsc
     assert cpu_plan([4, 5, 6], 1, 1, 1) == CpuPlan(["4"], 2, 3)  # the affinity's own core ids
     assert cpu_plan([0, 1], 0, 1, 2) == CpuPlan([], 1, 1)  # no server: the ranks share every core
     assert cpu_plan([0, 1, 2, 3], 2, 1, 0).server_binds == ["0,1", "2,3"]  # no trainer: servers take all
+
+
+def test_the_run_and_checkpoint_folders_stay_out_of_a_working_dir_upload(tmp_path):
+    work = tmp_path / "project"
+    (work / "runs" / "r1").mkdir(parents=True)
+    cfg = make_config(ray_runtime_env={"working_dir": str(work), "excludes": ["*.bin"]})
+    outside = tmp_path / "elsewhere" / "ckpt"
+    opts = ray_init_options(cfg, {}, environ={}, keep_out=[work / "runs" / "r1", outside])
+    assert opts["runtime_env"]["excludes"] == ["*.bin", "/runs/r1/"]  # the user's first; outside: nothing
+    remote = make_config(ray_runtime_env={"working_dir": "s3://bucket/project.zip"})
+    assert "excludes" not in ray_init_options(remote, {}, environ={}, keep_out=[work])["runtime_env"]
+    plain = ray_init_options(make_config(), {}, environ={}, keep_out=[work])
+    assert "excludes" not in plain["runtime_env"]

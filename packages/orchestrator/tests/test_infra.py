@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from telescope_orchestrator.record.infra import InfraSampler, node_name, parse_vllm_metrics
 
-ROW_KEYS = {"time", "attempt", "node", "source", "target", "metric", "value"}
+ROW_KEYS = {"time", "attempt", "node", "node_id", "source", "target", "metric", "value"}
 
 # The shape of vLLM 0.32's /metrics page (prometheus_client exposition of the metrics defined in
 # vllm/v1/metrics/loggers.py: labels model_name and engine, two engines here), written by hand.
@@ -176,7 +176,7 @@ def test_rows_have_the_record_shape(tmp_path: Path) -> None:
     assert rows
     for row in rows:
         assert set(row) == ROW_KEYS
-        assert (row["node"], row["attempt"]) == ("n1", 2)
+        assert (row["node"], row["node_id"], row["attempt"]) == ("n1", "", 2)  # outside Ray: no node id
         assert isinstance(row["value"], float)
         assert isinstance(row["time"], float)
     assert len({r["time"] for r in rows}) == 1
@@ -378,3 +378,19 @@ def test_gpu_rows_from_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gpu[("0", "gpu_power_w")] == 250.5
     assert ("1", "gpu_power_w") not in gpu  # not supported there: left out, the rest kept
     assert gpu[("1", "gpu_temperature_c")] == 61.0
+
+
+def test_the_other_nodes_processes_are_grouped_by_their_ray_node():
+    from telescope_orchestrator.cluster.observers import remote_pids
+
+    infos = [
+        {"setup": {"role": "trainer:0", "node_id": "n-driver"}, "pid": 11},
+        {"setup": {"role": "trainer:1", "node_id": "n-b"}, "pid": 12},
+        {"setup": {"role": "vllm:http://10.0.0.2:8000", "node_id": "n-b"}, "pid": 13},
+        {"setup": {"role": "vllm:http://10.0.0.3:8000", "node_id": "n-c"}, "pid": 14},
+        {"setup": {"role": "trainer:2", "node_id": ""}, "pid": 15},  # outside Ray: the driver's host
+    ]
+    assert remote_pids(infos, "n-driver") == {
+        "n-b": {"trainer:1": 12, "vllm:http://10.0.0.2:8000": 13},
+        "n-c": {"vllm:http://10.0.0.3:8000": 14},
+    }

@@ -23,6 +23,7 @@ from telescope_orchestrator.record.setup import (
 SETUP_KEYS = {
     "role",
     "node",
+    "node_id",
     "cpu_model",
     "cpu_cores",
     "cpu_physical_cores",
@@ -41,6 +42,7 @@ def test_process_setup_fields() -> None:
     row = process_setup("trainer:0")
     assert set(row) == SETUP_KEYS
     assert row["role"] == "trainer:0"
+    assert row["node_id"] == ""  # this process is not in Ray
     assert all(row[k] for k in ("node", "cpu_model", "python", "platform"))
     assert row["cpu_cores"] >= row["cpu_physical_cores"] >= 1
     assert row["memory_gb"] > 0

@@ -446,12 +446,21 @@ def infra_series(
     return rows(
         cursor,
         "select node, source, target, metric, list(t order by t) as t, list(v order by t) as v from ("
-        " select node, source, target, metric, avg(value) as v,"
+        f" select {_node_label(cursor, files)} as node, source, target, metric, avg(value) as v,"
         " $start + (floor((time - $start) / $w) + 0.5) * $w as t"
         " from read_parquet($files, union_by_name = true) where time between $start and $end group by all"
         ") group by all order by all",
         {"files": files, "start": start, "end": end, "w": width},
     )
+
+
+def _node_label(cursor: DuckDBPyConnection, files: list[str]) -> str:
+    """The SQL of an infra row's node: the host, with the start of its Ray node id where the record
+    has one (several Ray nodes may share a host; infra version 1 has no ``node_id``)."""
+    described = cursor.execute("describe select * from read_parquet(?, union_by_name = true)", [files])
+    if "node_id" not in {str(r[0]) for r in described.fetchall()}:
+        return "node"
+    return "case when coalesce(node_id, '') = '' then node else node || ' · ' || left(node_id, 8) end"
 
 
 def attempt_table(cursor: DuckDBPyConnection, run: Path, table: str) -> list[dict[str, Any]]:

@@ -119,7 +119,8 @@ class TelescopeConfig(BaseModel):
     )
     ray_runtime_env: dict[str, Any] | None = Field(
         description="Extra Ray runtime_env (env_vars, working_dir, ...) merged over the built-in one; null "
-        "adds nothing. One entry can be set from the command line: "
+        "adds nothing. A local working_dir is uploaded without the run and checkpoint directories (added "
+        "to its excludes). One entry can be set from the command line: "
         "--ray_runtime_env.env_vars.NAME value."
     )
     ray_disable_runtime_env_hook: bool = Field(

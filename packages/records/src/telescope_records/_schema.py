@@ -373,13 +373,14 @@ ENVIRONMENTS = Table(
 
 SETUP = Table(
     "setup",
-    1,
+    2,
     "attempt",
     "Hardware and software of every process of the run, once per attempt.",
     (
         ATTEMPT,
         _c("role", STR, "driver, trainer:<rank>, vllm:<url>, or vllm-teacher:<url> / vllm-ref:<url>"),
         _c("node", STR, "host name"),
+        _c("node_id", STR, "Ray node id of the process's node (several may share a host); empty outside Ray"),
         _c("cpu_model", STR, "CPU model name"),
         _c("cpu_cores", I32, "logical CPU cores of the node"),
         _c("cpu_physical_cores", I32, "physical CPU cores of the node"),
@@ -413,13 +414,14 @@ MODEL = Table(
 
 INFRA = Table(
     "infra",
-    1,
+    2,
     "time",
     "Infrastructure samples every few seconds: CPU, memory, GPUs, processes and vLLM's own metrics.",
     (
         _c("time", F64, "wall clock of the sample (unix s)"),
         ATTEMPT,
         _c("node", STR, "host name"),
+        _c("node_id", STR, "Ray node id of the sampled node (several may share a host); empty outside Ray"),
         _c("source", STR, "system, process, gpu or vllm"),
         _c("target", STR, "process: its role; gpu: its index; vllm: the server's URL; system: empty"),
         _c("metric", STR, "the metric, unit in the name (_gb, _percent, _s, _total, _mean)"),

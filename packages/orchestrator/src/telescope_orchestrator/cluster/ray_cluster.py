@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import structlog
@@ -61,10 +63,14 @@ def _ray() -> _Ray:
 
 
 def ray_init_options(
-    cfg: TelescopeConfig, run_env: dict[str, str], environ: Any = os.environ
+    cfg: TelescopeConfig, run_env: dict[str, str], environ: Any = os.environ, keep_out: Sequence[Path] = ()
 ) -> dict[str, Any]:
-    """The keyword arguments of ``ray.init`` for this run (both when joining and when starting Ray)."""
+    """The keyword arguments of ``ray.init`` for this run (both when joining and when starting Ray).
+    ``keep_out``: folders never uploaded with a ``working_dir`` of ``ray_runtime_env`` (the run and
+    checkpoint directories), added to its ``excludes`` where they lie inside it."""
     runtime_env: dict[str, Any] = dict(cfg.ray_runtime_env or {})
+    if excluded := _excluded(runtime_env.get("working_dir"), keep_out):
+        runtime_env["excludes"] = [*list(runtime_env.get("excludes") or []), *excluded]
     env_vars = {**run_env, **dict(runtime_env.get("env_vars") or {})}
     if cfg.ray_propagate_active_venv:
         for name in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT"):
@@ -80,6 +86,22 @@ def ray_init_options(
         "ignore_reinit_error": True,
         "configure_logging": False,
     }
+
+
+def _excluded(working_dir: Any, folders: Sequence[Path]) -> list[str]:
+    """``folders`` inside the local ``working_dir``, as anchored ``excludes`` patterns ("/runs/a/")."""
+    if not isinstance(working_dir, str) or "://" in working_dir:  # a URI is uploaded as it is
+        return []
+    root = Path(working_dir).expanduser().resolve()
+    out: list[str] = []
+    for folder in folders:
+        try:
+            inside = Path(folder).expanduser().resolve().relative_to(root)
+        except ValueError:
+            continue
+        if inside.parts:
+            out.append(f"/{inside.as_posix()}/")
+    return out
 
 
 class ClusterError(RuntimeError):
@@ -189,14 +211,16 @@ class Cluster:
     summary: str = ""
     """What :meth:`start` did, for the console: joined which cluster, or started a local Ray."""
 
-    def start(self, *, run_env: dict[str, str]) -> None:
+    def start(self, *, run_env: dict[str, str], keep_out: Sequence[Path] = ()) -> None:
+        """Join the cluster of ``ray_address`` or start a local Ray (module docstring); ``keep_out``
+        (``ray_init_options``) stay out of a ``working_dir`` upload."""
         ray = _ray()
 
         cfg = self.config
         self.gpu = has_cuda()
         if cfg.ray_disable_runtime_env_hook:
             os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
-        common = ray_init_options(cfg, run_env)
+        common = ray_init_options(cfg, run_env, keep_out=keep_out)
         address = cfg.ray_address
         if address not in ("", "local"):
             try:

@@ -3,8 +3,11 @@
 An :class:`InfraSampler` is a daemon thread that every ``interval_s`` seconds hands a list of rows
 to its ``sink``. Every row has the same shape (the ``infra`` record table)::
 
-    {"time": unix s, "attempt": int, "node": str, "source": str, "target": str,
+    {"time": unix s, "attempt": int, "node": str, "node_id": str, "source": str, "target": str,
      "metric": str, "value": float}
+
+``node`` is the host name, ``node_id`` the Ray node id of the sampler's node (empty outside Ray):
+several Ray nodes may share a host.
 
 All rows of one tick share ``time``. Sources:
 
@@ -217,6 +220,7 @@ class InfraSampler:
         sink: Sink,
         *,
         node: str,
+        node_id: str = "",
         interval_s: float = 5.0,
         pids: Callable[[], dict[str, int]] | None = None,
         vllm_urls: Sequence[str] = (),
@@ -225,6 +229,7 @@ class InfraSampler:
     ) -> None:
         self._sink = sink
         self._node = node
+        self._node_id = node_id
         self._interval_s = max(float(interval_s), 0.01)
         self._pids = pids
         self._vllm_urls = tuple(u.rstrip("/") for u in vllm_urls)
@@ -311,6 +316,7 @@ class InfraSampler:
             "time": now,
             "attempt": self._attempt,
             "node": self._node,
+            "node_id": self._node_id,
             "source": source,
             "target": target,
             "metric": metric,

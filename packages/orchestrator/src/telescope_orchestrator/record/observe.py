@@ -76,12 +76,20 @@ def local_pids(infos: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 
 def _on_this_node(infos: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """The driver samples the processes of its own node (psutil is local)."""
-    here = socket.gethostname()
+    """The driver samples the processes of its own node (psutil is local): its Ray node where both
+    name one (several Ray nodes may share a host; ``cluster.observers`` samples the others), else
+    its host."""
+    from telescope_orchestrator.record.setup import ray_node_id
+
+    here, mine = socket.gethostname(), ray_node_id()
+
+    def local(setup: dict[str, Any]) -> bool:
+        if mine and setup.get("node_id"):
+            return setup["node_id"] == mine
+        return setup.get("node") == here
+
     return {
-        str(i["setup"]["role"]): int(i["pid"])
-        for i in infos
-        if i.get("pid") and i.get("setup", {}).get("node") == here
+        str(i["setup"]["role"]): int(i["pid"]) for i in infos if i.get("pid") and local(i.get("setup", {}))
     }
 
 
@@ -90,12 +98,14 @@ def start_infra(run: RunDir, *, pids: dict[str, int], urls: Sequence[str], inter
     the run on it, every server's vLLM metrics) every ``interval_s`` (the config's
     ``system_metrics_collection_interval_seconds``); returns it (``stop()`` at the end) or None."""
     from telescope_orchestrator.record.infra import InfraSampler, node_name
+    from telescope_orchestrator.record.setup import ray_node_id
 
     records = run.records
     try:
         sampler = InfraSampler(
             lambda rows: records.writer.append("infra", rows),
             node=node_name(),
+            node_id=ray_node_id(),
             interval_s=interval_s,
             pids=lambda: dict(pids),
             vllm_urls=list(urls),

@@ -2,7 +2,7 @@
 
 :func:`process_setup` gives one row of the ``setup`` record table (the caller adds ``attempt``):
 
-- ``role`` (as given), ``node`` (host name);
+- ``role`` (as given), ``node`` (host name), ``node_id`` (the Ray node id; empty outside Ray);
 - ``cpu_model`` (``model name`` of /proc/cpuinfo, else :func:`platform.processor` or the
   machine type), ``cpu_cores`` (logical), ``cpu_physical_cores``, ``memory_gb`` (GiB, total);
 - ``gpus``: a JSON list of ``{"index", "name", "memory_gb"}``, from NVML (every GPU of the node)
@@ -196,6 +196,18 @@ def git_commit(directory: Path | None = None) -> str:
     return ""
 
 
+def ray_node_id() -> str:
+    """The Ray node id of the calling process's node: a driver connected to Ray, or an actor; empty
+    outside Ray (never imports it)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return ""
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # a Ray without a node for this process: nothing to name
+        return ""
+
+
 def process_setup(role: str) -> dict[str, Any]:
     """The setup row of the calling process (see the module docstring)."""
     logical, physical, memory = _cores_and_memory()
@@ -203,6 +215,7 @@ def process_setup(role: str) -> dict[str, Any]:
     return {
         "role": role,
         "node": socket.gethostname(),
+        "node_id": ray_node_id(),
         "cpu_model": _cpu_model(),
         "cpu_cores": logical,
         "cpu_physical_cores": physical,

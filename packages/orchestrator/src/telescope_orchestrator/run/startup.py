@@ -193,6 +193,8 @@ class _Run:
     loop_started: bool = False
     infra: Any = None
     """The infrastructure sampler (``record.observe.start_infra``), stopped on the way out."""
+    remote_infra: Any = None
+    """The other nodes' samplers (``cluster.observers.RemoteInfra``), stopped on the way out."""
 
 
 def train(
@@ -265,7 +267,9 @@ def _start(state: _Run) -> Any:
     resume_from = int(inputs.resume[1]["step"]) if inputs.resume is not None else None
     run.records.open(resume_from=resume_from, flush_every_s=float(cfg.event_upload_interval_seconds))
     with console.phase("Ray"):
-        state.cluster.start(run_env=_actor_env(cfg, run))
+        state.cluster.start(
+            run_env=_actor_env(cfg, run), keep_out=[run.path, run.checkpoints(cfg.checkpoint_dir)]
+        )
     console.info(state.cluster.summary)
     if not state.cluster.started_ray:
         _check_storage(state)
@@ -332,7 +336,29 @@ def _observe(
     urls = [s["url"] for s in servers if "scorer" not in s]
     interval = float(cfg.system_metrics_collection_interval_seconds)
     state.infra = start_infra(run, pids=pids, urls=urls, interval_s=interval)
+    state.remote_infra = _remote_infra(run, workers, interval)
     return pids
+
+
+def _remote_infra(run: RunDir, workers: list[dict[str, Any]], interval: float) -> Any:
+    """The samplers of the run's other nodes (``cluster.observers``), or None on one node; never
+    stops the run."""
+    from telescope_orchestrator.cluster.observers import RemoteInfra, remote_pids
+    from telescope_orchestrator.record.setup import ray_node_id
+
+    others = remote_pids(workers, ray_node_id())
+    if not others:
+        return None
+    try:
+        return RemoteInfra(
+            others,
+            lambda rows: run.records.writer.append("infra", rows),
+            interval_s=interval,
+            attempt=run.records.attempt,
+        )
+    except Exception as exc:
+        log.warning("the other nodes' infrastructure is not sampled", error=repr(exc))
+        return None
 
 
 def _connect(state: _Run, trainers: list[Any], urls: list[str], *, resuming: bool) -> dict[str, list[str]]:
@@ -512,6 +538,8 @@ def _stop(state: _Run) -> None:
     log.info("stopping", reason=reason)
     if state.infra is not None:
         state.infra.stop()
+    if state.remote_infra is not None:
+        state.remote_infra.stop()  # a last drain, before the record closes
     state.run.records.event("stop", None, reason=reason)
     state.run.records.close()  # never raises
     if state.sandboxes and not state.loop_started:
