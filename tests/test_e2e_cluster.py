@@ -84,10 +84,12 @@ def assert_left_as_found(address: str, before: dict[str, Any]) -> dict[str, Any]
 def ray_cluster() -> Any:
     """A head and a worker node of one CPU each. No address file is written (``ray start`` and
     this helper write /tmp/ray/ray_current_cluster): other tests' runs never see this cluster."""
-    import ray
+    import importlib
+
     from ray.cluster_utils import Cluster
 
-    with mock.patch.object(ray._private.utils, "write_ray_address", return_value=None):
+    utils = importlib.import_module("ray._private.utils")
+    with mock.patch.object(utils, "write_ray_address", return_value=None):
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()

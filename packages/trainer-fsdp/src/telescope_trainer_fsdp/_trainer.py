@@ -431,42 +431,34 @@ def create_trainer(
         config: the run's validated ``TelescopeConfig`` (read as is; never validated again here).
         model_path: overrides ``config.model`` (e.g. a local folder).
         device: ``"cpu"`` or ``"cuda"``; default CUDA when available.
-        gradient_checkpointing: recompute activations in backward; None (the default) takes
-            ``config.fsdp_gradient_checkpointing``.
+        gradient_checkpointing: recompute activations in backward (default the config's field).
         attn_implementation: force a transformers attention implementation (default: flash-attn on GPU
             when installed, else SDPA; on CPU the per-sample SDPA of ``_packed_attention``; all isolate
-            packed samples). With context parallelism the
-            trainer's own ``telescope_cp`` attention is used and this must stay None.
-        seed: seeds Python, NumPy and torch on every rank before the model loads; None (the default)
-            takes ``config.seed``.
+            packed samples). Context parallelism uses its own ``telescope_cp``: this must stay None.
+        seed: seeds Python, NumPy and torch on every rank before the model loads (default ``config.seed``).
         trust_remote_code: passed to transformers.
         dist_timeout_s: collective timeout when this call creates the process group.
-        frozen_models: ``{name: local folder}`` of the teacher and reference model held beside the
-            policy (``telescope_algos.backend.FROZEN_MODELS``), each sharded like it, without
-            gradients (``_model.load_frozen_model``).
+        frozen_models: ``{name: folder}`` of the teacher and reference model held beside the policy
+            (``telescope_algos.backend.FROZEN_MODELS``), sharded like it (``_model.load_frozen_model``).
     """
-    frozen_paths = frozen_models_checked(frozen_models)
-    cp = config.fsdp_context_parallel_size
-    if cp > 1 and attn_implementation not in (None, ATTENTION):
-        raise ValueError(
-            f"attn_implementation={attn_implementation!r} cannot be combined with fsdp_context_parallel_size "
-            f"{cp}: context parallelism uses its own attention; leave attn_implementation unset"
-        )
+    frozen_paths, cp = frozen_models_checked(frozen_models), config.fsdp_context_parallel_size
+    _check_attention(cp, attn_implementation)
     info = init_distributed(device=device, timeout_s=dist_timeout_s)
     try:
         _check_world(config, info)
         layout = make_layout(cp)
-        if cp > 1:
-            register_attention()
-            attn_implementation = ATTENTION
+        attn_implementation = _attention(cp, attn_implementation)
         seed_everything(int(config.seed if seed is None else seed))
-        path, recompute = model_path or config.model, gradient_checkpointing
+        path = model_path or config.model
+        recompute = (
+            config.fsdp_gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing
+        )
         model = load_sharded_model(
             path,
             device=info.device,
             model_dtype=config.model_dtype,
             mixed_precision_dtype=config.mixed_precision_dtype,
-            gradient_checkpointing=config.fsdp_gradient_checkpointing if recompute is None else recompute,
+            gradient_checkpointing=recompute,
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
             lora=lora_settings(config),
@@ -481,6 +473,23 @@ def create_trainer(
         raise
     _log.debug("fsdp trainer ready", model=path, rank=info.rank, world_size=info.world_size)
     return FSDPTrainer(config, model_path=path, dist_info=info, model=model, layout=layout, frozen=frozen)
+
+
+def _check_attention(cp: int, attn_implementation: str | None) -> None:
+    """Context parallelism runs its own attention: another one asked for is an error."""
+    if cp > 1 and attn_implementation not in (None, ATTENTION):
+        raise ValueError(
+            f"attn_implementation={attn_implementation!r} cannot be combined with fsdp_context_parallel_size "
+            f"{cp}: context parallelism uses its own attention; leave attn_implementation unset"
+        )
+
+
+def _attention(cp: int, attn_implementation: str | None) -> str | None:
+    """The attention to load the models with: context parallelism's own (registered now), or as given."""
+    if cp > 1:
+        register_attention()
+        return ATTENTION
+    return attn_implementation
 
 
 def _frozen(

@@ -133,7 +133,8 @@ class RemoteInfra:
         self._stop.set()
         self._thread.join(timeout=self._interval_s * 2 + 10)
         self._collect("stop")
+        kill: Any = getattr(ray, "kill")  # noqa: B009 (Ray types it in part)
         for observer in self._observers:
             with contextlib.suppress(Exception):
-                ray.kill(observer, no_restart=True)
+                kill(observer, no_restart=True)
         self._observers = []

@@ -33,7 +33,15 @@ from telescope_orchestrator.cluster.cores import CoreLease, LentCores
 if TYPE_CHECKING:
     from telescope_config import TelescopeConfig
 
-__all__ = ["Cluster", "ClusterError", "has_cuda", "policy_servers", "ray_init_options", "scorer_servers"]
+__all__ = [
+    "Cluster",
+    "ClusterError",
+    "alive_nodes",
+    "has_cuda",
+    "policy_servers",
+    "ray_init_options",
+    "scorer_servers",
+]
 
 log = structlog.get_logger()
 
@@ -131,32 +139,38 @@ def policy_servers(cfg: TelescopeConfig) -> int:
     return 0 if cfg.supervised_only else cfg.num_inference_servers
 
 
+def alive_nodes() -> list[dict[str, Any]]:
+    """``ray.nodes()`` of the nodes alive now (Ray types them loosely)."""
+    ray: Any = _ray()
+    nodes: list[dict[str, Any]] = list(ray.nodes())
+    return [n for n in nodes if n.get("Alive")]
+
+
 def _free_per_node(bundle: dict[str, float]) -> str:
     """What each alive node has free of the resources ``bundle`` asks for, and how many bundles of it
     each could hold, e.g. "free now: 10.0.0.1 CPU 1 (0 such bundles), 10.0.0.2 CPU 1 (0)"."""
-    import ray
     from ray._private import state
 
     free: dict[str, dict[str, float]] = cast(Any, state).available_resources_per_node()
-    nodes = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes() if n.get("Alive")}
-    parts = []
-    for node, address in nodes.items():
-        mine = free.get(node, {})
+    parts: list[str] = []
+    for n in alive_nodes():
+        mine = free.get(str(n["NodeID"]), {})
         fits = min(int(mine.get(k, 0.0) // v) for k, v in bundle.items() if v > 0) if bundle else 0
         have = " ".join(f"{k} {mine.get(k, 0.0):g}" for k in bundle)
-        parts.append(f"{address} {have} ({fits} such bundle{'s' if fits != 1 else ''})")
+        parts.append(
+            f"{n.get('NodeManagerAddress', '?')} {have} ({fits} such bundle{'s' if fits != 1 else ''})"
+        )
     return "free now: " + (", ".join(parts) if parts else "no node is alive")
 
 
 def _joined_summary() -> str:
     """ "joined the Ray cluster at <address>: N node(s), C CPUs, G GPUs" for the console."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    total = ray.cluster_resources()
-    address = ray.get_runtime_context().gcs_address
+    ray: Any = _ray()
+    total: dict[str, float] = dict(ray.cluster_resources())
+    address = str(ray.get_runtime_context().gcs_address)
     gpus = f", {total.get('GPU', 0):g} GPUs" if total.get("GPU") else ""
-    return f"joined the Ray cluster at {address}: {len(nodes)} node(s), {total.get('CPU', 0):g} CPUs{gpus}"
+    nodes = len(alive_nodes())
+    return f"joined the Ray cluster at {address}: {nodes} node(s), {total.get('CPU', 0):g} CPUs{gpus}"
 
 
 def has_cuda() -> bool:

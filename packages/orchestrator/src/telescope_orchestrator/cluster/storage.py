@@ -14,11 +14,12 @@ docs/troubleshooting.md, "A node cannot see the run directory".
 from __future__ import annotations
 
 import contextlib
+import importlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["MARKERS", "NodeReport", "check_shared_storage", "probe_nodes", "storage_problem"]
 
@@ -81,23 +82,25 @@ def storage_problem(directories: Sequence[Path], token: str, reports: Sequence[N
 def probe_nodes(directories: Sequence[Path], token: str, *, timeout_s: float) -> list[NodeReport]:
     """One pinned task per alive node that can hold actors (it has CPUs), other than the driver's;
     their reports. The driver's marker ``token`` must already be in every directory."""
-    import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    driver = ray.get_runtime_context().get_node_id()
+    from telescope_orchestrator.cluster.ray_cluster import alive_nodes
+
+    ray: Any = importlib.import_module("ray")
+    driver = str(ray.get_runtime_context().get_node_id())
     nodes = [
         n
-        for n in ray.nodes()
-        if n.get("Alive") and n.get("NodeID") != driver and float(n.get("Resources", {}).get("CPU", 0)) > 0
+        for n in alive_nodes()
+        if n.get("NodeID") != driver and float(dict(n.get("Resources") or {}).get("CPU", 0)) > 0
     ]
     remote: Any = ray.remote(num_cpus=0, max_retries=0)(_probe)
-    refs = [
+    refs: list[Any] = [
         remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
             [str(d) for d in directories], token, n["NodeID"], n.get("NodeManagerAddress", "?")
         )
         for n in nodes
     ]
-    return list(ray.get(refs, timeout=timeout_s))
+    return [cast(NodeReport, r) for r in ray.get(refs, timeout=timeout_s)]
 
 
 def check_shared_storage(directories: Sequence[Path], *, timeout_s: float = 120.0) -> str | None:

@@ -266,13 +266,7 @@ def _start(state: _Run) -> Any:
     inputs = _prepare_inputs(cfg, run, console, state.sandboxes)
     resume_from = int(inputs.resume[1]["step"]) if inputs.resume is not None else None
     run.records.open(resume_from=resume_from, flush_every_s=float(cfg.event_upload_interval_seconds))
-    with console.phase("Ray"):
-        state.cluster.start(
-            run_env=_actor_env(cfg, run), keep_out=[run.path, run.checkpoints(cfg.checkpoint_dir)]
-        )
-    console.info(state.cluster.summary)
-    if not state.cluster.started_ray:
-        _check_storage(state)
+    _start_ray(state)
     servers, trainers, infos, scoring = _start_workers(state.cluster, resolved, inputs, run, console)
     log.info("trainer ranks ready", torch_threads=[i["threads"] for i in infos])
     urls = [s["url"] for s in servers]
@@ -619,6 +613,19 @@ def _prepare_inputs(cfg: TelescopeConfig, run: RunDir, console: Any, sandboxes: 
     return _Inputs(built, model_path, tokenizer, resume, scorers, sft)
 
 
+def _start_ray(state: _Run) -> None:
+    """The phase "Ray" (join or start it; the console says which), then, on a joined cluster, the
+    shared-storage check."""
+    cfg, run = state.resolved.config, state.run
+    with state.console.phase("Ray"):
+        state.cluster.start(
+            run_env=_actor_env(cfg, run), keep_out=[run.path, run.checkpoints(cfg.checkpoint_dir)]
+        )
+    state.console.info(state.cluster.summary)
+    if not state.cluster.started_ray:
+        _check_storage(state)
+
+
 def _check_storage(state: _Run) -> None:
     """The phase "shared storage" of a joined cluster: every other node sees the run directory and the
     checkpoint directory (``cluster.storage``), or the run stops here, before anything is placed."""
@@ -763,17 +770,7 @@ def _start_workers(
             urls = call_all(actors, "start")
             scorer_actors = _place_scorers(cluster, scoring, inputs.scorers)
             scorer_urls = call_all(scorer_actors, "start")
-            # lending changes a step's thread count (and how float sums split): never where a
-            # restarted rank must replay a step exactly
-            lend = why_no_restarts(cfg) is not None
-            if not lend and cluster.lendable():
-                log.info("the servers' idle cores are not lent: trainer restarts replay steps exactly")
-            trainers = cluster.place_trainers(
-                inputs.model_path,
-                str(run.path / "logs" / "trainer"),
-                lend=lend,
-                frozen_models=in_trainer(inputs.scorers),
-            )
+            trainers = _place_trainers(cluster, cfg, inputs, run)
             setting_up = start_all(trainers, "setup")  # loads the model while vLLM boots
             call_all([*actors, *scorer_actors], "wait_healthy", float(cfg.ray_placement_timeout_s))
             infos = wait_all(setting_up)
@@ -793,6 +790,21 @@ def _start_workers(
             {"url": u, "log": launch["log_path"], "actor": a, "scorer": launch["scorer"]}
             for u, launch, a in zip(scorer_urls, scoring, scorer_actors, strict=True)
         ],
+    )
+
+
+def _place_trainers(cluster: Any, cfg: TelescopeConfig, inputs: _Inputs, run: RunDir) -> list[Any]:
+    """The trainer ranks, with the frozen models placed in them; they borrow the servers' idle cores
+    unless a restarted rank must replay a step exactly (lending changes a step's thread count, and
+    how float sums split)."""
+    lend = why_no_restarts(cfg) is not None
+    if not lend and cluster.lendable():
+        log.info("the servers' idle cores are not lent: trainer restarts replay steps exactly")
+    return cluster.place_trainers(
+        inputs.model_path,
+        str(run.path / "logs" / "trainer"),
+        lend=lend,
+        frozen_models=in_trainer(inputs.scorers),
     )
 
 
