@@ -144,6 +144,20 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout_s: float) -> None:
         time.sleep(0.05)  # tiny-model steps take a fraction of a second: act close to the event
 
 
+def interrupt(run_dir: Path, proc: subprocess.Popen, *, timeout_s: float = 120.0) -> int:
+    """Ctrl-C (SIGINT) to a running ``telescope train``; its exit code once it stopped (a test
+    failure with every thread's stack when it does not stop within ``timeout_s``)."""
+    import pytest
+
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(
+            f"the run did not stop within {timeout_s:.0f} s of Ctrl-C:\n{stuck_report(run_dir, proc)}"
+        )
+
+
 def processes_of(run_dir: Path) -> list[int]:
     """PIDs whose environment carries TELESCOPE_RUN_DIR=<run_dir>."""
     marker = f"TELESCOPE_RUN_DIR={run_dir}".encode()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from e2e_support import (
     SCALE_DOWN,
     Finished,
     base_args,
+    interrupt,
     run_env,
     start,
     stuck_report,
@@ -161,12 +161,7 @@ def test_auto_joins_the_cluster_and_ctrl_c_leaves_it_as_found(ray_cluster, tiny_
         proc = start(run_dir, *_args(tiny_model_dir), "--ray_address", "auto", "--number_of_steps", "1000")
     try:
         wait_for(run_dir / "metrics.jsonl", proc, timeout_s=400)
-        proc.send_signal(signal.SIGINT)
-        try:
-            code = proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the run did not stop within 120 s of Ctrl-C:\n{stuck_report(run_dir, proc)}")
-        assert code == 130, stuck_report(run_dir, proc)
+        assert interrupt(run_dir, proc) == 130, stuck_report(run_dir, proc)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -377,30 +377,20 @@ class Cluster:
                 opts["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(plan.trainer_threads)}}
             return opts
 
-        first: Any = TrainerActor.options(**options(0)).remote(
-            rank=0,
-            world_size=n,
-            config=config_ref,
-            model_path=model_path,
-            log_dir=log_dir,
-            cores=cores,
-            frozen_models=frozen_models,
-        )
-        addr, port = ray.get(first.master_address.remote())
-        self.trainer_actors = [first]
-        for r in range(1, n):
-            opts = options(r)
-            self.trainer_actors.append(
-                TrainerActor.options(**opts).remote(
-                    rank=r,
-                    world_size=n,
-                    config=config_ref,
-                    model_path=model_path,
-                    log_dir=log_dir,
-                    cores=cores,
-                    frozen_models=frozen_models,
-                )
+        def rank(r: int) -> Any:
+            return TrainerActor.options(**options(r)).remote(
+                rank=r,
+                world_size=n,
+                config=config_ref,
+                model_path=model_path,
+                log_dir=log_dir,
+                cores=cores,
+                frozen_models=frozen_models,
             )
+
+        first = rank(0)
+        addr, port = ray.get(first.master_address.remote())
+        self.trainer_actors = [first, *(rank(r) for r in range(1, n))]
         for actor in self.trainer_actors:
             actor.set_master.remote(addr, port)
         return self.trainer_actors
