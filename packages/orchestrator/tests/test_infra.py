@@ -381,7 +381,7 @@ def test_gpu_rows_from_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_other_nodes_processes_are_grouped_by_their_ray_node():
-    from telescope_orchestrator.cluster.observers import remote_pids
+    from telescope_orchestrator.record.observe import remote_pids
 
     infos = [
         {"setup": {"role": "trainer:0", "node_id": "n-driver"}, "pid": 11},

@@ -293,15 +293,12 @@ class FSDPTrainer:
 
     def _old_logprobs(self, mbs: list[MicroBatch], log: StepLog) -> list[torch.Tensor | None]:
         """π_old of every micro-batch (without dropout), for a loss that needs it (``StepPlan.needs_old``)."""
-        old: list[torch.Tensor | None] = []
         with log.timed("old_logprobs"):
             self.model.eval()
-            with torch.no_grad():
-                for i, mb in enumerate(mbs):
-                    with self.timeline.span("forward", microbatch=i):
-                        old.append(self._logprobs(mb)[0].detach())
-            self.model.train()
-        return old
+            try:
+                return [*self._no_grad_logprobs(mbs)]
+            finally:
+                self.model.train()
 
     def _frozen_logprobs(
         self, mbs: list[MicroBatch], log: StepLog, trace: TokenTrace | None
@@ -310,16 +307,27 @@ class FSDPTrainer:
         ``forward`` per micro-batch); ``trace`` records them."""
         out = list(mbs)
         for name, model in self.frozen.items():
-            with log.timed(f"{name}_logprobs"), torch.no_grad():
-                for i, mb in enumerate(out):
-                    with self.timeline.span("forward", microbatch=i):
-                        lp = self._logprobs(mb, model=model, temperature=FROZEN_TEMPERATURE)[0]
-                    out[i] = with_frozen_logprobs(mb, name, lp)
-                    if trace is not None:
-                        trace.add_frozen(i, name, lp)
+            with log.timed(f"{name}_logprobs"):
+                found = self._no_grad_logprobs(out, model=model, temperature=FROZEN_TEMPERATURE)
                 # FSDP2 keeps the root's parameters gathered after a forward, for the backward that
                 # a frozen model never runs: free them now, or its unsharded head stays all run long
                 cast(FSDPModule, model).reshard()
+            for i, lp in enumerate(found):
+                out[i] = with_frozen_logprobs(out[i], name, lp)
+                if trace is not None:
+                    trace.add_frozen(i, name, lp)
+        return out
+
+    def _no_grad_logprobs(
+        self, mbs: list[MicroBatch], *, model: torch.nn.Module | None = None, temperature: float | None = None
+    ) -> list[torch.Tensor]:
+        """Every micro-batch's logprobs without gradients, a ``forward`` span each (``_logprobs``'
+        arguments: the policy at the step's temperature by default)."""
+        out: list[torch.Tensor] = []
+        with torch.no_grad():
+            for i, mb in enumerate(mbs):
+                with self.timeline.span("forward", microbatch=i):
+                    out.append(self._logprobs(mb, model=model, temperature=temperature)[0].detach())
         return out
 
     def _forward_backward(

@@ -4,8 +4,8 @@ The driver's own sampler (``record.infra.InfraSampler``) sees only its node: psu
 every other Ray node that holds a process of the run, a :class:`NodeObserver` actor (no CPU of its
 own) is pinned to that node and runs a sampler there over the run's processes on it (its system,
 GPUs and those processes), keeping the rows until the driver drains them. :class:`RemoteInfra` is
-the driver's side: it places the observers (:func:`remote_pids` says which node holds which
-process), drains them every interval into the run's ``infra`` table, and stops them with the run.
+the driver's side: it places the observers (``record.observe.remote_pids`` says which node holds
+which process), drains them every interval into the run's ``infra`` table, and stops them with the run.
 A process restarted on another node (a server or trainer rank placed again) is not followed there.
 """
 
@@ -13,30 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import ray
 import structlog
 
-__all__ = ["NodeObserver", "RemoteInfra", "remote_pids"]
+__all__ = ["NodeObserver", "RemoteInfra"]
 
 log = structlog.get_logger()
 
 MAX_KEPT_ROWS = 200_000
 """Rows an observer keeps between drains (the oldest go first when a driver stops draining)."""
-
-
-def remote_pids(infos: Iterable[dict[str, Any]], driver_node: str) -> dict[str, dict[str, int]]:
-    """``{node id: {role: pid}}`` of the workers of ``infos`` (``cluster.calls.setup_infos``) on nodes
-    other than ``driver_node`` (the driver samples its own)."""
-    out: dict[str, dict[str, int]] = {}
-    for info in infos:
-        setup = info.get("setup", {})
-        node = str(setup.get("node_id") or "")
-        if node and node != driver_node and info.get("pid"):
-            out.setdefault(node, {})[str(setup["role"])] = int(info["pid"])
-    return out
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -103,10 +91,6 @@ class RemoteInfra:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="telescope-remote-infra", daemon=True)
         self._thread.start()
-
-    @property
-    def nodes(self) -> int:
-        return len(self._observers)
 
     def _collect(self, method: str) -> None:
         refs = [getattr(o, method).remote() for o in self._observers]

@@ -164,7 +164,8 @@ def _free_per_node(bundle: dict[str, float]) -> str:
 
 
 def _joined_summary() -> str:
-    """ "joined the Ray cluster at <address>: N node(s), C CPUs, G GPUs" for the console."""
+    """The console's line for a joined cluster: "joined the Ray cluster at ADDRESS: N node(s), C CPUs"
+    (and G GPUs)."""
     ray: Any = _ray()
     total: dict[str, float] = dict(ray.cluster_resources())
     address = str(ray.get_runtime_context().gcs_address)

@@ -16,7 +16,7 @@ import structlog
 
 from telescope_orchestrator.record.rundir import RunDir
 
-__all__ = ["environment_rows", "local_pids", "record_setup", "start_infra"]
+__all__ = ["environment_rows", "local_pids", "record_setup", "remote_pids", "start_infra"]
 
 log = structlog.get_logger()
 
@@ -76,21 +76,39 @@ def local_pids(infos: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 
 def _on_this_node(infos: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """The driver samples the processes of its own node (psutil is local): its Ray node where both
-    name one (several Ray nodes may share a host; ``cluster.observers`` samples the others), else
-    its host."""
+    """The driver samples the processes of its own node (psutil is local); ``cluster.observers``
+    samples the others (:func:`remote_pids`)."""
     from telescope_orchestrator.record.setup import ray_node_id
 
-    here, mine = socket.gethostname(), ray_node_id()
+    return _by_node(infos, ray_node_id())[0]
 
-    def local(setup: dict[str, Any]) -> bool:
-        if mine and setup.get("node_id"):
-            return setup["node_id"] == mine
-        return setup.get("node") == here
 
-    return {
-        str(i["setup"]["role"]): int(i["pid"]) for i in infos if i.get("pid") and local(i.get("setup", {}))
-    }
+def remote_pids(infos: Iterable[dict[str, Any]], driver_node: str) -> dict[str, dict[str, int]]:
+    """``{Ray node id: {role: pid}}`` of the workers of ``infos`` on nodes other than the driver's
+    (``driver_node``), which :func:`local_pids` leaves out."""
+    return _by_node(infos, driver_node)[1]
+
+
+def _by_node(
+    infos: Iterable[dict[str, Any]], driver_node: str
+) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """The workers of ``infos`` on the driver's node (role -> pid) and on each other Ray node. A
+    worker is on the driver's node when both name the same Ray node (several may share a host), or,
+    where either names none, when it runs on the driver's host."""
+    here = socket.gethostname()
+    local: dict[str, int] = {}
+    others: dict[str, dict[str, int]] = {}
+    for info in infos:
+        setup, pid = info.get("setup", {}), info.get("pid")
+        if not pid:
+            continue
+        role, node = str(setup["role"]), str(setup.get("node_id") or "")
+        on_driver = (node == driver_node) if (driver_node and node) else (setup.get("node") == here)
+        if on_driver:
+            local[role] = int(pid)
+        elif node:
+            others.setdefault(node, {})[role] = int(pid)
+    return local, others
 
 
 def start_infra(run: RunDir, *, pids: dict[str, int], urls: Sequence[str], interval_s: float) -> Any:

@@ -337,7 +337,8 @@ def _observe(
 def _remote_infra(run: RunDir, workers: list[dict[str, Any]], interval: float) -> Any:
     """The samplers of the run's other nodes (``cluster.observers``), or None on one node; never
     stops the run."""
-    from telescope_orchestrator.cluster.observers import RemoteInfra, remote_pids
+    from telescope_orchestrator.cluster.observers import RemoteInfra
+    from telescope_orchestrator.record.observe import remote_pids
     from telescope_orchestrator.record.setup import ray_node_id
 
     others = remote_pids(workers, ray_node_id())
@@ -617,25 +618,22 @@ def _start_ray(state: _Run) -> None:
     """The phase "Ray" (join or start it; the console says which), then, on a joined cluster, the
     shared-storage check."""
     cfg, run = state.resolved.config, state.run
+    folders = [run.path, run.checkpoints(cfg.checkpoint_dir)]
     with state.console.phase("Ray"):
-        state.cluster.start(
-            run_env=_actor_env(cfg, run), keep_out=[run.path, run.checkpoints(cfg.checkpoint_dir)]
-        )
+        state.cluster.start(run_env=_actor_env(cfg, run), keep_out=folders)
     state.console.info(state.cluster.summary)
     if not state.cluster.started_ray:
-        _check_storage(state)
+        _check_storage(state, folders)
 
 
-def _check_storage(state: _Run) -> None:
-    """The phase "shared storage" of a joined cluster: every other node sees the run directory and the
-    checkpoint directory (``cluster.storage``), or the run stops here, before anything is placed."""
+def _check_storage(state: _Run, folders: list[Path]) -> None:
+    """The phase "shared storage" of a joined cluster: every other node sees ``folders`` (the run and
+    checkpoint directories; ``cluster.storage``), or the run stops here, before anything is placed."""
     from telescope_orchestrator.cluster.storage import check_shared_storage
 
-    cfg, run = state.resolved.config, state.run
+    timeout = float(state.resolved.config.ray_placement_timeout_s)
     with state.console.phase("shared storage on every node"):
-        problem = check_shared_storage(
-            [run.path, run.checkpoints(cfg.checkpoint_dir)], timeout_s=float(cfg.ray_placement_timeout_s)
-        )
+        problem = check_shared_storage(folders, timeout_s=timeout)
     if problem is not None:
         raise TrainError(problem)
 
