@@ -158,6 +158,14 @@ def interrupt(run_dir: Path, proc: subprocess.Popen, *, timeout_s: float = 120.0
         )
 
 
+def reap(proc: subprocess.Popen) -> None:
+    """Kill a run that is still going and collect its exit status (a ``Popen`` dropped while its
+    process runs warns, and pytest fails whichever test the warning lands in)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def processes_of(run_dir: Path) -> list[int]:
     """PIDs whose environment carries TELESCOPE_RUN_DIR=<run_dir>."""
     marker = f"TELESCOPE_RUN_DIR={run_dir}".encode()

@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from e2e_support import ROOT, Finished, base_args, check_finished, start, stuck_report, wait_gone
+from e2e_support import ROOT, Finished, base_args, check_finished, reap, start, stuck_report, wait_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.xdist_group("e2e_chaos")]
 
@@ -105,8 +105,7 @@ def finish(run: Path, proc: subprocess.Popen, t0: float, timeout_s: float = 600)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the run did not finish within {timeout_s} s:\n{stuck_report(run, proc)}")
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        reap(proc)
     console = (run.parent / f"{run.name}.console").read_text(errors="replace")
     return Finished(code, console, time.monotonic() - t0, run)
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 import torch
-from e2e_support import ROOT, SCALE_DOWN, Finished, base_args, check_finished, convert, start, train
+from e2e_support import ROOT, SCALE_DOWN, Finished, base_args, check_finished, convert, reap, start, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 EXAMPLE = ROOT / "configs" / "examples" / "distill.yaml"
@@ -118,8 +118,7 @@ def test_a_student_learns_from_its_teacher_and_a_reference_kl_starts_at_zero(
         kill_the_teacher_after(run_dir, proc, step=6)
         code = proc.wait(timeout=900)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        reap(proc)
     output = (tmp_path / "run.console").read_text(errors="replace")
     run = Finished(code, output, time.monotonic() - t0, run_dir)
     lines = check_finished(run, steps)

@@ -33,6 +33,7 @@ from e2e_support import (
     interrupt,
     kill_after_checkpoint,
     processes_of,
+    reap,
     run_env,
     start,
     stuck_report,
@@ -127,16 +128,17 @@ def test_ctrl_c_stops_every_process(args, tmp_path: Path):
         proc.send_signal(signal.SIGUSR1)  # where is it waiting? every thread's stack, and the run goes on
         stacks = run / "logs" / "stacks.txt"
         deadline = time.monotonic() + 30
-        while "in training_loop" not in (stacks.read_text() if stacks.is_file() else ""):  # the loop's task
+        # the threads at once, the asyncio tasks once the main thread runs Python again
+        while "asyncio tasks at" not in (stacks.read_text() if stacks.is_file() else ""):
             assert time.monotonic() < deadline, "kill -USR1 wrote no task stacks to logs/stacks.txt"
             time.sleep(0.1)
-        assert "most recent call first" in stacks.read_text()  # the threads
-        assert "asyncio tasks at" in stacks.read_text()
+        threads, _, tasks = stacks.read_text().partition("asyncio tasks at")
+        assert "most recent call first" in threads
+        assert "in training_loop" in tasks  # the loop's own task, suspended where it waits
         assert proc.poll() is None, "kill -USR1 stopped the run"
         assert interrupt(run, proc) == 130, stuck_report(run, proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        reap(proc)
     assert wait_gone(run, timeout_s=60) == []
 
 

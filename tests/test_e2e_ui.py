@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from e2e_support import SCALE_DOWN, base_args, start, wait_for, wait_gone
+from e2e_support import SCALE_DOWN, base_args, reap, start, wait_for, wait_gone
 
 from telescope_ui.testing import chromium_path
 
@@ -87,9 +87,7 @@ def test_the_inspector_on_a_real_run(tmp_path, tiny_model_dir):
             assert errors == []
             browser.close()
     finally:
-        if train.poll() is None:
-            train.kill()
-            train.wait()
+        reap(train)
         if ui is not None:
             ui.send_signal(signal.SIGINT)  # Ctrl-C
             out = ui.communicate(timeout=30)[0]

@@ -89,6 +89,37 @@ async def test_lanes_smallest_first_and_freed_after_generation(tokenizer):
         assert sorted(s.lane for s in batch.groups[0].samples) == [0, 1]
 
 
+async def test_dispatch_waits_while_more_samples_wait_for_rewards_than_there_are_lanes(tokenizer):
+    """A grader (or a teacher server) that never answers: 4 lane slots, so 4 samples may wait for
+    their rewards beyond what the slots hold; then no group starts until a reward comes back."""
+    gate = asyncio.Event()
+
+    class StuckRewardEnv(EchoEnv):
+        async def compute_reward(self, completion, sample, eos_token=""):
+            await gate.wait()
+            return float(completion)
+
+    server = FakeInferenceServer(reply=by_sample_parity, hold=lambda r: True)
+    engine = make_engine(tokenizer, server, env=StuckRewardEnv())
+    async with engine:
+        await settle()
+        for _ in range(2):  # 4 samples generate, then 4 more: 8 wait for rewards, more than 4 slots
+            server.release()
+            await settle()
+        assert engine.grading == 8
+        assert server.pending == []  # nothing else was asked
+        assert len(server.requests) == 8
+        for _ in range(3):
+            await settle()
+        assert len(server.requests) == 8
+        assert engine.in_flight_groups == 4
+        gate.set()  # the rewards come back: dispatch goes on, and a batch is made
+        batch = await engine.next_batch(timeout_s=10)
+        await settle()
+        assert len(server.requests) > 8
+        assert batch.groups[0].group_id == 0
+
+
 async def test_lane_held_through_reward_without_free_after_generation(tokenizer):
     gate = asyncio.Event()
 

@@ -3,7 +3,8 @@
 How it schedules, in prose: docs/rollout.md, "The engine".
 
 ``async with RolloutEngine(...) as engine:`` starts a dispatch loop that keeps every server's lane
-slots busy with groups of ``group_size`` samples; ``await engine.next_batch()`` returns the next
+slots busy with groups of ``group_size`` samples (and waits while more samples wait for their
+rewards or scores than the servers have slots); ``await engine.next_batch()`` returns the next
 ``RolloutBatch`` of ``prompts_batch_size_for_trainer`` kept groups; ``engine.weights_updated(v)``
 announces that weight version ``v`` is live on the servers.
 
@@ -191,6 +192,10 @@ class RolloutEngine:
         self._tasks: list[asyncio.Task[None]] = []
         self.cancelled_groups = 0
         """Groups cancelled since the engine was built."""
+        self.grading = 0
+        """Samples whose lane came free after generation and whose reward or scores are still
+        pending; dispatch waits while they outnumber the servers' lane slots (docs/rollout.md,
+        "Lanes")."""
         self._paused_since: float | None = None
         self._last_batch_t = self.clock()
         P = settings.prompts_batch_size_for_trainer
@@ -514,6 +519,11 @@ class RolloutEngine:
             self._emit("dispatch_resumed", version=self.version, paused_s=paused_s)
         return False
 
+    def _grading_full(self) -> bool:
+        """More samples wait for their rewards or scores than the servers have lane slots: a slow
+        grader, or a teacher server being restarted, must not pile up groups without end."""
+        return self.grading > len(self.pool.servers) * self.settings.lanes_per_server
+
     async def _dispatch_loop(self) -> None:
         try:
             dispatched = 0
@@ -525,7 +535,7 @@ class RolloutEngine:
                         + "; ".join(f"{u}: {e}" for u, e in self.pool.down.items())
                         + ". Check the server logs in the run directory (logs/) and restart them."
                     )
-                if self._check_pause():
+                if self._check_pause() or self._grading_full():
                     await self._wake.wait()
                     continue
                 prompt = self.prompts.take()
@@ -640,6 +650,7 @@ class RolloutEngine:
         individual = self.settings.enable_individual_sample_lanes
         out = run.out
         held: int | None = None
+        grading = False  # counted in self.grading
         t_queued = self.clock()
         try:
             if individual:
@@ -653,13 +664,15 @@ class RolloutEngine:
             out.timings["queue_s"] = t0 - t_queued
 
             def on_generated() -> None:
-                nonlocal held
+                nonlocal held, grading
                 run.generating = False
                 out.version_end = self.pool.versions[group.server]
                 out.timings["generation_s"] = self.clock() - t0
                 if held is not None and self.settings.free_lane_after_generation:
                     pool.release(held)
                     held = None
+                    grading = True
+                    self.grading += 1
                     self._wake.set()
 
             env = self.environments[group.prompt.env_name]
@@ -674,14 +687,8 @@ class RolloutEngine:
                 gateway=self.agent_gateway,
             )
             failure = await play_sample(env, group.prompt, out, play)
-            # Only an unreachable server leaves the pool; a timeout fails its sample alone.
-            unreachable = failure if isinstance(failure, ServerUnavailableError) else None
-            if unreachable is not None and group.server not in self.pool.down:
-                log.error("inference_server_unreachable", server=group.server, error=str(unreachable))
-                self.pool.down[group.server] = str(unreachable)
-                if self.on_server_down is not None:  # supervised: its groups are generated again
-                    self._take_out(group.server, "server_restart")
-                    self.on_server_down(group.server, str(unreachable))
+            if isinstance(failure, ServerUnavailableError):
+                self._server_unreachable(group.server, failure)
             if run.generating:
                 run.generating = False
                 out.version_end = self.pool.versions[group.server]
@@ -692,9 +699,23 @@ class RolloutEngine:
             if held is not None:
                 pool.release(held)
                 self._wake.set()
+            if grading:
+                self.grading -= 1
+                self._wake.set()
             run.generating = False
             run.done = True
         self._sample_done(group)
+
+    def _server_unreachable(self, url: str, error: ServerUnavailableError) -> None:
+        """Only an unreachable server leaves the pool (a timeout fails its sample alone); when
+        supervised, its groups are generated again while the caller restarts it."""
+        if url in self.pool.down:
+            return
+        log.error("inference_server_unreachable", server=url, error=str(error))
+        self.pool.down[url] = str(error)
+        if self.on_server_down is not None:
+            self._take_out(url, "server_restart")
+            self.on_server_down(url, str(error))
 
     async def _score_tokens(self, out: ScoredSample) -> None:
         """Every scorer's logprobs of every sequence of ``out``; a failure is the sample's error."""
