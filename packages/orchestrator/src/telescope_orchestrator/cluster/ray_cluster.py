@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,8 @@ class _Ray(Protocol):
     def get(self, object_refs: Any, *, timeout: float | None = None) -> Any: ...
 
     def put(self, value: Any) -> Any: ...
+
+    def wait(self, object_refs: list[Any], *, num_returns: int = 1, timeout: float | None = None) -> Any: ...
 
     def kill(self, actor: Any, *, no_restart: bool = True) -> None: ...
 
@@ -225,6 +228,8 @@ class Cluster:
     with cores to lend; None otherwise."""
     summary: str = ""
     """What :meth:`start` did, for the console: joined which cluster, or started a local Ray."""
+    close_seconds: dict[str, float] = field(default_factory=dict[str, float])
+    """How long :meth:`close` took to stop the trainer ranks, the servers and Ray."""
 
     def start(self, *, run_env: dict[str, str], keep_out: Sequence[Path] = ()) -> None:
         """Join the cluster of ``ray_address`` or start a local Ray (module docstring); ``keep_out``
@@ -427,8 +432,10 @@ class Cluster:
             self.trainer_group = None
 
     def close(self) -> None:
-        """Stop trainers first (a collective may hang), then servers, then Ray if we started it."""
+        """Stop trainers first (a collective may hang), then servers (all at once), then Ray if we
+        started it; :attr:`close_seconds` has how long each part took."""
         ray = _ray()
+        t0 = time.monotonic()
         if ray.is_initialized():
             for actor in self.trainer_actors:
                 with contextlib.suppress(Exception):
@@ -437,9 +444,14 @@ class Cluster:
             self.core_lease.close()
         if not ray.is_initialized():
             return
+        t1 = time.monotonic()
+        stops: list[Any] = []
         for actor in self.server_actors:
             with contextlib.suppress(Exception):
-                ray.get(actor.stop.remote(), timeout=30)
+                stops.append(actor.stop.remote())
+        with contextlib.suppress(Exception):
+            ray.wait(stops, num_returns=len(stops), timeout=30)
+        for actor in self.server_actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
         from ray.util.placement_group import remove_placement_group
@@ -448,5 +460,8 @@ class Cluster:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
         self.trainer_actors, self.server_actors, self.groups = [], [], []
+        t2 = time.monotonic()
         if self.started_ray or self.config.ray_shutdown_on_exit:
             ray.shutdown()
+        t3 = time.monotonic()
+        self.close_seconds = {"trainers": t1 - t0, "servers": t2 - t1, "ray": t3 - t2}

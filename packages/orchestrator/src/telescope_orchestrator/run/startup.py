@@ -544,7 +544,8 @@ def _stop(state: _Run) -> None:
     try:
         with state.console.phase("stopping every process of the run"):
             state.cluster.close()
-        log.info("stopped every process of the run")
+        took = {f"{part}_s": round(s, 2) for part, s in state.cluster.close_seconds.items()}
+        log.info("stopped every process of the run", **took)
     finally:
         if state.wandb is not None:
             _finish_wandb(state.wandb, state.resolved.config, state.run)

@@ -181,10 +181,7 @@ class RolloutEngine:
             self.environments, sampler, tokenizer, buffer_size=buffer, chat_template_kwargs=kwargs
         )
         self.eos_token = settings.eos_token or getattr(tokenizer, "eos_token", None)
-        self.version = 0
-        self.step = 0
-        self.next_group_id = 0
-        self.next_sample_id = 0
+        self.version = self.step = self.next_group_id = self.next_sample_id = 0
         self.paused = False
         self._groups: dict[int, GroupRun] = {}
         self._batches: asyncio.Queue[RolloutBatch | BaseException] = asyncio.Queue()
@@ -193,9 +190,7 @@ class RolloutEngine:
         self.cancelled_groups = 0
         """Groups cancelled since the engine was built."""
         self.grading = 0
-        """Samples whose lane came free after generation and whose reward or scores are still
-        pending; dispatch waits while they outnumber the servers' lane slots (docs/rollout.md,
-        "Lanes")."""
+        """Samples past generation, their lane free, their reward or scores pending (``_grading_full``)."""
         self._paused_since: float | None = None
         self._last_batch_t = self.clock()
         P = settings.prompts_batch_size_for_trainer
