@@ -11,6 +11,7 @@ alive, every CPU free, no actor or placement group of the run left, the cluster 
   travel over the node address (loopback off), and the sampler agrees with the trainer
   (``kl_divergence_inference`` < 1e-3); the setup record names each process's Ray node and ``infra``
   has every node's system and processes;
+- a Ctrl-C while the run starts stops it;
 - a run whose trainer bundle no node can hold fails with the free resources of each node;
 - ``ray_address: auto`` with no cluster running (a PID namespace of its own, where no Ray is
   visible) starts a local Ray, and says so.
@@ -33,8 +34,13 @@ from e2e_support import (
     SCALE_DOWN,
     Finished,
     base_args,
+    interrupt,
+    reap,
     run_env,
+    start,
+    stuck_report,
     train,
+    wait_for,
     wait_gone,
 )
 
@@ -148,6 +154,25 @@ def _check_every_node_observed(run_dir: Path, *, server: str, trainer: str) -> N
     )
     assert processes["trainer:0"] == trainer, processes
     assert [n for r, n in processes.items() if r.startswith("vllm:")] == [server], processes
+
+
+def test_ctrl_c_while_the_run_starts_leaves_the_cluster_as_found(ray_cluster, tiny_model_dir, tmp_path):
+    """Ctrl-C once the run holds its placement groups and its server is starting (its log exists),
+    before any step: the harder moment, and the quicker one to test."""
+    address = ray_cluster.address
+    before = cluster_state(address)
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, *_args(tiny_model_dir), "--ray_address", address, "--number_of_steps", "1000")
+    try:
+        wait_for(run_dir / "logs" / "inference" / "server_0.log", proc, timeout_s=300)
+        assert interrupt(run_dir, proc) == 130, stuck_report(run_dir, proc)
+    finally:
+        reap(proc)
+    output = (tmp_path / "run.console").read_text(errors="replace")
+    assert "Traceback" not in output
+    assert f"joined the Ray cluster at {address}" in output, output[-3000:]
+    assert wait_gone(run_dir, timeout_s=60) == []
+    assert_left_as_found(address, before)
 
 
 def test_a_run_no_node_can_hold_fails_and_leaves_the_cluster_as_found(ray_cluster, tiny_model_dir, tmp_path):

@@ -6,11 +6,10 @@ Each case starts from the config a user would start from (an example config of
 checks what a user checks afterwards (``check_finished``): exit 0, one metrics line per step, a
 rollouts file per step with no sample errors, no traceback, no process left.
 
-- every built-in environment from its example config (bundled datasets; i3_code on the local
-  bubblewrap sandbox, the example's ``provider: daytona`` replaced; the three boxed-math examples
-  in one run); the countdown run is synchronous with TIS at temperature 0.7:
-  ``kl_divergence_inference`` below 1e-3 at every step (the servers return the logprobs of the
-  sampled distribution);
+- every built-in environment from its example config, all in one run (bundled datasets; i3_code on
+  the local bubblewrap sandbox, the example's ``provider: daytona`` replaced), synchronous with TIS
+  at temperature 0.7: ``kl_divergence_inference`` below 1e-3 at every step (the servers return the
+  logprobs of the sampled distribution);
 - prompts that can never fit ``max_model_len``: exit 1 within a minute, naming the environment;
   a reward that always raises: exit 1 with its error once a run of groups failed with it;
   rewards that never vary within a group (countdown for a random model): exit 1 once
@@ -71,24 +70,17 @@ ENV_KWARGS = {
     "i3_code": {"dataset": "bundled", "provider": "local", "pool_size": 4},
 }
 """Offline data for each built-in environment, and the local sandbox instead of the example's Daytona."""
-CASES = {
-    # countdown also runs synchronously with TIS at temperature 0.7: the servers' logprobs must be
-    # those of the distribution they sampled, kl_divergence_inference near zero at every step
-    "countdown": (["countdown"], ["--max_async_rollout", "0", "--temperature", "0.7", "--use_tis", "true"]),
-    # the three boxed-math examples in one run (their environments weighted as the examples say)
-    "boxed_math": (
-        ["hendrycks_math", "dapo_math", "deepscaler"],
-        ["--prompts_batch_size_for_trainer", "4", "--group_size", "2"],
-    ),
-    "wordle": (["wordle"], []),
-    "i3_code": (["i3_code"], []),
-    # an agent on the openai client through the gateway, synchronous at temperature 0.7: its calls'
-    # tokens as sampled, their logprobs those the trainer computes
-    "quickstart_agent": (
-        ["quickstart_agent"],
-        ["--max_async_rollout", "0", "--temperature", "0.7", "--use_tis", "true"],
-    ),
-}
+EVERY_EXAMPLE = [
+    "countdown",
+    "hendrycks_math",
+    "dapo_math",
+    "deepscaler",
+    "wordle",
+    "i3_code",
+    "quickstart_agent",
+]
+"""The examples of the built-in environments; seed 9 draws each of their seven environments in its
+first seven draws (``MultiEnvSampler``: draw n depends on the seed and n alone)."""
 
 
 def examples(names: list[str], tmp_path: Path, kwargs: dict[str, dict] = ENV_KWARGS) -> Path:
@@ -106,26 +98,30 @@ def examples(names: list[str], tmp_path: Path, kwargs: dict[str, dict] = ENV_KWA
 
 
 @pytest.mark.xdist_group("e2e_a")
-@pytest.mark.parametrize("case", list(CASES))
-def test_every_builtin_environment_from_its_example(case, tmp_path, tiny_model_dir):
-    names, extra = CASES[case]
-    config = examples(names, tmp_path)
-    run = train(tmp_path / "run", "--config", str(config), *base_args(tiny_model_dir), *SCALE_DOWN, *extra)
+def test_every_builtin_environment_from_its_example(tmp_path, tiny_model_dir):
+    """One run with the environments of every example: synchronous with TIS at temperature 0.7, so
+    the servers' logprobs must be those of the distribution they sampled (``kl_divergence_inference``
+    near zero at every step), the agent on the openai client through the gateway included."""
+    config = examples(EVERY_EXAMPLE, tmp_path)
+    names = {e["name"] for e in yaml.safe_load(config.read_text())["environments"]}
+    run = train(
+        tmp_path / "run", "--config", str(config), *base_args(tiny_model_dir), *SCALE_DOWN, "--seed", "9",
+        "--prompts_batch_size_for_trainer", "8", "--group_size", "2", "--max_async_rollout", "0",
+        "--temperature", "0.7", "--use_tis", "true",
+    )  # fmt: skip
     lines = check_finished(run, 2)
     rows = [r for step in (1, 2) for r in run.rollouts(step)]
-    assert {r["env"] for r in rows} == set(names)  # the sampler is seeded: every environment drawn
-    assert all(any(f"reward/{n}/mean" in m for m in lines) for n in names)
-    if case == "i3_code":  # rewards ran through the sandbox pool without infrastructure errors
-        assert all(dict(r["metrics"]).get("sandbox_error", 0.0) == 0.0 for r in rows)
-    if case == "quickstart_agent":  # two calls per episode, one sample each
-        kept = [r for r in rows if r["status"] == "kept"]
-        assert kept
-        assert all(r["num_turns"] == 2 for r in kept), [r["num_turns"] for r in kept]
-    if case in ("countdown", "quickstart_agent"):
-        kl = [m["kl_divergence_inference"] for m in lines]
-        print(f"kl_divergence_inference at T=0.7 per step: {kl}")
-        assert all(abs(k) < 1e-3 for k in kl), kl
-        assert all(m["async_level"] == 0 for m in lines)
+    assert {r["env"] for r in rows} == names  # every environment drawn
+    assert all(any(f"reward/{n}/mean" in m for m in lines) for n in names), [sorted(m) for m in lines]
+    code = [r for r in rows if r["env"] == "i3_code"]  # rewards ran in the sandbox pool without errors
+    assert all(dict(r["metrics"]).get("sandbox_error", 0.0) == 0.0 for r in code)
+    agent = [r for r in rows if r["env"] == "quickstart_agent" and r["status"] == "kept"]
+    assert agent
+    assert all(r["num_turns"] == 2 for r in agent), [r["num_turns"] for r in agent]  # two calls, one each
+    kl = [m["kl_divergence_inference"] for m in lines]
+    print(f"kl_divergence_inference at T=0.7 per step: {kl}")
+    assert all(abs(k) < 1e-3 for k in kl), kl
+    assert all(m["async_level"] == 0 for m in lines)
 
 
 @pytest.mark.xdist_group("e2e_a")

@@ -162,3 +162,25 @@ def test_client_can_be_built_outside_an_event_loop():
     assert client.server_urls == ["http://127.0.0.1:1"]
     with pytest.raises(ValueError, match="at least one server URL"):
         InferenceClient([])
+
+
+async def test_the_fake_server_answers_after_its_latency_model_and_is_a_context_manager(monkeypatch):
+    """``FakeInferenceServer``'s latency: ``seconds_per_request + seconds_per_token × tokens`` before
+    each answer (tools/bench_scale.py); any client can be entered like ``InferenceClient``."""
+    from telescope_rollout import testing
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)  # the module's asyncio is this one
+    fake = testing.FakeInferenceServer(
+        reply=lambda r: ("abc", [7, 8, 9]), seconds_per_token=0.25, seconds_per_request=1.0,
+        keep_requests=False,
+    )  # fmt: skip
+    async with fake as client:
+        done = await client.complete("http://fake-0", [1, 2], max_tokens=3)
+    assert done.token_ids == [7, 8, 9]
+    assert slept == [1.75]
+    assert fake.requests == []  # keep_requests=False

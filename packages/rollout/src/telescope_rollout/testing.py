@@ -3,8 +3,9 @@ clock, and group advantages in plain Python.
 
 ``FakeInferenceServer`` is a :class:`~telescope_rollout.inference.CompletionClient` without HTTP.
 By default every request is answered at once (the benchmark measures the engine's own overhead
-with it); ``hold`` makes requests wait until the test releases them, so scheduling can be driven
-step by step.
+with it); ``seconds_per_token`` and ``seconds_per_request`` make each answer take as long as a
+server would (tools/bench_scale.py); ``hold`` makes requests wait until the test releases them, so
+scheduling can be driven step by step.
 
 :func:`group_advantages` is ``telescope_algos.group_advantages`` without torch, for the engine's
 ``advantage_fn`` in rollout's own tests and in programs that embed the engine without
@@ -58,6 +59,11 @@ class FakeInferenceServer(CompletionClient):
     raise :class:`ServerTimeoutError` (what the real client raises when its timeout runs out).
     ``prompt_logprob(token_ids, i)`` is the logprob :meth:`prompt_logprobs` gives token ``i``
     (default ``-0.25``); ``scored`` records each ``(url, token_ids)`` it was asked to score.
+
+    Latency: each answer comes ``seconds_per_request + seconds_per_token × tokens`` after its
+    request (a server that decodes every request at its own pace, whatever the batch);
+    ``keep_requests=False`` keeps no :class:`FakeRequest` (long benchmarks; ``pending`` and
+    :meth:`release` then see none).
     """
 
     server_urls: list[str] = field(default_factory=lambda: ["http://fake-0"])
@@ -69,6 +75,9 @@ class FakeInferenceServer(CompletionClient):
     requests: list[FakeRequest] = field(default_factory=list[FakeRequest])
     prompt_logprob: Callable[[list[int], int], float] = lambda ids, i: -0.25
     scored: list[tuple[str, list[int]]] = field(default_factory=list[tuple[str, list[int]]])
+    seconds_per_token: float = 0.0
+    seconds_per_request: float = 0.0
+    keep_requests: bool = True
 
     @property
     def pending(self) -> list[FakeRequest]:
@@ -98,7 +107,8 @@ class FakeInferenceServer(CompletionClient):
             request.request_id,
             request.cache_salt,
         )
-        self.requests.append(req)
+        if self.keep_requests:
+            self.requests.append(req)
         if url in self.dead:
             raise ServerUnavailableError(f"{url}: connection refused (fake)", url)
         if url in self.hung:
@@ -107,6 +117,8 @@ class FakeInferenceServer(CompletionClient):
             req.future = asyncio.get_running_loop().create_future()
             await req.future
         text, ids = self.reply(req)
+        if self.seconds_per_request or self.seconds_per_token:
+            await asyncio.sleep(self.seconds_per_request + self.seconds_per_token * len(ids))
         req.answered = True
         return Completion(
             text, list(ids), [-0.5] * len(ids), self.finish_reason, server=url, request_id=req.request_id

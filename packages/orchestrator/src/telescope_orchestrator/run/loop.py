@@ -3,6 +3,7 @@
     batch   = await engine.next_batch()              # telescope-rollout (runs ahead by max_async_rollout)
     samples = to_train_samples(batch)                # + batch-level advantage whitening (telescope-algos)
     shards  = pack_samples(samples, ...)             # one list of micro-batches per data-parallel rank
+                                                     # (these two in a worker thread: dispatch goes on)
     metrics = train_step on every rank               # trainer backend, through Ray
     weights.publish(step, group)                     # run.weights: telescope-weightsync, servers keep
                                                      # generating; then engine.weights_updated(version)
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from telescope_orchestrator.run.sft import SupervisedBatches
     from telescope_orchestrator.run.weights import WeightUpdates
     from telescope_rollout import EvalRunner, InferenceClient, RolloutEngine
+    from telescope_rollout.inference import CompletionClient
     from telescope_sandbox import SandboxPool
 
 __all__ = ["LoopContext", "to_train_samples", "training_loop"]
@@ -80,7 +83,8 @@ class LoopContext:
     engine: RolloutEngine | None
     """The rollout engine; None in a run of supervised steps only (``TelescopeConfig.supervised_only``),
     which starts no inference server."""
-    client: InferenceClient | None
+    client: CompletionClient | None
+    """The engine's client (``InferenceClient``), entered for the run's steps."""
     trainers: list[Any]
     """The trainer ranks' actor handles (``cluster.actors.TrainerActor``), in rank order."""
     dp_ranks: list[int]
@@ -247,6 +251,12 @@ async def training_loop(ctx: LoopContext) -> None:
     records = ctx.run.records
     ctx.last_step = ctx.start_step
     ctx.console.start_training(ctx.start_step)
+    # What start-up built (torch, transformers, the datasets, the engine) is left out of the cyclic
+    # garbage collector's full passes for the steps: scanning it stalled the event loop for 0.2 to
+    # 0.5 s at a time (tools/bench_scale.py). Given back at the end: a script's own objects stay
+    # collectable.
+    gc.collect()
+    gc.freeze()
     try:
         records.event("training_start", ctx.start_step)
         records.flush_events(ctx.start_step, tag=f"startup-a{records.attempt:03d}")
@@ -260,6 +270,7 @@ async def training_loop(ctx: LoopContext) -> None:
         try:
             await _records_written(ctx)
         finally:
+            gc.unfreeze()
             await close_sandboxes(ctx.sandboxes)
             records.close()
 
@@ -398,7 +409,8 @@ async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[s
     from telescope_algos.backend import pad_multiple
 
     cfg = ctx.config
-    shards = pack_samples(
+    pack = functools.partial(
+        pack_samples,
         samples,
         seq_len=cfg.seq_len,
         pad_to_multiple_of=pad_multiple(cfg.pad_to_multiple_of, ctx.row_multiple),
@@ -406,7 +418,7 @@ async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[s
         pad_token_id=ctx.pad_token_id,
         share_prompts=ctx.share_prompts,
     )
-    ctx.shards = shards
+    shards = ctx.shards = await asyncio.to_thread(pack)  # off the event loop: dispatch goes on
     pairs = zip(ctx.trainers, ctx.dp_ranks, strict=True)
     lend = asyncio.create_task(_lend_cores(ctx, step)) if ctx.cores is not None else None
     try:
@@ -454,7 +466,7 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
     async with ctx.supervisor.lock if ctx.supervisor is not None else contextlib.nullcontext():
         metrics = await _train_and_publish(ctx, evals, step, batch, {"timing/rollout_wait_s": t_rollout})
     metrics["timing/step_s"] = time.monotonic() - t0
-    metrics.update(_derived(batch, metrics))
+    metrics.update(await asyncio.to_thread(_derived, batch, metrics))
     t3 = time.monotonic()
     try:
         await _records_written(ctx)  # the previous step's, if still being written
@@ -493,7 +505,7 @@ async def _train_and_publish(
     """Train on ``batch`` and publish the new weights; returns the step's metrics so far. Once the
     trainers stepped, the step's records are written whatever stops the publish."""
     records = ctx.run.records
-    samples, filter_stats = to_train_samples(batch, ctx.config)
+    samples, filter_stats = await asyncio.to_thread(to_train_samples, batch, ctx.config)
     num_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     t1 = time.monotonic()
     with records.phase("train_step", step, samples=len(samples), tokens=num_tokens):

@@ -26,7 +26,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import aiohttp
 import structlog
@@ -151,6 +151,15 @@ class CompletionClient(ABC):
         """The logprob of each of ``token_ids`` given the ones before it, under server ``url``'s
         model (None for the first token, which nothing predicts). A client that cannot score raises."""
         raise InferenceError(f"{type(self).__name__} cannot score tokens", url)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:  # noqa: B027 (a default: most clients hold nothing)
+        """Release what the client holds (an HTTP session); a client that holds nothing does nothing."""
 
 
 _VLLM_TIMINGS = {
@@ -287,12 +296,9 @@ class InferenceClient(CompletionClient):
         self._closed = False
         self._models: dict[str, str] = {}
 
-    async def __aenter__(self) -> InferenceClient:
+    async def __aenter__(self) -> Self:
         self._session()
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def _session(self) -> aiohttp.ClientSession:
         if self._closed:
