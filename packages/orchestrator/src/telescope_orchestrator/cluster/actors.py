@@ -356,9 +356,12 @@ class TrainerActor:
         configure_logging(debug=bool(self.config.debug), file=fh)  # debug: true reaches the ranks too
 
     def master_address(self) -> tuple[str, int]:
-        from telescope_orchestrator.cluster.vllm_server import free_port
+        """This node's address and a port for torch's rendezvous, below the kernel's ephemeral range:
+        a ``bind(0)`` port was taken by one of Ray's outgoing connections before the rendezvous bound
+        it (EADDRINUSE, a run that failed to start)."""
+        from telescope_orchestrator.cluster.vllm_server import free_port_run
 
-        return _node_ip(), free_port()
+        return _node_ip(), free_port_run(1)
 
     def set_master(self, addr: str, port: int) -> None:
         self.master = (addr, port)

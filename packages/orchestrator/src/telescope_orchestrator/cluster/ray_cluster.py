@@ -435,7 +435,7 @@ class Cluster:
         """Stop trainers first (a collective may hang), then servers (all at once), then Ray if we
         started it; :attr:`close_seconds` has how long each part took."""
         ray = _ray()
-        t0 = time.monotonic()
+        t0, self.close_seconds = time.monotonic(), {}
         if ray.is_initialized():
             for actor in self.trainer_actors:
                 with contextlib.suppress(Exception):

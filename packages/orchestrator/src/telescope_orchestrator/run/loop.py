@@ -466,7 +466,7 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
     async with ctx.supervisor.lock if ctx.supervisor is not None else contextlib.nullcontext():
         metrics = await _train_and_publish(ctx, evals, step, batch, {"timing/rollout_wait_s": t_rollout})
     metrics["timing/step_s"] = time.monotonic() - t0
-    metrics.update(await asyncio.to_thread(_derived, batch, metrics))
+    metrics.update(_derived(batch, metrics))  # no await before the records' guard: Ctrl-C keeps them
     t3 = time.monotonic()
     try:
         await _records_written(ctx)  # the previous step's, if still being written
