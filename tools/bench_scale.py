@@ -113,7 +113,7 @@ class FakeRank:
 
 
 class StallWatch:
-    """The event loop's longest stall between :meth:`arm` and :meth:`disarm`."""
+    """The event loop's longest stall while armed (:meth:`set_armed`)."""
 
     def __init__(self, tick_s: float = 0.002) -> None:
         self.tick_s, self.armed, self.worst = tick_s, False, 0.0
