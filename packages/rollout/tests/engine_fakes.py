@@ -1,8 +1,10 @@
 """Engine test doubles shared by test_engine.py and test_engine_drain.py: an echo environment,
-a reply function with reward spread in every group, and an engine on a fake server."""
+a reply function with reward spread in every group, an environment whose rewards wait on a gate,
+and an engine on a fake server."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from telescope_rollout import (
@@ -35,6 +37,18 @@ class EchoEnv(SingleTurnEnvironment):
         if sample.metadata["_index"] == self.fail_index:
             raise RuntimeError("reward crashed")
         return RewardResult(float(completion), {"len": float(len(completion))})
+
+
+class GatedRewardEnv(EchoEnv):
+    """:class:`EchoEnv` whose rewards wait until ``gate`` is set (a slow grader, a stuck teacher)."""
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        super().__init__()
+        self.gate = gate
+
+    async def compute_reward(self, completion: str, sample: Sample, eos_token: str = "") -> RewardResult:
+        await self.gate.wait()
+        return RewardResult(float(completion))
 
 
 def by_sample_parity(req: FakeRequest) -> tuple[str, list[int]]:

@@ -9,7 +9,7 @@ import typing
 from typing import Any
 
 import pytest
-from engine_fakes import EchoEnv, by_sample_parity, make_engine
+from engine_fakes import EchoEnv, GatedRewardEnv, by_sample_parity, make_engine
 
 from telescope_rollout import (
     EngineSettings,
@@ -63,13 +63,8 @@ async def test_full_batch_fields_and_advantages(tokenizer):
 async def test_lanes_smallest_first_and_freed_after_generation(tokenizer):
     gate = asyncio.Event()
 
-    class SlowRewardEnv(EchoEnv):
-        async def compute_reward(self, completion, sample, eos_token=""):
-            await gate.wait()
-            return float(completion)
-
     server = FakeInferenceServer(reply=by_sample_parity, hold=lambda r: True)
-    engine = make_engine(tokenizer, server, env=SlowRewardEnv())
+    engine = make_engine(tokenizer, server, env=GatedRewardEnv(gate))
     pool = engine.pool.lanes["http://fake-0"]
     async with engine:
         await settle()
@@ -94,13 +89,8 @@ async def test_dispatch_waits_while_more_samples_wait_for_rewards_than_there_are
     their rewards beyond what the slots hold; then no group starts until a reward comes back."""
     gate = asyncio.Event()
 
-    class StuckRewardEnv(EchoEnv):
-        async def compute_reward(self, completion, sample, eos_token=""):
-            await gate.wait()
-            return float(completion)
-
     server = FakeInferenceServer(reply=by_sample_parity, hold=lambda r: True)
-    engine = make_engine(tokenizer, server, env=StuckRewardEnv())
+    engine = make_engine(tokenizer, server, env=GatedRewardEnv(gate))
     async with engine:
         await settle()
         for _ in range(2):  # 4 samples generate, then 4 more: 8 wait for rewards, more than 4 slots
@@ -123,13 +113,8 @@ async def test_dispatch_waits_while_more_samples_wait_for_rewards_than_there_are
 async def test_lane_held_through_reward_without_free_after_generation(tokenizer):
     gate = asyncio.Event()
 
-    class SlowRewardEnv(EchoEnv):
-        async def compute_reward(self, completion, sample, eos_token=""):
-            await gate.wait()
-            return float(completion)
-
     server = FakeInferenceServer(reply=by_sample_parity, hold=lambda r: True)
-    engine = make_engine(tokenizer, server, env=SlowRewardEnv(), free_lane_after_generation=False)
+    engine = make_engine(tokenizer, server, env=GatedRewardEnv(gate), free_lane_after_generation=False)
     async with engine:
         await settle()
         server.release()

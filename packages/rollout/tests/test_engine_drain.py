@@ -7,11 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine_fakes import EchoEnv, by_sample_parity, make_engine
+from engine_fakes import GatedRewardEnv, by_sample_parity, make_engine
 
-from telescope_rollout import (
-    RewardResult,
-)
 from telescope_rollout.testing import FakeInferenceServer, sample_ids, settle
 
 A, B = "http://a", "http://b"
@@ -83,13 +80,8 @@ async def test_drain_cancels_in_flight_groups_and_restore_refills_the_server(tok
 async def test_a_group_only_being_scored_on_a_drained_server_is_kept(tokenizer):
     gate = asyncio.Event()
 
-    class SlowRewardEnv(EchoEnv):
-        async def compute_reward(self, completion, sample, eos_token=""):
-            await gate.wait()
-            return RewardResult(float(completion))
-
     server = FakeInferenceServer(server_urls=[A, B], reply=by_sample_parity, hold=lambda r: True)
-    engine = make_engine(tokenizer, server, env=SlowRewardEnv())
+    engine = make_engine(tokenizer, server, env=GatedRewardEnv(gate))
     async with engine:
         await settle()
         server.release(on(B))  # b's groups 1 and 3 finish generating; their rewards wait
