@@ -1,7 +1,8 @@
 """Training from Python (``telescope_orchestrator.train``) as a user's script does it: twice in one
-process, the first run stopped from its ``on_step`` callback, the second from a dict config; each
-leaves no process, Ray, signal handler or environment marker behind, and hands back its metrics.
-A bad config raises ``ConfigError`` before anything starts."""
+process, the first run stopped from its ``on_step`` callback (it hands back its metrics), the
+second from a dict config with a reward that always raises (``TrainError`` with the run's message,
+as ``telescope train`` prints it); each leaves no process, Ray, signal handler or environment
+marker behind. A bad config raises ``ConfigError`` before anything starts."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ SCRIPT = textwrap.dedent(
 
     from e2e_support import processes_of
     from telescope_config import ConfigError
-    from telescope_orchestrator import StopTraining, train
+    from telescope_orchestrator import StopTraining, TrainError, train
 
     args = json.loads(sys.argv[1])
     out = {}
@@ -58,12 +59,14 @@ SCRIPT = textwrap.dedent(
         "sigterm_kept": signal.getsignal(signal.SIGTERM) is sigterm,
     }
     values = yaml.safe_load(Path(args["config"]).read_text())
-    values.update(model=args["model"], number_of_steps=2, checkpoint_every=0, eval_after_training=False)
-    second = train(values, overrides=["--inference_base_port", args["port2"]], run_dir=args["run2"])
-    out["second"] = {
-        "run_dir": str(second.run_dir), "last_step": second.last_step, "stopped": second.stopped_early,
-        "reward": second.metrics.get("reward/mean"), "ray": ray.is_initialized(),
-    }
+    values.update(model=args["model"], number_of_steps=2, checkpoint_every=0, eval_after_training=False,
+                  environments=[{"name": "e2e_envs:BrokenRewardEnv"}])
+    try:
+        train(values, overrides=["--inference_base_port", args["port2"]], run_dir=args["run2"])
+        out["second"] = {"error": None}
+    except TrainError as err:
+        out["second"] = {"error": str(err), "ray": ray.is_initialized(),
+                         "sigterm_kept": signal.getsignal(signal.SIGTERM) is sigterm}
     print("RESULT-JSON " + json.dumps(out))
     """
 )
@@ -107,11 +110,13 @@ def test_a_script_trains_twice_in_one_process_and_leaves_nothing_behind(tmp_path
     assert (run1 / "checkpoints" / "step_2" / "meta.json").is_file(), "no checkpoint of the last step"
     assert "stopped after step 2" not in done.stdout  # the default reporter shows nothing
 
+    # a reward that always raises: the run's own message, as the command prints it
     second = out["second"]
-    assert (second["run_dir"], second["last_step"], second["stopped"]) == (str(run2), 2, False)
-    assert second["reward"] is not None
+    error = " ".join(str(second["error"]).split())  # the message may wrap
+    assert "failed with sample_error (environment e2e_envs:BrokenRewardEnv)" in error, second
+    assert "the grader is down" in error
+    assert "This is a bug" not in error
     assert second["ray"] is False
-    last = json.loads((run2 / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["step"] == 2
-    assert last["reward/mean"] == second["reward"]
+    assert second["sigterm_kept"]
+    assert not (run2 / "metrics.jsonl").is_file() or not (run2 / "metrics.jsonl").read_text().strip()
     assert wait_gone(run2, timeout_s=30) == []
