@@ -168,3 +168,34 @@ def test_a_lora_checkpoint_converts_to_a_merged_model_or_a_peft_adapter(
         torch.testing.assert_close(
             adapted(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5, rtol=0
         )
+
+
+def test_the_reference_model_of_a_lora_run_is_its_base_with_the_adapters_off(helpers, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from telescope_algos import sample_tokens
+
+    cfg = helpers.make_config(tiny_model_dir, **LORA, ref_kl_coef=0.1, ref_placement="trainer")
+    steps = [helpers.make_samples(4, seed=300 + s) for s in range(3)]
+    with helpers.open_trainer(cfg, frozen_models={"ref": str(tiny_model_dir)}) as trainer:
+        assert trainer.frozen["ref"] is trainer.model  # no second copy of the base is loaded
+        metrics = []
+        for s, samples in enumerate(steps):
+            mbs = pack_samples(samples, seq_len=32)[0]
+            metrics.append(trainer.train_step(mbs, step=s))
+        rows = trainer.step_tokens()
+        assert rows
+        assert all(r is not None for r in rows)
+        lora_b = [p.full_tensor() for n, p in trainer.model.named_parameters() if ".lora_B." in n]
+    assert any(b.abs().max() > 0 for b in lora_b)  # the adapters moved: the policy is not its base
+    lengths = [len(x.prompt_ids) + len(x.completion_ids) for x in steps[-1]]
+    ref = sample_tokens(mbs, [cast(Any, r)["ref_logprob"] for r in rows], lengths)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    for k, x in enumerate(steps[-1]):
+        with torch.no_grad():
+            logprobs = torch.log_softmax(base(torch.tensor([x.prompt_ids + x.completion_ids])).logits[0], -1)
+        n = len(x.prompt_ids)
+        expected = [float(logprobs[n + j - 1, t]) for j, t in enumerate(x.completion_ids)]
+        assert ref[k][n:].tolist() == pytest.approx(expected, abs=1e-4), k  # transformers' base model
+    assert abs(metrics[0]["ref_kl"]) < 1e-6  # step 1: the policy is its base
+    assert metrics[-1]["ref_kl"] > 1e-6

@@ -12,6 +12,10 @@
   ``_export.iter_hf_weights`` it gathers one parameter at a time and is collective over the FSDP
   group.
 
+* :func:`adapters_off`: inside it the model is its base alone (PEFT's ``disable_adapter``): with
+  LoRA the reference model of the reference KL, when it is the starting weights, is the policy's own
+  base, so the trainer computes its logprobs there instead of loading the base a second time.
+
 * :func:`adapter_weights` streams the adapter alone under PEFT's names, and :func:`adapter_config`
   gives its ``adapter_config.json``: what a vLLM server with LoRA loads (docs/weightsync.md, "LoRA
   adapters"), and what ``telescope convert`` writes.
@@ -21,7 +25,8 @@ PEFT is the extra ``telescope-trainer-fsdp[lora]``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Generator, Iterator
 from typing import Any, cast
 
 import torch
@@ -33,6 +38,7 @@ __all__ = [
     "ADAPTER",
     "adapter_config",
     "adapter_weights",
+    "adapters_off",
     "add_adapters",
     "lora_settings",
     "merged_hf_weights",
@@ -89,6 +95,14 @@ def add_adapters(model: torch.nn.Module, settings: dict[str, Any]) -> torch.nn.M
         bias="none",
     )
     return get_peft_model(model, lora)
+
+
+@contextlib.contextmanager
+def adapters_off(model: torch.nn.Module) -> Generator[None]:
+    """Inside: ``model`` (a PEFT model, sharded or not) computes with its base weights alone, every
+    adapter bypassed; they are back on the way out, an exception included."""
+    with cast(Any, model).disable_adapter():  # PEFT types its context manager loosely
+        yield
 
 
 def adapter_config(settings: dict[str, Any], *, base: str = "") -> dict[str, Any]:

@@ -8,7 +8,9 @@ helpers, the ones the Megatron backend uses too):
    (docs/algorithms.md#normalisation).
 2. With frozen models in the trainer (``frozen_models``: the teacher, the reference model; each
    loaded and sharded like the policy, without gradients), a no-grad pass of each over the
-   micro-batches fills their ``teacher_logprobs`` / ``ref_logprobs`` (temperature 1). With
+   micro-batches fills their ``teacher_logprobs`` / ``ref_logprobs`` (temperature 1). With LoRA, a
+   reference model that is the policy's start is the policy's base: its pass runs on the policy with
+   the adapters off (``_lora.adapters_off``), and no second copy of the base is loaded. With
    ``ppo_clip_ref_logprobs: batch`` and a ratio-based loss, a no-grad pass stores π_old.
 3. Micro-batches are dealt round-robin into ``number_of_minibatches`` groups; per group:
    ``zero_grad`` → forward/backward each micro-batch (gradient reduce-scatter only on the last) →
@@ -76,7 +78,13 @@ from telescope_trainer_fsdp._context_parallel import (
     register_attention,
 )
 from telescope_trainer_fsdp._distributed import DistInfo, init_distributed
-from telescope_trainer_fsdp._lora import adapter_config, adapter_weights, lora_settings, merged_hf_weights
+from telescope_trainer_fsdp._lora import (
+    adapter_config,
+    adapter_weights,
+    adapters_off,
+    lora_settings,
+    merged_hf_weights,
+)
 from telescope_trainer_fsdp._metrics import StepMetrics
 from telescope_trainer_fsdp._model import load_frozen_model, load_sharded_model
 from telescope_trainer_fsdp._packed_attention import PACKED_SDPA
@@ -308,15 +316,27 @@ class FSDPTrainer:
         out = list(mbs)
         for name, model in self.frozen.items():
             with log.timed(f"{name}_logprobs"):
-                found = self._no_grad_logprobs(out, model=model, temperature=FROZEN_TEMPERATURE)
-                # FSDP2 keeps the root's parameters gathered after a forward, for the backward that
-                # a frozen model never runs: free them now, or its unsharded head stays all run long
-                cast(FSDPModule, model).reshard()
+                if model is self.model:  # the LoRA policy's base (create_trainer)
+                    found = self._base_logprobs(out)
+                else:
+                    found = self._no_grad_logprobs(out, model=model, temperature=FROZEN_TEMPERATURE)
+                    # FSDP2 keeps the root's parameters gathered after a forward, for the backward
+                    # that a frozen model never runs: free them now, or its unsharded head stays
+                    cast(FSDPModule, model).reshard()
             for i, lp in enumerate(found):
                 out[i] = with_frozen_logprobs(out[i], name, lp)
                 if trace is not None:
                     trace.add_frozen(i, name, lp)
         return out
+
+    def _base_logprobs(self, mbs: list[MicroBatch]) -> list[torch.Tensor]:
+        """The LoRA policy's base model's logprobs (adapters off, no dropout) at temperature 1."""
+        self.model.eval()
+        try:
+            with adapters_off(self.model):
+                return self._no_grad_logprobs(mbs, temperature=FROZEN_TEMPERATURE)
+        finally:
+            self.model.train()
 
     def _no_grad_logprobs(
         self, mbs: list[MicroBatch], *, model: torch.nn.Module | None = None, temperature: float | None = None
@@ -471,10 +491,9 @@ def create_trainer(
             trust_remote_code=trust_remote_code,
             lora=lora_settings(config),
         )
-        frozen = {
-            name: _frozen(config, where, info, attn_implementation, trust_remote_code)
-            for name, where in frozen_paths.items()
-        }
+        frozen = _frozen_models(
+            config, frozen_paths, (path, model), info, attn_implementation, trust_remote_code
+        )
     except BaseException:
         if info.owns_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -498,6 +517,26 @@ def _attention(cp: int, attn_implementation: str | None) -> str | None:
         register_attention()
         return ATTENTION
     return attn_implementation
+
+
+def _frozen_models(
+    config: TelescopeConfig,
+    paths: Mapping[str, str],
+    policy: tuple[str, torch.nn.Module],
+    info: DistInfo,
+    attention: str | None,
+    trust_remote_code: bool,
+) -> dict[str, torch.nn.Module]:
+    """The frozen models by name: each loaded (``_frozen``), but for the reference model at the
+    start of a LoRA policy, which is the policy's own frozen base: the policy itself stands for it,
+    and its pass runs with the adapters off (``FSDPTrainer._base_logprobs``)."""
+    path, model = policy
+    lora = lora_settings(config) is not None
+    out: dict[str, torch.nn.Module] = {}
+    for name, where in paths.items():
+        base = lora and name == "ref" and where == path
+        out[name] = model if base else _frozen(config, where, info, attention, trust_remote_code)
+    return out
 
 
 def _frozen(
