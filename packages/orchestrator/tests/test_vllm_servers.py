@@ -54,7 +54,12 @@ def test_server_command_carries_the_config_options():
         ServerSettings(model="/m", access_log=True), 1
     )
     cpu = server_command(ServerSettings(model="/m", device="cpu"), 1)
+    assert cpu[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" in cpu
+    # one tensor-parallel rank on pinned cores: the model in the engine process, forked (vllm_main)
+    pinned = server_command(ServerSettings(model="/m", device="cpu"), 1, pinned_cores=1)
+    assert pinned[1:3] == ["-m", "telescope_orchestrator.cluster.vllm_main"]
+    assert [a for a in pinned[3:] if a not in ("--distributed-executor-backend", "uni")] == cpu[3:]
     assert cpu[cpu.index("--dtype") + 1] == "float32"
     assert "--gpu-memory-utilization" not in cpu
 

