@@ -123,7 +123,9 @@ def start_vllm_server(
 
     ``env`` adds to (or overrides) the server's environment, e.g. ``VLLM_CPU_OMP_THREADS_BIND``;
     ``extra_args`` go to the end of the command line (later options win); ``lora_rank`` > 0 serves
-    a LoRA adapter of up to that rank, as a run with ``lora_rank`` does.
+    a LoRA adapter of up to that rank, as a run with ``lora_rank`` does. The model runs in the
+    engine-core process with one thread, as in a run (``launch_server(engine_threads=1)``), unless
+    ``env`` binds vLLM's threads or ``extra_args`` ask for tensor parallelism (vLLM's executor then).
     """
     from telescope_orchestrator.cluster.vllm_server import ServerSettings, launch_server
 
@@ -144,7 +146,11 @@ def start_vllm_server(
     }
     port = free_port()
     log = log_dir / f"vllm_{port}.log"
-    with launch_server(settings, port=port, log_path=log, extension_cls=extension, env=server_env) as server:
+    own_binding = "VLLM_CPU_OMP_THREADS_BIND" in server_env or "--tensor-parallel-size" in (extra_args or ())
+    with launch_server(
+        settings, port=port, log_path=log, extension_cls=extension, env=server_env,
+        engine_threads=0 if own_binding else 1,
+    ) as server:  # fmt: skip
         server.wait_healthy(timeout_s=timeout_s, poll_s=1.0)
         yield server
 

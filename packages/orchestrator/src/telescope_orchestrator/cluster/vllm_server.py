@@ -463,8 +463,13 @@ def launch_server(
     extension_cls: str | None = None,
     env: Mapping[str, str] | None = None,
     url_host: str | None = None,
+    engine_threads: int = 0,
 ) -> ServerHandle:
-    """Start one server in its own process group and return without waiting for it."""
+    """Start one server in its own process group and return without waiting for it.
+
+    ``engine_threads`` > 0 (a CPU server of one tensor-parallel rank): its model runs in its
+    engine-core process with that many OpenMP threads, forked (:func:`one_engine_process`, ready
+    sooner; the threads are not bound to cores); 0: vLLM's own executor and binding."""
     host = settings.host if settings.host not in ("0.0.0.0", "") else "127.0.0.1"
     if port_in_use(host, port):
         raise ServerStartError(
@@ -482,8 +487,9 @@ def launch_server(
         )
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {}), **server_env(settings, extension_cls=extension_cls)}
-    cmd = server_command(settings, port, extension_cls=extension_cls)
+    own = server_env(settings, extension_cls=extension_cls, pinned_cores=engine_threads)
+    full_env = {**os.environ, **(env or {}), **own}
+    cmd = server_command(settings, port, extension_cls=extension_cls, pinned_cores=engine_threads)
     with log_path.open("ab") as fh:
         fh.write(f"$ {' '.join(cmd)}\n".encode())
         fh.flush()
