@@ -12,7 +12,13 @@ import pyarrow.parquet as pq
 
 from telescope_algos import TOKEN_FIELDS, TrainingSample, pack_samples
 from telescope_orchestrator.record.rundir import RunDir
-from telescope_orchestrator.record.tokens import sequences, token_rows, token_versions, trained_tokens
+from telescope_orchestrator.record.tokens import (
+    TokenTexts,
+    sequences,
+    token_columns,
+    token_versions,
+    trained_tokens,
+)
 from telescope_rollout import RolloutBatch, ScoredGroup, ScoredSample
 from telescope_rollout.engine import TrainingSequence, Turn
 
@@ -34,6 +40,14 @@ def _agent() -> ScoredSample:
                _turn("model", 2, 4, 4, segment=1)],
         extra_sequences=[TrainingSequence([1, 2, 10], [20, 21], [1, 1], [-0.1, -0.2], "history_rewritten@2")],
     )  # fmt: skip
+
+
+def token_rows(step: int, batch: RolloutBatch, trained, texts: TokenTexts | None = None) -> list[dict]:
+    """The token table ``token_columns`` gives, as rows."""
+    from telescope_records import columns_to_arrow, table
+
+    columns, rows = token_columns(step, batch, trained, texts)
+    return columns_to_arrow(table("tokens"), {**columns, "attempt": [0] * rows}, rows).to_pylist()
 
 
 def test_each_token_has_the_versions_of_the_turn_that_made_it():
@@ -77,9 +91,9 @@ def test_the_trainers_rows_are_read_back_by_training_sequence_from_every_rank():
     assert [(r["sample_id"], r["sequence"]) for r in rows] == [(1, 0), (2, 0), (2, 1)]
     agent = rows[1]
     assert list(agent["token_ids"]) == [10, 11, 12, 13, 14]
-    assert agent["trainer_logprob"].tolist() == [np.float32(-t / 100) for t in (10, 11, 12, 13, 14)]
+    assert agent["trainer_logprob"] == [float(np.float32(-t / 100)) for t in (10, 11, 12, 13, 14)]
     assert agent["sampler_logprob"] == [-0.5, -0.25, 0.0, 0.0, -1.0]
-    assert agent["version_end"].tolist() == [3, 3, -1, -1, 4]
+    assert agent["version_end"] == [3, 3, -1, -1, 4]
     assert agent["teacher_logprob"] is None
 
 
@@ -94,7 +108,7 @@ def test_a_teacher_in_the_trainer_fills_the_teacher_column_from_the_trainers_row
     trained = trained_tokens(shards, [0], per_rank, lengths)
     assert "ref_logprob" not in trained  # no rank held a reference model
     rows = token_rows(5, batch, trained)
-    assert rows[1]["teacher_logprob"].tolist() == [np.float32(-t / 10) for t in (10, 11, 12, 13, 14)]
+    assert rows[1]["teacher_logprob"] == [float(np.float32(-t / 10)) for t in (10, 11, 12, 13, 14)]
     assert rows[1]["ref_logprob"] is None
     # a sample its teacher's servers scored keeps its own logprobs
     batch.groups[0].samples[0].teacher_logprobs = [-7.0, -8.0]
@@ -116,3 +130,33 @@ def test_without_the_trainers_rows_its_columns_are_nan_and_the_table_is_written(
     assert rows[1]["version_start"] == [3, 3, -1, -1, 3]
     run.records.write_step(6, _batch(), decode=None, spans=[])  # record_tokens off: no table
     assert not (run.path / "records" / "tokens" / "step_000006.parquet").exists()
+
+
+def test_each_tokens_text_is_decoded_once_by_id():
+    calls: list[list[int]] = []
+
+    def decode(ids: list[int]) -> str:
+        calls.append(ids)
+        return "".join(f"<{t}>" for t in ids)
+
+    texts = TokenTexts(decode)
+    rows = token_rows(5, _batch(), None, texts)
+    assert [r["token_text"] for r in rows] == [
+        ["<30>", "<31>"],
+        [f"<{t}>" for t in range(10, 15)],
+        ["<20>", "<21>"],
+    ]
+    assert sorted(calls) == [[t] for t in (10, 11, 12, 13, 14, 20, 21, 30, 31)]
+    token_rows(6, _batch(), None, texts)
+    assert len(calls) == 9  # every id was known
+    texts.cover(np.array([40, 10]))
+    assert calls[-1] == [40]
+    assert texts.texts[40] == "<40>"
+
+
+def test_a_sequence_whose_logprobs_are_short_is_padded_with_nan():
+    batch = _batch()
+    batch.groups[0].samples[0].completion_logprobs = [-2.0]  # two tokens, one logprob
+    row = token_rows(5, batch, None)[0]
+    assert row["sampler_logprob"][0] == -2.0
+    assert math.isnan(row["sampler_logprob"][1])

@@ -61,3 +61,53 @@ def test_every_table_builds_an_empty_arrow_table_of_its_schema():
     for t in TABLES.values():
         assert to_arrow(t, []).schema == t.schema()
         assert t.columns[0].name in {"attempt", "time"}
+
+
+def test_whole_columns_give_the_table_rows_give():
+    """The token table from whole columns (flat values and offsets, text by codes, a null row) is the
+    table the same rows give through ``to_arrow``."""
+    import numpy as np
+
+    from telescope_records import ListColumn, columns_to_arrow, table, to_arrow
+
+    texts = ["<a>", "b", "ccc"]
+    ids = [[2, 0], [1], [0, 0, 2]]
+    teacher = [[-1.0, -2.0], None, [-0.5, -0.25, -4.0]]
+    rows = [
+        {"attempt": 1, "step": 3, "env": "e", "group_id": 7, "sample_id": k, "sequence": 0,
+         "token_ids": i, "token_text": [texts[t] for t in i], "teacher_logprob": teacher[k]}
+        for k, i in enumerate(ids)
+    ]  # fmt: skip
+    offsets = np.array([0, 2, 3, 6], dtype=np.int32)
+    flat = np.array([t for i in ids for t in i], dtype=np.int32)
+    columns = {
+        "attempt": [1] * 3, "step": [3] * 3, "env": ["e"] * 3, "group_id": [7] * 3, "sample_id": [0, 1, 2],
+        "sequence": [0] * 3, "token_ids": ListColumn(offsets, flat),
+        "token_text": ListColumn(offsets, flat, texts=texts),
+        "teacher_logprob": ListColumn(
+            offsets, np.array([-1.0, -2.0, 0.0, -0.5, -0.25, -4.0]), valid=np.array([True, False, True])
+        ),
+    }  # fmt: skip
+    tokens = table("tokens")
+    whole = columns_to_arrow(tokens, columns, 3)
+    assert whole.schema == tokens.schema()
+    assert whole.to_pylist() == to_arrow(tokens, rows).to_pylist()
+    assert whole.to_pylist()[0]["token_text"] == ["ccc", "<a>"]
+    assert whole.to_pylist()[1]["teacher_logprob"] is None
+    assert whole.to_pylist()[1]["ref_logprob"] is None  # left out: null
+
+
+def test_whole_columns_of_the_wrong_size_or_name_are_errors():
+    import numpy as np
+
+    from telescope_records import ListColumn, columns_to_arrow, table
+
+    tokens = table("tokens")
+    with pytest.raises(ValueError, match="no column"):
+        columns_to_arrow(tokens, {"nope": [1]}, 1)
+    with pytest.raises(ValueError, match="has 2 values, not 1"):
+        columns_to_arrow(tokens, {"step": [1, 2]}, 1)
+    with pytest.raises(ValueError, match="has 2 rows, not 1"):
+        columns_to_arrow(tokens, {"token_ids": ListColumn(np.array([0, 1, 2]), np.array([5, 6]))}, 1)
+    with pytest.raises(TypeError, match="not a list"):
+        columns_to_arrow(tokens, {"env": ListColumn(np.array([0, 1]), np.array([5]))}, 1)

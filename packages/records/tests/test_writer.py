@@ -32,6 +32,21 @@ def test_a_step_file_per_step_and_tag_with_the_attempt_filled_in(tmp_path):
     assert not (tmp_path / "records" / "turns").exists()
 
 
+def test_a_step_file_of_whole_columns_with_the_attempt_filled_in(tmp_path):
+    import numpy as np
+
+    from telescope_records import ListColumn
+
+    w = RecordWriter(tmp_path)
+    offsets, ids = np.array([0, 2, 3], dtype=np.int32), np.array([4, 5, 6], dtype=np.int32)
+    columns = {"step": [2, 2], "sample_id": [1, 2], "token_ids": ListColumn(offsets, ids)}
+    w.write_step_columns("tokens", 2, columns, 2)
+    assert w.write_step_columns("tokens", 3, {}, 0) is None  # no row: no file
+    assert _files(tmp_path, "tokens") == ["step_000002.parquet"]
+    rows = pq.read_table(tmp_path / "records" / "tokens" / "step_000002.parquet").to_pylist()
+    assert [(r["attempt"], r["sample_id"], r["token_ids"]) for r in rows] == [(0, 1, [4, 5]), (0, 2, [6])]
+
+
 def test_the_manifest_lists_format_tables_and_attempts(tmp_path):
     RecordWriter(tmp_path)
     m = read_manifest(tmp_path)

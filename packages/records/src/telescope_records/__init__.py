@@ -7,7 +7,16 @@ the same in code. ``telescope train`` writes it with :class:`RecordWriter`; :fun
 
 from telescope_records.__about__ import __version__
 from telescope_records._query import connect, table_glob
-from telescope_records._rows import MAX_CHARS, REPR_MARK, TRUNCATION_MARK, cut, to_arrow, to_json_text
+from telescope_records._rows import (
+    MAX_CHARS,
+    REPR_MARK,
+    TRUNCATION_MARK,
+    ListColumn,
+    columns_to_arrow,
+    cut,
+    to_arrow,
+    to_json_text,
+)
 from telescope_records._schema import FORMAT_VERSION, TABLES, Column, Table, table
 from telescope_records._writer import RecordError, RecordWriter, read_manifest, records_dir
 
@@ -19,6 +28,8 @@ __all__ = [
     "RecordError", "RecordWriter", "read_manifest", "records_dir",
     # rows and their marks
     "MAX_CHARS", "REPR_MARK", "TRUNCATION_MARK", "cut", "to_arrow", "to_json_text",
+    # whole columns
+    "ListColumn", "columns_to_arrow",
     # reading (DuckDB)
     "connect", "table_glob",
 ]  # fmt: skip

@@ -18,12 +18,14 @@ import pyarrow.parquet
 import pyarrow.types
 
 __all__ = [
+    "Array",
     "ArrowTable",
     "DataType",
     "Field",
     "ListType",
     "MapType",
     "Schema",
+    "array",
     "bool_",
     "field",
     "float32",
@@ -37,10 +39,13 @@ __all__ = [
     "is_map",
     "is_string",
     "list_",
+    "list_array",
     "map_",
     "schema",
     "string",
+    "table_from_arrays",
     "table_from_pydict",
+    "text_array",
     "write_table",
 ]
 
@@ -97,6 +102,17 @@ class ArrowTable(Protocol):
     @property
     def num_rows(self) -> int: ...
 
+    def to_pylist(self) -> list[dict[str, Any]]: ...
+
+
+class Array(Protocol):
+    """A column's values (``pyarrow.Array``)."""
+
+    @property
+    def type(self) -> DataType: ...
+
+    def __len__(self) -> int: ...
+
 
 string: Callable[[], DataType] = _pa.string
 int32: Callable[[], DataType] = _pa.int32
@@ -121,6 +137,28 @@ def field(name: str, type_: DataType, *, nullable: bool) -> Field:
 
 def schema(fields: Sequence[Field]) -> Schema:
     return _pa.schema(fields)
+
+
+def array(values: Sequence[Any], type_: DataType) -> Array:
+    """``values`` (Python objects, coerced already) as an array of ``type_``."""
+    return _pa.array(values, type_)
+
+
+def list_array(offsets: Any, values: Any, type_: ListType, *, valid: Any = None) -> Array:
+    """A list array of ``type_``: row i holds ``values[offsets[i]:offsets[i + 1]]`` (NumPy or Arrow
+    values; ``offsets`` int32, one more than the rows); ``valid``: False where a row is null."""
+    mask = None if valid is None else _pa.array(~valid)
+    flat = values if isinstance(values, _pa.Array) else _pa.array(values)
+    return _pa.ListArray.from_arrays(_pa.array(offsets, _pa.int32()), flat.cast(type_.value_type), mask=mask)
+
+
+def text_array(texts: Sequence[str], codes: Any) -> Array:
+    """``texts[codes[i]]`` for each code (an int array): one conversion of ``texts``, a take."""
+    return _pa.array(texts, _pa.string()).take(_pa.array(codes))
+
+
+def table_from_arrays(arrays: Sequence[Any], *, schema: Schema) -> ArrowTable:
+    return _pa.Table.from_arrays(list(arrays), schema=schema)
 
 
 def table_from_pydict(columns: Mapping[str, Sequence[Any]], *, schema: Schema) -> ArrowTable:

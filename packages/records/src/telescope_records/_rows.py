@@ -12,13 +12,19 @@ Marks (documented in docs/records.md, "Bad values"):
 
 A column the table does not have is a programming error (``ValueError`` naming it), because the
 writer would silently lose it otherwise.
+
+Rows are one way in (:func:`to_arrow`); whole columns are the other (:func:`columns_to_arrow`), for a
+table with many list entries a row (the token table: one per token): a :class:`ListColumn` gives a
+list column as flat values and row offsets, converted at once, with no Python object per entry.
+Its values are stored as the column's type with no marks (numbers as given, text not cut).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeGuard, cast
 
 import numpy as np
@@ -26,7 +32,16 @@ import numpy as np
 from telescope_records import _arrow as arrow
 from telescope_records._schema import Column, Table
 
-__all__ = ["MAX_CHARS", "REPR_MARK", "TRUNCATION_MARK", "cut", "to_arrow", "to_json_text"]
+__all__ = [
+    "MAX_CHARS",
+    "REPR_MARK",
+    "TRUNCATION_MARK",
+    "ListColumn",
+    "columns_to_arrow",
+    "cut",
+    "to_arrow",
+    "to_json_text",
+]
 
 MAX_CHARS = 200_000
 """The longest string a column keeps unless it says otherwise."""
@@ -153,3 +168,56 @@ def to_arrow(table: Table, rows: Iterable[Mapping[str, Any]]) -> arrow.ArrowTabl
         for c in table.columns:
             columns[c.name].append(_value(c, row.get(c.name)))
     return arrow.table_from_pydict(columns, schema=table.schema())
+
+
+@dataclass(frozen=True)
+class ListColumn:
+    """A list column given whole (:func:`columns_to_arrow`): row ``i`` holds
+    ``values[offsets[i]:offsets[i + 1]]``, or is null where ``valid[i]`` is False. With ``texts``
+    the values are indices into it (a column of text from a small table of texts, e.g. a
+    vocabulary's decoded tokens)."""
+
+    offsets: np.ndarray
+    """Row boundaries into ``values``: one more than the rows, starting at 0."""
+    values: np.ndarray
+    valid: np.ndarray | None = None
+    texts: Sequence[str] | None = None
+
+
+def columns_to_arrow(
+    table: Table, columns: Mapping[str, Sequence[Any] | ListColumn], rows: int
+) -> arrow.ArrowTable:
+    """``columns`` (each ``rows`` long; a column left out is null) as an Arrow table of ``table``'s
+    schema: a :class:`ListColumn` converted at once, any other column value by value as in
+    :func:`to_arrow` (see the module docstring)."""
+    names = {c.name for c in table.columns}
+    extra = set(columns) - names
+    if extra:
+        raise ValueError(
+            f"record table {table.name!r} has no column(s) {sorted(extra)}; its columns: {sorted(names)}"
+        )
+    arrays: list[arrow.Array] = []
+    for c in table.columns:
+        given = columns.get(c.name)
+        if isinstance(given, ListColumn):
+            arrays.append(_list_column(table, c, given, rows))
+            continue
+        values = [None] * rows if given is None else [_value(c, v) for v in given]
+        if len(values) != rows:
+            raise ValueError(
+                f"record table {table.name!r}: column {c.name} has {len(values)} values, not {rows}"
+            )
+        arrays.append(arrow.array(values, c.type))
+    return arrow.table_from_arrays(arrays, schema=table.schema())
+
+
+def _list_column(table: Table, column: Column, given: ListColumn, rows: int) -> arrow.Array:
+    t = column.type
+    if not arrow.is_list(t):
+        raise TypeError(f"record table {table.name!r}: column {column.name} is {t}, not a list")
+    if len(given.offsets) != rows + 1:
+        raise ValueError(
+            f"record table {table.name!r}: column {column.name} has {len(given.offsets) - 1} rows, not {rows}"
+        )
+    values: Any = given.values if given.texts is None else arrow.text_array(given.texts, given.values)
+    return arrow.list_array(given.offsets, values, t, valid=given.valid)

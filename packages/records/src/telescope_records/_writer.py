@@ -28,14 +28,14 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import structlog
 
 from telescope_records import _arrow as arrow
-from telescope_records._rows import to_arrow
+from telescope_records._rows import ListColumn, columns_to_arrow, to_arrow
 from telescope_records._schema import FORMAT_VERSION, TABLES, table
 
 __all__ = ["RecordError", "RecordWriter", "read_manifest", "records_dir"]
@@ -162,8 +162,9 @@ class RecordWriter:
 
     # ------------------------------------------------------------------------- writing
     def _write(self, table_name: str, file_name: str, rows: Iterable[Mapping[str, Any]]) -> Path | None:
-        t = table(table_name)
-        data = to_arrow(t, rows)
+        return self._write_table(table_name, file_name, to_arrow(table(table_name), rows))
+
+    def _write_table(self, table_name: str, file_name: str, data: arrow.ArrowTable) -> Path | None:
         if data.num_rows == 0:
             return None
         folder = self.root / table_name
@@ -188,6 +189,22 @@ class RecordWriter:
         self._expect(table_name, "step")
         name = f"step_{step:06d}{'-' + _safe(tag) if tag else ''}.parquet"
         return self._write(table_name, name, (self._stamped(r) for r in rows))
+
+    def write_step_columns(
+        self,
+        table_name: str,
+        step: int,
+        columns: Mapping[str, Sequence[Any] | ListColumn],
+        rows: int,
+        *,
+        tag: str = "",
+    ) -> Path | None:
+        """:meth:`write_step` with whole columns (``columns_to_arrow``): for a table with many list
+        entries a row, converted without a Python object per entry."""
+        self._expect(table_name, "step")
+        name = f"step_{step:06d}{'-' + _safe(tag) if tag else ''}.parquet"
+        given = columns if "attempt" in columns else {**columns, "attempt": [self.attempt] * rows}
+        return self._write_table(table_name, name, columns_to_arrow(table(table_name), given, rows))
 
     def write_attempt(
         self, table_name: str, rows: Iterable[Mapping[str, Any]], *, tag: str = ""

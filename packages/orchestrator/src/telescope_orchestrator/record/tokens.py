@@ -3,15 +3,20 @@ samples, what the sampler, the trainer's loss, the teacher and the reference mod
 
 :func:`trained_tokens` reads the trainer ranks' ``step_tokens`` (one dict of per-token arrays per
 micro-batch they trained) back by training sequence, through the micro-batches' spans
-(``telescope_algos.sample_tokens``); :func:`token_rows` joins them with what each sample carries
+(``telescope_algos.sample_tokens``); :func:`token_columns` joins them with what each sample carries
 (token ids, the sampler's, teacher's and reference model's logprobs, and the weight versions of the
 model turn that generated each token). Training sequences are those of ``run.loop.to_train_samples``,
 in its order: each kept sample, then its further sequences.
+
+The table is built as whole columns (``telescope_records.ListColumn``: flat arrays and row offsets,
+each token's text taken from :class:`TokenTexts` by id), never a Python object per token: at 8,192
+samples of 512 tokens a step, rows of per-token lists and strings held the GIL for seconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +25,7 @@ if TYPE_CHECKING:
     from telescope_algos import MicroBatch
     from telescope_rollout import RolloutBatch, ScoredSample
 
-__all__ = ["pieces", "sequences", "token_rows", "token_versions", "trained_tokens"]
+__all__ = ["TokenTexts", "sequences", "token_columns", "token_versions", "trained_tokens"]
 
 Trained = dict[str, list[np.ndarray]]
 """Per :data:`telescope_algos.TOKEN_FIELDS` name (and ``teacher_logprob`` / ``ref_logprob`` where the
@@ -68,17 +73,28 @@ def trained_tokens(
     }
 
 
-def pieces(decode: Callable[[list[int]], str]) -> Callable[[int], str]:
-    """One token decoded on its own, each id decoded once (a run's steps repeat most of theirs)."""
-    seen: dict[int, str] = {}
+class TokenTexts:
+    """Each token id decoded on its own, once (a run's steps repeat most of theirs): ``texts[id]``."""
 
-    def piece(token: int) -> str:
-        text = seen.get(token)
-        if text is None:
-            text = seen[token] = decode([token])
-        return text
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self.texts: list[str] = []
+        """Indexed by token id ("" for an id not seen yet)."""
+        self._known = np.zeros(0, dtype=bool)
 
-    return piece
+    def cover(self, ids: np.ndarray) -> list[str]:
+        """:attr:`texts`, with every id of ``ids`` (non-negative ints) decoded."""
+        if ids.size == 0:
+            return self.texts
+        grow = int(ids.max()) + 1 - len(self.texts)
+        if grow > 0:
+            self.texts += [""] * grow
+            self._known = np.concatenate([self._known, np.zeros(grow, dtype=bool)])
+        new = np.unique(ids[~self._known[ids]])
+        for token in new.tolist():
+            self.texts[token] = self._decode([token])
+        self._known[new] = True
+        return self.texts
 
 
 def token_versions(sample: ScoredSample, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -103,43 +119,90 @@ def token_versions(sample: ScoredSample, k: int, n: int) -> tuple[np.ndarray, np
     return start, end
 
 
-def token_rows(
-    step: int, batch: RolloutBatch, trained: Trained | None, piece: Callable[[int], str] | None = None
-) -> list[dict[str, Any]]:
-    """One row of the token table per training sequence of ``batch``'s kept samples; ``trained``
-    (:func:`trained_tokens`) fills the trainer's columns, else they are NaN; ``piece`` decodes one
-    token (:func:`pieces`; None: no ``token_text``)."""
+def token_columns(
+    step: int, batch: RolloutBatch, trained: Trained | None, texts: TokenTexts | None = None
+) -> tuple[dict[str, Any], int]:
+    """The token table of ``batch``'s kept samples as whole columns (module docstring) and its row
+    count, one row per training sequence; ``trained`` (:func:`trained_tokens`) fills the trainer's
+    columns, else they are NaN; ``texts`` decodes the tokens (None: no ``token_text``)."""
     from telescope_algos import TOKEN_FIELDS
+    from telescope_records import ListColumn
 
-    rows: list[dict[str, Any]] = []
-    for j, (s, k, seq) in enumerate(sequences(batch)):
-        n_prompt, n = len(seq.prompt_ids), len(seq.completion_ids)
-        start, end = token_versions(s, k, n)
-
-        def trainer(name: str, j: int = j, n_prompt: int = n_prompt, n: int = n) -> np.ndarray:
-            if trained is None:
-                return np.full(n, np.nan, dtype=np.float32)
-            return trained[name][j][n_prompt : n_prompt + n]
-
-        def frozen(given: Any, name: str) -> Any:
-            """A frozen model's logprobs: the sample's (its servers scored it), else the trainer's."""
-            return given if given is not None or trained is None or name not in trained else trainer(name)
-
-        rows.append(
-            {
-                "step": step,
-                "env": s.env_name,
-                "group_id": s.group_id,
-                "sample_id": s.sample_id,
-                "sequence": k,
-                "token_ids": seq.completion_ids,
-                "token_text": [piece(t) for t in seq.completion_ids] if piece is not None else None,
-                "sampler_logprob": seq.completion_logprobs,
-                "teacher_logprob": frozen(seq.teacher_logprobs, "teacher_logprob"),
-                "ref_logprob": frozen(seq.ref_logprobs, "ref_logprob"),
-                **{name: trainer(name) for name in TOKEN_FIELDS},  # the columns of the same names
-                "version_start": start,
-                "version_end": end,
-            }
+    seqs = sequences(batch)
+    sizes = [len(seq.completion_ids) for _, _, seq in seqs]
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int32)
+    offsets[1:] = np.cumsum(sizes)
+    ids = _flat((seq.completion_ids for _, _, seq in seqs), sizes, np.int32)
+    versions = [token_versions(s, k, n) for (s, k, _), n in zip(seqs, sizes, strict=True)]
+    columns: dict[str, Any] = {
+        "step": [step] * len(seqs),
+        "env": [s.env_name for s, _, _ in seqs],
+        "group_id": [s.group_id for s, _, _ in seqs],
+        "sample_id": [s.sample_id for s, _, _ in seqs],
+        "sequence": [k for _, k, _ in seqs],
+        "token_ids": ListColumn(offsets, ids),
+        "sampler_logprob": ListColumn(
+            offsets, _flat((seq.completion_logprobs for _, _, seq in seqs), sizes, np.float32)
+        ),
+        "version_start": ListColumn(offsets, _joined([v[0] for v in versions], np.int32)),
+        "version_end": ListColumn(offsets, _joined([v[1] for v in versions], np.int32)),
+    }
+    if texts is not None:
+        columns["token_text"] = ListColumn(offsets, ids, texts=texts.cover(ids))
+    spans = [(len(seq.prompt_ids), n) for (_, _, seq), n in zip(seqs, sizes, strict=True)]
+    for name in TOKEN_FIELDS:  # the trainer's columns, of the same names
+        got = None if trained is None else trained[name]
+        parts = [
+            np.full(n, np.nan, dtype=np.float32) if got is None else got[j][p : p + n]
+            for j, (p, n) in enumerate(spans)
+        ]
+        columns[name] = ListColumn(offsets, _joined(parts, np.float32))
+    for name, field in (("teacher", "teacher_logprob"), ("ref", "ref_logprob")):
+        given = [getattr(seq, f"{name}_logprobs") for _, _, seq in seqs]
+        columns[field] = _frozen_column(
+            offsets, given, spans, None if trained is None else trained.get(field)
         )
-    return rows
+    return columns, len(seqs)
+
+
+def _frozen_column(
+    offsets: np.ndarray,
+    given: Sequence[Sequence[float] | None],
+    spans: Sequence[tuple[int, int]],
+    trainer: Sequence[np.ndarray] | None,
+) -> Any:
+    """A frozen model's logprobs per sequence: the sample's own (its servers scored it), else the
+    trainer ranks' (they hold it), else null."""
+    from telescope_records import ListColumn
+
+    parts: list[np.ndarray] = []
+    valid = np.ones(len(spans), dtype=bool)
+    for j, ((p, n), mine) in enumerate(zip(spans, given, strict=True)):
+        if mine is not None:
+            parts.append(_fit(np.asarray(mine, dtype=np.float32), n))
+        elif trainer is not None:
+            parts.append(trainer[j][p : p + n])
+        else:
+            parts.append(np.zeros(n, dtype=np.float32))
+            valid[j] = False
+    return ListColumn(offsets, _joined(parts, np.float32), valid=valid)
+
+
+def _flat(lists: Iterable[Sequence[Any]], sizes: Sequence[int], dtype: Any) -> np.ndarray:
+    """Each sequence's values (cut or NaN/0-padded to its size) end to end, read once."""
+    fitted = (
+        v if len(v) == n else _fit(np.asarray(v, dtype=dtype), n) for v, n in zip(lists, sizes, strict=True)
+    )
+    return np.fromiter(chain.from_iterable(fitted), dtype=dtype, count=sum(sizes))
+
+
+def _fit(values: np.ndarray, n: int) -> np.ndarray:
+    """``values`` cut or padded (NaN for floats, 0 for ints) to ``n``."""
+    if len(values) >= n:
+        return values[:n]
+    pad = np.nan if np.issubdtype(values.dtype, np.floating) else 0
+    return np.concatenate([values, np.full(n - len(values), pad, dtype=values.dtype)])
+
+
+def _joined(parts: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)

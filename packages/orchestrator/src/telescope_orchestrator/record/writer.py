@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 if TYPE_CHECKING:
-    from telescope_orchestrator.record.tokens import Trained
+    from telescope_orchestrator.record.tokens import TokenTexts, Trained
     from telescope_rollout import DroppedGroup, EvalResult, RolloutBatch, ScoredGroup, ScoredSample
     from telescope_rollout.engine import Turn
 
@@ -227,8 +227,8 @@ class RunRecords:
         """Per step, the ids of dropped groups written while it waited (:meth:`write_waiting`; keyed
         by step: step N's records are written on another thread while step N + 1 waits)."""
         self._waits = 0
-        self._piece: Callable[[int], str] | None = None
-        """One token decoded on its own, cached (``record.tokens.pieces``; set at the first step)."""
+        self._texts: TokenTexts | None = None
+        """Each token decoded on its own, cached (``record.tokens.TokenTexts``; set at the first step)."""
         self.eval_tag = ""
         """Added to the file tags of eval records (``telescope eval``: its attempt, so that an
         in-training eval of the same step is kept)."""
@@ -328,11 +328,12 @@ class RunRecords:
         groups = [g for g in groups if g[0] == "kept" or g[2].group_id not in early]
         self._write_groups(step, groups, decode=decode, tag="")
         if tokens:
-            from telescope_orchestrator.record.tokens import pieces, token_rows
+            from telescope_orchestrator.record.tokens import TokenTexts, token_columns
 
-            if decode is not None and self._piece is None:
-                self._piece = pieces(decode)
-            self.writer.write_step("tokens", step, token_rows(step, batch, trained, self._piece))
+            if decode is not None and self._texts is None:
+                self._texts = TokenTexts(decode)
+            columns, rows = token_columns(step, batch, trained, self._texts)
+            self.writer.write_step_columns("tokens", step, columns, rows)
         self.writer.write_step("trainer_spans", step, spans)
         self.last_step = max(self.last_step, step)
         self.flush_events(step, events=events)
