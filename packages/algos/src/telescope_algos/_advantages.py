@@ -155,8 +155,8 @@ def group_advantages(
     """
     row = torch.tensor([[float(r) for r in rewards]], dtype=torch.float64)
     if batch_normalised(algorithm, advantage_norm):
-        return [float(a) for a in center_advantages(row)[0]]
-    return [float(a) for a in compute_advantages(row, algorithm=algorithm, advantage_norm=advantage_norm)[0]]
+        return center_advantages(row)[0].double().tolist()
+    return compute_advantages(row, algorithm=algorithm, advantage_norm=advantage_norm)[0].double().tolist()
 
 
 def distill_advantages(
