@@ -19,6 +19,7 @@ from telescope_rollout import (
     Sample,
     SamplerEntry,
 )
+from telescope_rollout.engine import progress_line
 from telescope_rollout.inference import cache_salt
 from telescope_rollout.testing import FakeClock, FakeInferenceServer, sample_ids, settle
 
@@ -103,6 +104,9 @@ async def test_dispatch_waits_while_more_samples_wait_for_rewards_than_there_are
             await settle()
         assert len(server.requests) == 8
         assert engine.in_flight_groups == 4
+        held = engine.progress()  # the waiting line says why nothing starts
+        assert (held.grading, held.grading_held) == (8, True)
+        assert "new groups held back: 8 samples wait for their rewards or scores" in progress_line(held)
         gate.set()  # the rewards come back: dispatch goes on, and a batch is made
         batch = await engine.next_batch(timeout_s=10)
         await settle()

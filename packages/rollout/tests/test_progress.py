@@ -55,6 +55,7 @@ def test_the_progress_line():
         "kept 0/2 groups, dropped 14 (zero_advantage 12, sample_error 2), 4 in flight; "
         "every finished group scored 0.0"
     )
+    assert "held back" not in progress_line(p)
     q = BatchProgress(1, 1, 4, {}, {"max_async": 3}, 0, {})
     assert (
         progress_line(q) == "kept 1/4 groups, cancelled 3 (max_async 3), 0 in flight; no group finished yet"

@@ -82,7 +82,7 @@ def report(ctx: Any, step: int, waited_s: float, *, full: bool, filling: int | N
         rewards = {
             e: {"groups": t.groups, "min": t.low, "max": t.high, "mean": t.mean} for e, t in p.rewards.items()
         }
-        detail = {**counts, "in_flight": p.in_flight, "rewards": rewards}
+        detail = {**counts, "in_flight": p.in_flight, "grading": p.grading, "rewards": rewards}
         log.info("waiting for a batch", step=step, waited_s=round(waited_s, 1), **detail)
         ctx.run.records.event("batch_waiting", step, waited_s=waited_s, **detail)
         stalled = p.kept == 0 and sum(p.dropped.values()) >= p.needed

@@ -68,6 +68,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -456,7 +457,8 @@ class RolloutEngine:
 
     def progress(self) -> BatchProgress:
         """The batch being filled as it stands (module docstring, "Progress")."""
-        return self.bucket.progress(self.step, len(self._groups))
+        progress = self.bucket.progress(self.step, len(self._groups))
+        return replace(progress, grading=self.grading, grading_held=self._grading_full())
 
     def pending_drops(self) -> tuple[list[DroppedGroup], list[DroppedGroup]]:
         """The groups discarded and cancelled for the batch being filled so far (recorded ones;

@@ -87,6 +87,11 @@ class BatchProgress:
     """Groups generating or being scored."""
     rewards: dict[str, RewardTally]
     """Per environment, the rewards of the groups scored since the last batch (kept or dropped)."""
+    grading: int = 0
+    """Samples past generation whose reward, or a teacher's or reference model's scores, are pending."""
+    grading_held: bool = False
+    """No group is dispatched while more samples wait for rewards or scores than the servers have lane
+    slots (docs/rollout.md, "Lanes")."""
 
 
 def rewards_summary(rewards: Mapping[str, RewardTally]) -> str:
@@ -111,4 +116,6 @@ def progress_line(p: BatchProgress) -> str:
         if counts:
             parts.append(f"{word} {sum(counts.values())} ({_by_reason(counts)})")
     parts.append(f"{p.in_flight} in flight")
+    if p.grading_held:
+        parts.append(f"new groups held back: {p.grading} samples wait for their rewards or scores")
     return f"{', '.join(parts)}; {rewards_summary(p.rewards)}"
