@@ -27,7 +27,7 @@ per-token term from a teacher: :func:`distill_advantages`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -155,8 +155,11 @@ def group_advantages(
     """
     row = torch.tensor([[float(r) for r in rewards]], dtype=torch.float64)
     if batch_normalised(algorithm, advantage_norm):
-        return center_advantages(row)[0].double().tolist()
-    return compute_advantages(row, algorithm=algorithm, advantage_norm=advantage_norm)[0].double().tolist()
+        out = center_advantages(row)[0]
+    else:
+        out = compute_advantages(row, algorithm=algorithm, advantage_norm=advantage_norm)[0]
+    # one read back, not a tensor per element (torch types tolist loosely)
+    return cast("list[float]", cast(Any, out).double().tolist())
 
 
 def distill_advantages(
