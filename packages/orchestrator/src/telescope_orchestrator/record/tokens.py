@@ -153,7 +153,7 @@ def token_columns(
     for name in TOKEN_FIELDS:  # the trainer's columns, of the same names
         got = None if trained is None else trained[name]
         parts = [
-            np.full(n, np.nan, dtype=np.float32) if got is None else got[j][p : p + n]
+            np.full(n, np.nan, dtype=np.float32) if got is None else _fit(got[j][p : p + n], n)
             for j, (p, n) in enumerate(spans)
         ]
         columns[name] = ListColumn(offsets, _joined(parts, np.float32))
@@ -181,7 +181,7 @@ def _frozen_column(
         if mine is not None:
             parts.append(_fit(np.asarray(mine, dtype=np.float32), n))
         elif trainer is not None:
-            parts.append(trainer[j][p : p + n])
+            parts.append(_fit(trainer[j][p : p + n], n))
         else:
             parts.append(np.zeros(n, dtype=np.float32))
             valid[j] = False
