@@ -198,7 +198,7 @@ def test_one_group_spans_a_tp2_server_and_a_second_server(vllm_launcher, tmp_pat
                 env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
             )
         )
-        b = stack.enter_context(vllm_launcher(model_dir, tmp_path, env={"VLLM_CPU_OMP_THREADS_BIND": "0-1"}))
+        b = stack.enter_context(vllm_launcher(model_dir, tmp_path))  # one engine process, as in a run
         base = vllm_greedy(a.url, PROMPT, N_TOKENS)
         assert vllm_greedy(b.url, PROMPT, N_TOKENS)[0] == base[0], "both servers serve the same model"
         settings = PublisherSettings(mode="flattened_bucket", bucket_mb=0.25, timeout_s=120)
