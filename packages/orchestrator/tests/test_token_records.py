@@ -9,6 +9,7 @@ from typing import Literal
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from telescope_algos import TOKEN_FIELDS, TrainingSample, pack_samples
 from telescope_orchestrator.record.rundir import RunDir
@@ -152,6 +153,8 @@ def test_each_tokens_text_is_decoded_once_by_id():
     texts.cover(np.array([40, 10]))
     assert calls[-1] == [40]
     assert texts.texts[40] == "<40>"
+    with pytest.raises(ValueError, match="below 0"):
+        texts.cover(np.array([3, -1]))
 
 
 def test_a_sequence_whose_logprobs_are_short_is_padded_with_nan():

@@ -269,3 +269,27 @@ def test_a_host_whose_ephemeral_range_starts_low_still_gets_a_free_run(monkeypat
     port = vllm_server.free_port_run(span=4)
     assert not any(vllm_server.port_in_use("0.0.0.0", p) for p in range(port, port + 4))
     assert 0 < vllm_server.free_port() < 65536
+
+
+def test_stop_kills_what_is_left_of_the_group_when_the_server_itself_exited(tmp_path):
+    """A forked engine core outlives its API server with the listening socket: stop() ends it too."""
+    import time
+
+    from telescope_orchestrator.cluster.vllm_server import ServerHandle
+
+    pid_file = tmp_path / "child.pid"
+    leader = subprocess.Popen(
+        ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; exit 0"], start_new_session=True
+    )
+    leader.wait(timeout=10)
+    child = int(pid_file.read_text())
+    os.kill(child, 0)  # alive after its leader exited
+    ServerHandle(0, 1, "http://x", leader, tmp_path / "log", [], {}).stop(timeout_s=5)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    pytest.fail("the group's remaining process outlived stop()")

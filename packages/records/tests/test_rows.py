@@ -109,5 +109,11 @@ def test_whole_columns_of_the_wrong_size_or_name_are_errors():
         columns_to_arrow(tokens, {"step": [1, 2]}, 1)
     with pytest.raises(ValueError, match="has 2 rows, not 1"):
         columns_to_arrow(tokens, {"token_ids": ListColumn(np.array([0, 1, 2]), np.array([5, 6]))}, 1)
+    with pytest.raises(ValueError, match="has 1 values; its offsets end at 2"):
+        columns_to_arrow(tokens, {"token_ids": ListColumn(np.array([0, 2]), np.array([5]))}, 1)
+    with pytest.raises(ValueError, match="2 validity flags, not 1"):
+        columns_to_arrow(
+            tokens, {"ref_logprob": ListColumn(np.array([0, 1]), np.array([5.0]), valid=np.ones(2, bool))}, 1
+        )
     with pytest.raises(TypeError, match="not a list"):
         columns_to_arrow(tokens, {"env": ListColumn(np.array([0, 1]), np.array([5]))}, 1)

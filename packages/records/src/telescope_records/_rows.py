@@ -219,5 +219,12 @@ def _list_column(table: Table, column: Column, given: ListColumn, rows: int) -> 
         raise ValueError(
             f"record table {table.name!r}: column {column.name} has {len(given.offsets) - 1} rows, not {rows}"
         )
+    where = f"record table {table.name!r}: column {column.name}"
+    if len(given.values) != int(given.offsets[-1]):
+        raise ValueError(
+            f"{where} has {len(given.values)} values; its offsets end at {int(given.offsets[-1])}"
+        )
+    if given.valid is not None and len(given.valid) != rows:
+        raise ValueError(f"{where} has {len(given.valid)} validity flags, not {rows}")
     values: Any = given.values if given.texts is None else arrow.text_array(given.texts, given.values)
     return arrow.list_array(given.offsets, values, t, valid=given.valid)

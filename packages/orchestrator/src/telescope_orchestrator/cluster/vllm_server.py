@@ -441,17 +441,17 @@ class ServerHandle:
             time.sleep(poll_s)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the server's process group, SIGKILL after ``timeout_s``."""
-        if self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        """SIGTERM the server's process group, SIGKILL after ``timeout_s``; then SIGKILL whatever
+        of the group is left, also when the server itself had exited: a forked engine core holds the
+        server's listening socket, so the port stays taken while it lives."""
+        if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=timeout_s)
+                os.killpg(self.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=timeout_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=timeout_s)
 
 
 def launch_server(

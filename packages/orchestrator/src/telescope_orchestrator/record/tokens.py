@@ -86,6 +86,8 @@ class TokenTexts:
         """:attr:`texts`, with every id of ``ids`` (non-negative ints) decoded."""
         if ids.size == 0:
             return self.texts
+        if int(ids.min()) < 0:
+            raise ValueError(f"a token id below 0 ({int(ids.min())}) has no text")
         grow = int(ids.max()) + 1 - len(self.texts)
         if grow > 0:
             self.texts += [""] * grow
