@@ -212,14 +212,11 @@ def columns_to_arrow(
 
 
 def _list_column(table: Table, column: Column, given: ListColumn, rows: int) -> arrow.Array:
-    t = column.type
+    t, where = column.type, f"record table {table.name!r}: column {column.name}"
     if not arrow.is_list(t):
-        raise TypeError(f"record table {table.name!r}: column {column.name} is {t}, not a list")
+        raise TypeError(f"{where} is {t}, not a list")
     if len(given.offsets) != rows + 1:
-        raise ValueError(
-            f"record table {table.name!r}: column {column.name} has {len(given.offsets) - 1} rows, not {rows}"
-        )
-    where = f"record table {table.name!r}: column {column.name}"
+        raise ValueError(f"{where} has {len(given.offsets) - 1} rows, not {rows}")
     if len(given.values) != int(given.offsets[-1]):
         raise ValueError(
             f"{where} has {len(given.values)} values; its offsets end at {int(given.offsets[-1])}"

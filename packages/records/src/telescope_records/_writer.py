@@ -46,6 +46,11 @@ _STEP_FILE = re.compile(r"^step_(\d+)(?:-.*)?\.parquet$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+def _step_file(step: int, tag: str) -> str:
+    """A step table's file name (module docstring)."""
+    return f"step_{step:06d}{'-' + _safe(tag) if tag else ''}.parquet"
+
+
 class RecordError(RuntimeError):
     """The run directory's record cannot be written as asked; the message says how to fix it."""
 
@@ -187,7 +192,7 @@ class RecordWriter:
         Writing the same (table, step, tag) again replaces the file: a step's rows are written once.
         """
         self._expect(table_name, "step")
-        name = f"step_{step:06d}{'-' + _safe(tag) if tag else ''}.parquet"
+        name = _step_file(step, tag)
         return self._write(table_name, name, (self._stamped(r) for r in rows))
 
     def write_step_columns(
@@ -202,7 +207,7 @@ class RecordWriter:
         """:meth:`write_step` with whole columns (``columns_to_arrow``): for a table with many list
         entries a row, converted without a Python object per entry."""
         self._expect(table_name, "step")
-        name = f"step_{step:06d}{'-' + _safe(tag) if tag else ''}.parquet"
+        name = _step_file(step, tag)
         given = columns if "attempt" in columns else {**columns, "attempt": [self.attempt] * rows}
         return self._write_table(table_name, name, columns_to_arrow(table(table_name), given, rows))
 

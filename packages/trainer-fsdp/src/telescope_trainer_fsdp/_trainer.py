@@ -37,7 +37,7 @@ import contextlib
 import json
 import math
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -301,12 +301,17 @@ class FSDPTrainer:
 
     def _old_logprobs(self, mbs: list[MicroBatch], log: StepLog) -> list[torch.Tensor | None]:
         """π_old of every micro-batch (without dropout), for a loss that needs it (``StepPlan.needs_old``)."""
-        with log.timed("old_logprobs"):
-            self.model.eval()
-            try:
-                return [*self._no_grad_logprobs(mbs)]
-            finally:
-                self.model.train()
+        with log.timed("old_logprobs"), self._without_dropout():
+            return [*self._no_grad_logprobs(mbs)]
+
+    @contextlib.contextmanager
+    def _without_dropout(self) -> Generator[None]:
+        """The policy in eval mode inside, in train mode again on the way out."""
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train()
 
     def _frozen_logprobs(
         self, mbs: list[MicroBatch], log: StepLog, trace: TokenTrace | None
@@ -331,12 +336,8 @@ class FSDPTrainer:
 
     def _base_logprobs(self, mbs: list[MicroBatch]) -> list[torch.Tensor]:
         """The LoRA policy's base model's logprobs (adapters off, no dropout) at temperature 1."""
-        self.model.eval()
-        try:
-            with adapters_off(self.model):
-                return self._no_grad_logprobs(mbs, temperature=FROZEN_TEMPERATURE)
-        finally:
-            self.model.train()
+        with self._without_dropout(), adapters_off(self.model):
+            return self._no_grad_logprobs(mbs, temperature=FROZEN_TEMPERATURE)
 
     def _no_grad_logprobs(
         self, mbs: list[MicroBatch], *, model: torch.nn.Module | None = None, temperature: float | None = None

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import httpx
 import structlog
 
+from telescope_orchestrator.cluster import vllm_main
 from telescope_orchestrator.cluster.reaper import describe_exit
 from telescope_orchestrator.cluster.vllm_main import VLLM_SERVER
 from telescope_orchestrator.record.logging import log_tail
@@ -206,7 +207,7 @@ LOGPROBS_MODE = "processed_logprobs"
 any temperature but 1 the rollout logprobs would describe another distribution than the trainer's."""
 
 
-FORKED_SERVER = "telescope_orchestrator.cluster.vllm_main"
+FORKED_SERVER = vllm_main.__name__
 """The same server with its engine-core process forked (``cluster.vllm_main``): the module a server of
 :func:`one_engine_process` runs."""
 
