@@ -93,7 +93,14 @@ class _Rank:
                 return {"loss": float(args[1])}
             return rank.name
 
-        return SimpleNamespace(remote=lambda *args: asyncio.ensure_future(call(*args)))
+        def remote(*args: Any) -> Any:  # started at once, as Ray starts a call
+            coro = call(*args)
+            try:
+                return asyncio.ensure_future(coro)
+            except RuntimeError:  # called from a worker thread (the loop sends train steps from one)
+                return coro  # awaited on the loop
+
+        return SimpleNamespace(remote=remote)
 
 
 async def test_dead_ranks_are_those_gone_and_beside_them_those_stuck(monkeypatch):

@@ -28,7 +28,7 @@ async def test_every_sample_gets_each_scorers_logprobs_of_its_completion(tokeniz
         assert s.ref_logprobs == [-1.0, -1.0]
         assert "score_s" in s.timings
     # each scorer saw every sample's whole sequence (more groups may have finished), over its servers
-    sequences = {tuple(s.prompt_ids + s.completion_ids) for s in batch.samples}
+    sequences = {(*s.prompt_ids, *s.completion_ids) for s in batch.samples}
     assert sequences <= {tuple(ids) for _, ids in teacher.scored}
     assert sequences <= {tuple(ids) for _, ids in ref.scored}
     assert len(teacher.scored) == len(ref.scored)

@@ -32,8 +32,10 @@ Tensors are ``[1, L]`` in the layout :func:`telescope_algos.compute_loss` and th
 
 from __future__ import annotations
 
+import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -151,10 +153,15 @@ class _Prepared:
 
 
 def _token_logprobs(given: Sequence[float | None] | None, n_prompt: int, n_comp: int) -> np.ndarray:
-    """0.0 for the prompt, then the completion's logprobs (None → 0.0; padded or cut to ``n_comp``)."""
+    """0.0 for the prompt, then the completion's logprobs (None → 0.0; padded or cut to ``n_comp``).
+    An ``array.array`` (the rollout engine's ``TokenArray``: no None in it) is read without a copy."""
     out = np.zeros(n_prompt + n_comp, dtype=np.float32)
-    values = list(given or [])[:n_comp]
-    out[n_prompt : n_prompt + len(values)] = [0.0 if x is None else x for x in values]
+    values: np.ndarray | list[float]
+    if isinstance(given, array.array):
+        values = np.asarray(cast(Any, given), dtype=np.float32)[:n_comp]
+    else:
+        values = [0.0 if x is None else x for x in list(given or [])[:n_comp]]
+    out[n_prompt : n_prompt + len(values)] = values
     return out
 
 
@@ -169,7 +176,8 @@ def _prepare(sample: TrainingSample, seq_len: int, side: Sequence[str] = (), ind
         raise ValueError(f"completion_mask has {comp_mask.size} entries for {n_comp} completion tokens")
     lps = _token_logprobs(sample.rollout_logprobs, n_prompt, n_comp)
     others = {name: _token_logprobs(getattr(sample, name), n_prompt, n_comp)[:seq_len] for name in side}
-    ids = np.asarray([*sample.prompt_ids, *sample.completion_ids], dtype=np.int64)
+    prompt, completion = np.asarray(sample.prompt_ids, np.int64), np.asarray(sample.completion_ids, np.int64)
+    ids = np.concatenate([prompt, completion])
     mask = np.concatenate([np.zeros(n_prompt, dtype=bool), comp_mask.astype(bool)])
     mask[0] = False  # nothing predicts the first token
     return _Prepared(ids[:seq_len], mask[:seq_len], lps[:seq_len], float(sample.advantage), others, index)

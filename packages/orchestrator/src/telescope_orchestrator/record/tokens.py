@@ -16,7 +16,6 @@ samples of 512 tokens a step, rows of per-token lists and strings held the GIL f
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -191,11 +190,9 @@ def _frozen_column(
 
 
 def _flat(lists: Iterable[Sequence[Any]], sizes: Sequence[int], dtype: Any) -> np.ndarray:
-    """Each sequence's values (cut or NaN/0-padded to its size) end to end, read once."""
-    fitted = (
-        v if len(v) == n else _fit(np.asarray(v, dtype=dtype), n) for v, n in zip(lists, sizes, strict=True)
-    )
-    return np.fromiter(chain.from_iterable(fitted), dtype=dtype, count=sum(sizes))
+    """Each sequence's values (cut or NaN/0-padded to its size) end to end; a finished sample's
+    ``TokenArray`` is read as it lies in memory, without a Python object a value."""
+    return _joined([_fit(np.asarray(v, dtype=dtype), n) for v, n in zip(lists, sizes, strict=True)], dtype)
 
 
 def _fit(values: np.ndarray, n: int) -> np.ndarray:

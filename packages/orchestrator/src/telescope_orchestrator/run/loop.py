@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -44,6 +43,7 @@ import structlog
 from telescope_orchestrator.record.rundir import RunDir
 from telescope_orchestrator.recovery.servers import ServerSupervisor
 from telescope_orchestrator.recovery.trainers import TrainerRestarts, TrainersGone, dead_ranks, replay_diff
+from telescope_orchestrator.run.collector import between_steps, steps_collector
 from telescope_orchestrator.run.evals import InTrainingEvals
 from telescope_orchestrator.run.waiting import next_batch
 from telescope_rollout import RolloutError
@@ -248,15 +248,15 @@ def _should_checkpoint(config: TelescopeConfig, step: int) -> bool:
 async def training_loop(ctx: LoopContext) -> None:
     """Baseline evals, then steps ``start_step + 1 .. number_of_steps`` (engine started and stopped here).
     A run of supervised steps only (no engine) trains its steps and stops."""
-    records = ctx.run.records
     ctx.last_step = ctx.start_step
     ctx.console.start_training(ctx.start_step)
-    # What start-up built (torch, transformers, the datasets, the engine) is left out of the cyclic
-    # garbage collector's full passes for the steps: scanning it stalled the event loop for 0.2 to
-    # 0.5 s at a time (tools/bench_scale.py). Given back at the end: a script's own objects stay
-    # collectable.
-    gc.collect()
-    gc.freeze()
+    with steps_collector():  # the garbage collector out of the event loop's way (run.collector)
+        await _steps(ctx)
+
+
+async def _steps(ctx: LoopContext) -> None:
+    """The steps, with or without the engine; the records written and closed however they end."""
+    records = ctx.run.records
     try:
         records.event("training_start", ctx.start_step)
         records.flush_events(ctx.start_step, tag=f"startup-a{records.attempt:03d}")
@@ -270,7 +270,6 @@ async def training_loop(ctx: LoopContext) -> None:
         try:
             await _records_written(ctx)
         finally:
-            gc.unfreeze()
             await close_sandboxes(ctx.sandboxes)
             records.close()
 
@@ -311,6 +310,7 @@ async def _rl_steps(ctx: LoopContext, evals: InTrainingEvals, engine: RolloutEng
         try:
             for step in range(ctx.last_step + 1, ctx.config.number_of_steps + 1):
                 await _step(ctx, evals, step)
+                between_steps(step)
                 if step < ctx.config.number_of_steps and ctx.stop_requested():
                     ctx.stopped = True
                     if ctx.config.checkpoint_every:  # checkpoints on: one of this step
@@ -423,12 +423,19 @@ async def _train(ctx: LoopContext, samples: list[Any], step: int) -> list[dict[s
     lend = asyncio.create_task(_lend_cores(ctx, step)) if ctx.cores is not None else None
     try:
         objective = "sft" if step <= cfg.sft_steps else "rl"
-        return await _gather([a.train_step.remote(shards[dp], step, objective) for a, dp in pairs])
+        calls = [functools.partial(a.train_step.remote, shards[dp], step, objective) for a, dp in pairs]
+        return await _gather(await asyncio.to_thread(_send_train_steps, calls))
     finally:
         if lend is not None:
             lend.cancel()
         if ctx.cores is not None:
             ctx.cores.revoke()  # a step trained again (a replay, a retry) never finds an old grant
+
+
+def _send_train_steps(calls: list[Callable[[], Any]]) -> list[Any]:
+    """Each rank's ``train_step.remote(...)``, in a worker thread: Ray serializes a call's arguments
+    (the rank's micro-batches) on the thread that makes it, which must not be the event loop's."""
+    return [call() for call in calls]
 
 
 def _servers_quiet(ctx: LoopContext) -> bool:
@@ -466,11 +473,12 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
     async with ctx.supervisor.lock if ctx.supervisor is not None else contextlib.nullcontext():
         metrics = await _train_and_publish(ctx, evals, step, batch, {"timing/rollout_wait_s": t_rollout})
     metrics["timing/step_s"] = time.monotonic() - t0
-    metrics.update(_derived(batch, metrics))  # no await before the records' guard: Ctrl-C keeps them
     t3 = time.monotonic()
-    try:
+    try:  # from here on Ctrl-C keeps this step's records: it trained and published
+        metrics.update(await asyncio.to_thread(_derived, batch, metrics))  # off the event loop
+        t3 = time.monotonic()
         await _records_written(ctx)  # the previous step's, if still being written
-    except asyncio.CancelledError:  # Ctrl-C: this step trained and published, keep its records
+    except asyncio.CancelledError:
         _write_step(ctx, step, batch, metrics, spans=[])
         raise
     metrics["timing/records_wait_s"] = time.monotonic() - t3

@@ -7,6 +7,7 @@ HF-like surface environments and the rollout loop use (``encode``, ``decode``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -65,7 +66,7 @@ class Tokenizer:
         """Token ids it knows, added tokens included (ids are below this)."""
         return int(self.backend.get_vocab_size(with_added_tokens=True))
 
-    def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     @overload

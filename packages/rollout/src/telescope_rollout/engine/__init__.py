@@ -25,6 +25,7 @@ from telescope_rollout.engine._results import (
 )
 from telescope_rollout.engine._sampler import MultiEnvSampler, SamplerEntry
 from telescope_rollout.engine._settings import EngineSettings, config_mismatches, config_values
+from telescope_rollout.engine._tokens import TokenArray
 from telescope_rollout.engine._watch import FailureWatch, unfit_environment
 
 # the engine
@@ -36,6 +37,7 @@ __all__ += [
     "RolloutBatch",
     "ScoredGroup",
     "ScoredSample",
+    "TokenArray",
     "TrainingSequence",
     "Turn",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -25,6 +25,7 @@ from telescope_rollout.chat._multiturn import MultiTurnTokens
 from telescope_rollout.engine._prompts import PreparedPrompt, PromptSource
 from telescope_rollout.engine._results import ScoredSample, Turn
 from telescope_rollout.engine._settings import EngineSettings
+from telescope_rollout.engine._tokens import TokenArray
 from telescope_rollout.envs._env import MultiTurnEnvironment
 from telescope_rollout.gateway import AgentGateway
 from telescope_rollout.inference._client import (
@@ -274,11 +275,13 @@ async def _step_env(
 
 
 def record_completion(
-    out: ScoredSample, ids: list[int], mask: list[int], logprobs: list[float], text: str
+    out: ScoredSample, ids: Sequence[int], mask: Sequence[int] | None, logprobs: Sequence[float], text: str
 ) -> None:
-    out.completion_ids = ids
-    out.completion_mask = mask
-    out.completion_logprobs = logprobs
+    """The finished completion into ``out``, its per-token values as :class:`TokenArray` s (``mask``
+    None: every token the model's)."""
+    out.completion_ids = TokenArray.ids(ids)
+    out.completion_mask = TokenArray.ones(len(ids)) if mask is None else TokenArray.mask(mask)
+    out.completion_logprobs = TokenArray.logprobs(logprobs)
     out.completion_text = text
 
 
@@ -286,7 +289,7 @@ async def run_single_turn(env: Any, prompt: PreparedPrompt, out: ScoredSample, p
     request_id = f"{play.request_prefix}-{out.sample_id}"
     comp = await model_turn(out, prompt.ids, play, request_id=request_id)
     assert comp is not None  # the first turn raises instead
-    record_completion(out, comp.token_ids, [1] * len(comp.token_ids), comp.logprobs, comp.text)
+    record_completion(out, comp.token_ids, None, comp.logprobs, comp.text)
     out.finish_reason = comp.finish_reason
     out.is_truncated = comp.finish_reason in TRUNCATED
     out.num_turns = 1

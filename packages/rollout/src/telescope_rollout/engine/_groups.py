@@ -54,7 +54,10 @@ class GroupRun:
     prompt: PreparedPrompt
     server: str
     runs: list[SampleRun] = field(default_factory=list[SampleRun])
-    tasks: list[asyncio.Task[None]] = field(default_factory=list[asyncio.Task[None]])
+    tasks: set[asyncio.Task[None]] = field(default_factory=set[asyncio.Task[None]])
+    """Its samples' tasks still running: each leaves when it ends, so that a cancelled one (whose
+    error's traceback holds the frame that holds this group) is freed at once, not by a full pass
+    of the garbage collector."""
     lanes: list[int] | None = None
     """Group mode: the slots held by the whole group."""
     finished: int = 0

@@ -6,6 +6,7 @@ without knowing the engine.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -83,10 +84,12 @@ class ScoredSample:
     sample_id: int
     env_name: str
     prompt_ids: list[int] = field(default_factory=list[int])
-    completion_ids: list[int] = field(default_factory=list[int])
-    completion_mask: list[int] = field(default_factory=list[int])
+    completion_ids: Sequence[int] = field(default_factory=list[int])
+    """The completion's tokens; a finished sample's are a :class:`TokenArray` (so are its mask and
+    logprobs: one object each for the garbage collector, not one slot a token)."""
+    completion_mask: Sequence[int] = field(default_factory=list[int])
     """1 for model tokens (trained on), 0 for template/environment tokens of later turns."""
-    completion_logprobs: list[float] = field(default_factory=list[float])
+    completion_logprobs: Sequence[float] = field(default_factory=list[float])
     """vLLM's logprob of each model token (0.0 where the mask is 0)."""
     teacher_logprobs: list[float] | None = None
     """The teacher's logprob of each completion token, where the run has a teacher (the engine's
