@@ -25,6 +25,35 @@ def test_first_fit_decreasing():
     assert ta.first_fit_decreasing([5, 7, 3, 4, 2], 10) == [[1, 2], [0, 3], [4]]
     assert ta.first_fit_decreasing([], 10) == []
     assert ta.first_fit_decreasing([12], 10) == [[0]]
+    # bins that cannot take the smallest item are not looked at again: the same bins
+    # sorted: 6(i0), 6(i1), 4(i2), 3(i3); capacity 9: 6 → bin0 (room 3); 6 → bin1 (room 3);
+    # 4 → bin2 (room 5); 3 → bin0 (room 0)
+    assert ta.first_fit_decreasing([6, 6, 4, 3], 9) == [[0, 3], [1], [2]]
+    assert ta.first_fit_decreasing([5] * 5, 10) == [[0, 1], [2, 3], [4]]
+
+
+def test_first_fit_decreasing_is_the_plain_algorithm():
+    """The same bins as first fit decreasing looking at every bin for every item."""
+    import random
+
+    def plain(lengths, capacity):
+        bins, room = [], []
+        for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+            for b, free in enumerate(room):
+                if lengths[i] <= free:
+                    bins[b].append(i)
+                    room[b] -= lengths[i]
+                    break
+            else:
+                bins.append([i])
+                room.append(capacity - lengths[i])
+        return bins
+
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.randint(1, 40) for _ in range(rng.randint(0, 60))]
+        capacity = rng.randint(20, 60)
+        assert ta.first_fit_decreasing(lengths, capacity) == plain(lengths, capacity)
 
 
 def test_layout_of_one_micro_batch():

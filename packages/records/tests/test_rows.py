@@ -40,6 +40,36 @@ def test_values_are_coerced_to_the_column_types():
     assert data["prompt"] is None  # missing columns are null
 
 
+def test_a_column_is_passed_through_when_plain_and_coerced_when_not_as_each_row_alone():
+    """Columns of plain values go to Arrow as they are; one value to coerce makes the column's every
+    value go through the coercion; either way each row is what it is alone."""
+    limit = TABLES["samples"].column("prompt").max_chars or 200_000
+    rows: list[dict[str, Any]] = [
+        dict(step=1, reward=0.5, metrics={"a": 1}, tags={"k": "v"}, prompt="p", truncated=False),
+        {"step": 2, "reward": 1, "metrics": {"a": 2.5}, "tags": None, "prompt": None, "truncated": True},
+        {"step": "3", "reward": "x", "metrics": {"a": "x"}, "tags": {"k": 2}, "prompt": "q" * (limit + 1)},
+    ]
+    each = [to_arrow(TABLES["samples"], [r]).to_pylist()[0] for r in rows]
+    table: Any = to_arrow(TABLES["samples"], rows)
+    assert table.to_pylist() == each
+    assert (each[0]["step"], each[0]["reward"], dict(each[0]["metrics"])) == (1, 0.5, {"a": 1.0})
+    assert (each[1]["reward"], each[1]["tags"], each[1]["prompt"]) == (1.0, None, None)
+    assert (each[2]["step"], each[2]["reward"], dict(each[2]["metrics"])) == (3, None, {"a": None})
+    assert dict(each[2]["tags"]) == {"k": "2"}
+    assert each[2]["prompt"] == cut("q" * (limit + 1), limit)
+    assert each[2]["truncated"] is None
+
+
+def test_only_text_is_dictionary_encoded_in_the_files():
+    from telescope_records._arrow import text_paths
+
+    samples = text_paths(TABLES["samples"].schema())
+    assert {"prompt", "env", "metrics.key_value.key", "tags.key_value.value"} <= set(samples)
+    assert not {"reward", "step", "metrics.key_value.value"} & set(samples)
+    assert "token_text.list.element" in text_paths(TABLES["tokens"].schema())
+    assert "sampler_logprob.list.element" not in text_paths(TABLES["tokens"].schema())
+
+
 def test_a_text_column_given_objects_stores_json_and_cuts_to_its_limit():
     info_limit = TABLES["samples"].column("info").max_chars
     rows: Any = to_arrow(  # a pyarrow.Table: pyarrow ships no types

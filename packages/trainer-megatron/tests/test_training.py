@@ -114,7 +114,9 @@ def _check_frozen_reference(result: dict, samples: list[dict]) -> None:
     compared = 0
     for row in rows:
         on = row["loss_mask"] > 0
-        assert abs(row["ref_logprob"][on] - row["trainer_logprob"][on]).max() < 1e-5
+        # float32 logprobs near -10 (an ulp is 1e-6), each pass with its own order of sums over the
+        # split vocabulary: a few tens of ulps apart at most (CI saw 2.1e-5); a wrong model or token: > 0.1
+        assert abs(row["ref_logprob"][on] - row["trainer_logprob"][on]).max() < 1e-4
         compared += int(on.sum())
     assert compared >= sum(len(s["completion_ids"]) for s in samples)  # each loss token (TP ranks: twice)
 

@@ -221,17 +221,27 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     of its own.
     """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    smallest = min(lengths, default=0)
     bins: list[list[int]] = []
     room: list[int] = []
+    open_bins: list[int] = []
+    """The bins with room for the smallest item, in order: a bin without it takes nothing more, so
+    it is not looked at again (the same bins as looking at every one, without a pass over the full
+    ones for each item)."""
     for i in order:
-        for b, free in enumerate(room):
-            if lengths[i] <= free:
+        n = lengths[i]
+        for k, b in enumerate(open_bins):
+            if n <= room[b]:
                 bins[b].append(i)
-                room[b] -= lengths[i]
+                room[b] -= n
+                if room[b] < smallest:
+                    del open_bins[k]
                 break
         else:
             bins.append([i])
-            room.append(capacity - lengths[i])
+            room.append(capacity - n)
+            if room[-1] >= smallest:
+                open_bins.append(len(bins) - 1)
     return bins
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard, cast
 
@@ -155,18 +155,59 @@ def _value(column: Column, value: Any) -> Any:
     raise TypeError(f"column {column.name}: no coercion for type {t}")  # a schema without a rule
 
 
+def _plain_text(v: Any, limit: int) -> bool:
+    return v is None or (type(v) is str and len(v) <= limit)
+
+
+def _plain_number(v: Any) -> bool:
+    return v is None or type(v) is float or type(v) is int
+
+
+def _plain_map(v: Any, plain: Callable[[Any], bool]) -> bool:
+    if v is None:
+        return True
+    if type(v) is not dict:
+        return False
+    return all(type(k) is str and plain(x) for k, x in cast("dict[object, object]", v).items())
+
+
+def _plain(column: Column, values: list[Any]) -> bool:
+    """Whether every value is already what ``column`` stores (None, or of its own Python type; text
+    within its limit; a dict of text keys to such values for a map), so that none needs
+    :func:`_value`."""
+    t, limit = column.type, column.max_chars or MAX_CHARS
+    if arrow.is_string(t):
+        return all(_plain_text(v, limit) for v in values)
+    if arrow.is_integer(t):
+        return all(v is None or type(v) is int for v in values)
+    if arrow.is_floating(t):
+        return all(_plain_number(v) for v in values)
+    if arrow.is_boolean(t):
+        return all(v is None or type(v) is bool for v in values)
+    if arrow.is_map(t) and arrow.is_floating(t.item_type):
+        return all(_plain_map(v, _plain_number) for v in values)
+    if arrow.is_map(t) and arrow.is_string(t.item_type):
+        return all(_plain_map(v, lambda x: _plain_text(x, limit)) for v in values)
+    return False
+
+
+def _column(column: Column, values: list[Any]) -> list[Any]:
+    """A column's values coerced as :func:`_value` coerces each; a column of plain values
+    (:func:`_plain`, the common case) as it is, without a call a value."""
+    return values if _plain(column, values) else [_value(column, v) for v in values]
+
+
 def to_arrow(table: Table, rows: Iterable[Mapping[str, Any]]) -> arrow.ArrowTable:
-    """``rows`` as an Arrow table of ``table``'s schema (see the module docstring)."""
+    """``rows`` as an Arrow table of ``table``'s schema (see the module docstring), column by column."""
+    rows = list(rows)
     names = {c.name for c in table.columns}
-    columns: dict[str, list[Any]] = {c.name: [] for c in table.columns}
     for row in rows:
-        extra = set(row) - names
-        if extra:
+        if not names.issuperset(row):
             raise ValueError(
-                f"record table {table.name!r} has no column(s) {sorted(extra)}; its columns: {sorted(names)}"
+                f"record table {table.name!r} has no column(s) {sorted(set(row) - names)}; "
+                f"its columns: {sorted(names)}"
             )
-        for c in table.columns:
-            columns[c.name].append(_value(c, row.get(c.name)))
+    columns = {c.name: _column(c, [row.get(c.name) for row in rows]) for c in table.columns}
     return arrow.table_from_pydict(columns, schema=table.schema())
 
 
@@ -202,7 +243,7 @@ def columns_to_arrow(
         if isinstance(given, ListColumn):
             arrays.append(_list_column(table, c, given, rows))
             continue
-        values = [None] * rows if given is None else [_value(c, v) for v in given]
+        values = [None] * rows if given is None else _column(c, list(given))
         if len(values) != rows:
             raise ValueError(
                 f"record table {table.name!r}: column {c.name} has {len(values)} values, not {rows}"
