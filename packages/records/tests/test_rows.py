@@ -58,6 +58,10 @@ def test_a_column_is_passed_through_when_plain_and_coerced_when_not_as_each_row_
     assert dict(each[2]["tags"]) == {"k": "2"}
     assert each[2]["prompt"] == cut("q" * (limit + 1), limit)
     assert each[2]["truncated"] is None
+    # an integer a float does not hold exactly is converted as before, not refused by Arrow
+    big: Any = to_arrow(TABLES["samples"], [{"reward": 2**60, "metrics": {"n": 2**70}}])
+    assert big.to_pylist()[0]["reward"] == float(2**60)
+    assert dict(big.to_pylist()[0]["metrics"]) == {"n": float(2**70)}
 
 
 def test_only_text_is_dictionary_encoded_in_the_files():

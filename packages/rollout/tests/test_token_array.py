@@ -3,9 +3,11 @@ to the garbage collector; a cancelled group freed without a full pass of the col
 
 from __future__ import annotations
 
+import copy
 import gc
 import pickle
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,6 +37,12 @@ def test_a_token_array_reads_like_the_list_it_replaces():
     assert pickle.loads(pickle.dumps(ids)) == [5, 7, 9]
     with pytest.raises(TypeError):
         hash(ids)
+    for same in (copy.copy(ids), copy.deepcopy(ids), ids + TokenArray.ids([1]), ids * 2, ids[:2]):
+        assert isinstance(same, TokenArray)
+    assert copy.deepcopy(ids) == [5, 7, 9]
+    assert ids * 2 == [5, 7, 9, 5, 7, 9]
+    differs: Any = ids != np.array([5, 0, 9])
+    assert differs.tolist() == [False, True, False]  # NumPy's elementwise answer
 
 
 def test_numpy_reads_a_token_array_without_a_copy_and_the_collector_sees_none_of_its_values():

@@ -224,10 +224,9 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     smallest = min(lengths, default=0)
     bins: list[list[int]] = []
     room: list[int] = []
+    # the bins with room for the smallest item, in order: a bin without it takes nothing more, so it
+    # is not looked at again (the same bins as looking at every one, without a pass over full ones)
     open_bins: list[int] = []
-    """The bins with room for the smallest item, in order: a bin without it takes nothing more, so
-    it is not looked at again (the same bins as looking at every one, without a pass over the full
-    ones for each item)."""
     for i in order:
         n = lengths[i]
         for k, b in enumerate(open_bins):

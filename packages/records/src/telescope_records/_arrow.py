@@ -46,6 +46,7 @@ __all__ = [
     "table_from_arrays",
     "table_from_pydict",
     "text_array",
+    "text_paths",
     "write_table",
 ]
 

@@ -155,15 +155,22 @@ def _value(column: Column, value: Any) -> Any:
     raise TypeError(f"column {column.name}: no coercion for type {t}")  # a schema without a rule
 
 
+_EXACT_INT = 2**53
+"""Integers a float column holds exactly; Arrow refuses to convert a larger one."""
+
+
 def _plain_text(v: Any, limit: int) -> bool:
+    """None, or text within ``limit``."""
     return v is None or (type(v) is str and len(v) <= limit)
 
 
 def _plain_number(v: Any) -> bool:
-    return v is None or type(v) is float or type(v) is int
+    """None, a float, or an integer a float holds exactly."""
+    return v is None or type(v) is float or (type(v) is int and -_EXACT_INT <= v <= _EXACT_INT)
 
 
 def _plain_map(v: Any, plain: Callable[[Any], bool]) -> bool:
+    """None, or a dict of text keys to values ``plain`` accepts."""
     if v is None:
         return True
     if type(v) is not dict:

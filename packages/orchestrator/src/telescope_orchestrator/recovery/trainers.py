@@ -75,11 +75,11 @@ class _Kept:
         import numpy as np
 
         return cls(
-            np.asarray(s.prompt_ids, dtype=np.int32),
-            np.asarray(s.completion_ids, dtype=np.int32),
+            np.array(s.prompt_ids, dtype=np.int32),  # copies: a sample's TokenArray is not shared
+            np.array(s.completion_ids, dtype=np.int32),
             float(s.advantage),
             _floats(s.rollout_logprobs),
-            None if s.completion_mask is None else np.asarray(s.completion_mask, dtype=np.int8),
+            None if s.completion_mask is None else np.array(s.completion_mask, dtype=np.int8),
             _floats(s.teacher_logprobs),
             _floats(s.ref_logprobs),
         )
@@ -115,9 +115,15 @@ class _Kept:
 
 def _floats(values: Any) -> np.ndarray | None:
     """float32 with None as 0.0: exactly what packing makes of logprobs (telescope_algos.pack_samples)."""
+    import array
+
     import numpy as np
 
-    return None if values is None else np.asarray([0.0 if x is None else x for x in values], dtype=np.float32)
+    if values is None:
+        return None
+    if isinstance(values, array.array):  # a finished sample's TokenArray: no None in it
+        return np.array(values, dtype=np.float32)
+    return np.asarray([0.0 if x is None else x for x in values], dtype=np.float32)
 
 
 @dataclass

@@ -346,6 +346,7 @@ async def _supervised_steps(ctx: LoopContext) -> None:
         return
     for step in range(ctx.last_step + 1, last + 1):
         await _supervised_step(ctx, step)
+        between_steps(step)
         if ctx.stop_requested() and step < ctx.config.number_of_steps:
             ctx.stopped = True
             if ctx.config.checkpoint_every:
@@ -479,6 +480,8 @@ async def _step(ctx: LoopContext, evals: InTrainingEvals, step: int) -> None:
         t3 = time.monotonic()
         await _records_written(ctx)  # the previous step's, if still being written
     except asyncio.CancelledError:
+        if not any(k.startswith("derived/") for k in metrics):  # stopped while they were computed
+            metrics.update(_derived(batch, metrics))
         _write_step(ctx, step, batch, metrics, spans=[])
         raise
     metrics["timing/records_wait_s"] = time.monotonic() - t3

@@ -7,8 +7,8 @@ event loop (0.6 to 1.6 s a pass, about 40% of the driver's CPU; tools/bench_scal
 object, not its items, and NumPy reads it without a copy (``np.frombuffer``).
 
 It compares equal to a list or tuple of the same values (``==``, ``!=``) and adds to one (``+``
-gives a list), as the lists it replaces did; a slice is a :class:`TokenArray` too; ``list(x)`` or
-``x.tolist()`` gives a list.
+gives a list), as the lists it replaces did; a slice, a copy, ``x * n`` and ``x + y`` of two are
+:class:`TokenArray` s too; ``list(x)`` or ``x.tolist()`` gives a list.
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ class TokenArray(_Array):
 
     @classmethod
     def ids(cls, values: Iterable[int]) -> TokenArray:
+        """Token ids."""
         return cls(ID_CODE, values)
 
     @classmethod
     def mask(cls, values: Iterable[int]) -> TokenArray:
+        """A loss mask (1: a model token)."""
         return cls(MASK_CODE, values)
 
     @classmethod
@@ -51,7 +53,12 @@ class TokenArray(_Array):
 
     @classmethod
     def logprobs(cls, values: Iterable[float]) -> TokenArray:
+        """Logprobs."""
         return cls(FLOAT_CODE, values)
+
+    def _same(self, values: Any) -> TokenArray:
+        """``values`` (an ``array.array`` of this one's type code) as a :class:`TokenArray`."""
+        return TokenArray(self.typecode, values)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, list | tuple):
@@ -60,21 +67,31 @@ class TokenArray(_Array):
         return super().__eq__(other)
 
     def __ne__(self, other: object) -> bool:
-        return not self == other
+        same = self.__eq__(other)
+        return same if same is NotImplemented else not same
 
     def __getitem__(self, index: Any) -> Any:
         got = super().__getitem__(index)
-        return TokenArray(self.typecode, got) if isinstance(index, slice) else got
+        return self._same(got) if isinstance(index, slice) else got
 
     def __add__(self, other: Any) -> Any:
         if isinstance(other, list | tuple):
             return self.tolist() + list(cast(Sequence[Any], other))
-        return super().__add__(other)
+        return self._same(super().__add__(other))
 
     def __radd__(self, other: Any) -> Any:
         if isinstance(other, list | tuple):
             return list(cast(Sequence[Any], other)) + self.tolist()
         return NotImplemented
+
+    def __mul__(self, n: Any) -> TokenArray:
+        return self._same(super().__mul__(n))
+
+    def __copy__(self) -> TokenArray:
+        return self._same(self)
+
+    def __deepcopy__(self, memo: Any) -> TokenArray:
+        return self._same(self)
 
     __hash__ = None  # mutable, as a list
 
