@@ -1,17 +1,18 @@
 """A finished sample's per-token values as compact arrays: list-like to their readers, one object
-to the garbage collector."""
+to the garbage collector; a cancelled group freed without a full pass of the collector."""
 
 from __future__ import annotations
 
 import copy
 import gc
 import pickle
+import weakref
 
 import pytest
 from engine_fakes import by_sample_parity, make_engine
 
 from telescope_rollout.engine import TokenArray
-from telescope_rollout.testing import FakeInferenceServer
+from telescope_rollout.testing import FakeInferenceServer, settle
 
 
 def test_a_token_array_reads_like_the_list_it_replaces():
@@ -63,3 +64,24 @@ async def test_a_finished_sample_holds_token_arrays(tokenizer):
         assert s.completion_ids == [10 + s.sample_id % 2, 3]
         assert s.completion_mask == [1, 1]
         assert s.completion_logprobs == [-0.5, -0.5]
+
+
+async def test_a_cancelled_group_is_freed_without_the_garbage_collector(tokenizer):
+    """A cancelled sample task's error holds its frame, which holds its group: the group drops the
+    task when it ends, so nothing is left for a full collector pass to find."""
+    server = FakeInferenceServer(reply=by_sample_parity, hold=lambda r: True)
+    engine = make_engine(tokenizer, server)
+    async with engine:
+        await settle()
+        group = next(iter(engine._groups.values()))
+        assert len(group.tasks) == 2
+        alive = weakref.ref(group)
+        gc.collect()
+        gc.disable()
+        try:
+            engine._cancel_group(group, "max_async")
+            del group
+            await settle()
+            assert alive() is None
+        finally:
+            gc.enable()

@@ -6,7 +6,9 @@ side feeds stdin, reads stdout and stderr as they come (keeping ``max_output_byt
 reads the helper's report, and kills the whole tree at the deadline by killing the PID
 namespace's init (pinned with a pidfd; bubblewrap's ``--info-fd`` names it), which makes the
 kernel kill everything in the namespace, whether or not the program still holds its pipes
-open. ``run`` returns only once that init has exited, so no process of a run outlives it.
+open. ``run`` returns only once that init has exited, so no process of a run outlives it; a run
+cancelled at any point (even while its process starts) ends the same way before the
+``CancelledError`` reaches the caller, its pipes closed and its tasks ended.
 
 Nothing is shared between runs, so one ``LocalSandbox`` serves any number of concurrent runs; the
 object only caches the prepared bubblewrap command line.
@@ -24,11 +26,12 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
+from io import FileIO
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import structlog
 
@@ -41,11 +44,15 @@ from telescope_sandbox._result import ExecResult, classify_end
 __all__ = ["LocalSandbox"]
 
 _log = structlog.get_logger()
+_T = TypeVar("_T")
 _SHIM_SOURCE = (Path(__file__).parent / "_shim.py").read_text()
 _UIDS = UidAllocator()
 _INSIDE_UID = 1000
 _WORKDIR = "/sandbox"
 _READ_CHUNK = 1 << 16
+INIT_NAMED_S = 1.0
+"""How long a kill waits for bubblewrap to name the sandbox's init before it kills bubblewrap's
+process group instead (it names it right after starting it)."""
 
 
 def _python_prefix(python: str) -> str:
@@ -203,18 +210,7 @@ class LocalSandbox(Sandbox):
             shim = [self.python, "-S", "-I", "-c", _SHIM_SOURCE, str(spec_fd), str(status_w)]
             argv = [*argv_head, *info, *shim]
             start = time.monotonic()
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    pass_fds=keep,
-                    start_new_session=True,
-                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                )
-            except OSError as exc:
-                raise SandboxInfraError(f"cannot start the sandbox ({argv[0]}): {exc}") from exc
+            proc, cancelled = await _through_cancel(_start(argv, keep))
         except BaseException:
             for fd in (status_r, info_r):
                 if fd >= 0:
@@ -223,9 +219,14 @@ class LocalSandbox(Sandbox):
         finally:
             for fd in keep:
                 os.close(fd)
-        return await _Run(
+        run = _Run(
             proc, request=request, limits=request.limits, status_fd=status_r, info_fd=info_r, start=start
-        ).finish()
+        )
+        if cancelled:  # ended like a killed run (nothing of it left), then cancelled
+            run.kill("timeout")
+            await run.finish()
+            raise asyncio.CancelledError
+        return await run.finish()
 
     def _spec(
         self, request: ExecRequest, *, workdir: str, uid: int | None, nproc: bool
@@ -259,6 +260,81 @@ class LocalSandbox(Sandbox):
         return spec, blob
 
 
+def _named_init(info: bytes) -> int | None:
+    """The host PID of the sandbox's init in bubblewrap's ``--info-fd`` JSON, if there."""
+    try:
+        return int(json.loads(info.decode())["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _child_of(pid: int) -> int | None:
+    """The one child of process ``pid`` (bubblewrap's: the sandbox's init), if it has one."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if len(children) == 1 else None
+
+
+def _pin_init(pid: int | None) -> int | None:
+    """A pidfd of process ``pid`` if it is the init of a child PID namespace; None where the kernel
+    is too old, it has already ended, or the PID names something else (reused)."""
+    if pid is None:
+        return None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        nspid = next(line for line in status.splitlines() if line.startswith("NSpid:")).split()
+        if len(nspid) < 3 or nspid[-1] != "1":
+            raise ValueError(nspid)
+    except (OSError, StopIteration, ValueError):
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+async def _start(argv: list[str], keep: tuple[int, ...]) -> asyncio.subprocess.Process:
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            pass_fds=keep,
+            start_new_session=True,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        )
+    except OSError as exc:
+        raise SandboxInfraError(f"cannot start the sandbox ({argv[0]}): {exc}") from exc
+
+
+async def _through_cancel(work: Coroutine[Any, Any, _T]) -> tuple[_T, bool]:
+    """Run ``work`` to its end even if the caller is cancelled meanwhile; returns its result and
+    whether the caller was cancelled (an error of ``work`` after that is a ``CancelledError``).
+
+    For what must not stop half way: asyncio's start of a process, cancelled, kills it but leaves
+    the pipes it has not connected yet to a task that connects them after the process is gone, and
+    nobody closes them; a run's end, cancelled, would leave its process, pipes or tasks.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError:
+            if task.cancelled():  # pragma: no cover - only the loop's shutdown cancels it
+                raise
+            cancelled = True
+        except Exception as exc:
+            if cancelled:
+                raise asyncio.CancelledError from exc
+            raise
+
+
 def _memfd(spec: bytes, blob: bytearray) -> int:
     """A memory file holding the helper's input: the spec's length, the spec, the files' bytes."""
     fd = os.memfd_create("telescope-sandbox-spec")
@@ -287,8 +363,13 @@ class _Run:
         start: float,
     ) -> None:
         self.proc, self.request, self.limits, self.start = proc, request, limits, start
-        self.status_fd, self.info_fd = status_fd, info_fd
+        self.info_fd = info_fd
+        # Files now, not in the reading tasks: a task cancelled before it starts closes nothing.
+        self.pipes = [os.fdopen(fd, "rb", buffering=0) for fd in (status_fd, info_fd) if fd >= 0]
         self.init_pidfd: int | None = None
+        self.info_read = info_fd < 0
+        """Whether bubblewrap has named the sandbox's init, or cannot any more (``kill``)."""
+        self.kill_fallback: asyncio.TimerHandle | None = None
         cap = limits.max_output_bytes
         self.out = _Stream(cap, cap * OUTPUT_KILL_FACTOR, bytearray())
         self.err = _Stream(cap, cap * OUTPUT_KILL_FACTOR, bytearray())
@@ -299,11 +380,17 @@ class _Run:
     def kill(self, reason: Literal["timeout", "output"]) -> None:
         """Kill the sandbox. With bubblewrap, kill the PID namespace's init: the kernel kills
         everything in the namespace and bubblewrap exits only once all of it is gone, so no
-        process of the run outlives ``run``. Before init is known (or without bubblewrap),
-        kill bubblewrap's process group instead."""
+        process of the run outlives ``run``. Until bubblewrap has named init, the kill waits for it
+        (``_watch_info``; after :data:`INIT_NAMED_S`, bubblewrap's child is taken as init): bubblewrap
+        killed before its child has set its parent-death signal leaves the sandbox running. Without
+        bubblewrap, or where init cannot be found, kill bubblewrap's process group."""
         if self.killed_for is None:
             self.killed_for = reason
         if self.proc.returncode is not None:
+            return
+        if self.init_pidfd is None and not self.info_read:
+            if self.kill_fallback is None:  # bubblewrap slow to name init: find it, do not wait forever
+                self.kill_fallback = asyncio.get_running_loop().call_later(INIT_NAMED_S, self._find_init)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if self.init_pidfd is not None:
@@ -311,29 +398,32 @@ class _Run:
             else:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
-    async def _watch_info(self) -> None:
-        """Learn the host PID of the sandbox's init from bubblewrap's ``--info-fd`` and pin it."""
-        if self.info_fd < 0:
-            return
-        stream = _Stream(1 << 16, 1 << 16, bytearray())
-        await self._read_fd(self.info_fd, stream)
-        try:
-            pid = int(json.loads(bytes(stream.data).decode())["child-pid"])
-            pidfd = os.pidfd_open(pid)
-        except (ValueError, KeyError, TypeError, OSError):
-            return  # too old a kernel, or the sandbox already ended: killpg will do
-        try:
-            # Make sure the PID still names an init of a child PID namespace, not a reused PID.
-            status = Path(f"/proc/{pid}/status").read_text()
-            nspid = next(line for line in status.splitlines() if line.startswith("NSpid:")).split()
-            if len(nspid) < 3 or nspid[-1] != "1":
-                raise ValueError(nspid)
-        except (OSError, StopIteration, ValueError):
-            os.close(pidfd)
-            return
-        self.init_pidfd = pidfd
+    def _find_init(self) -> None:
+        """The kill's fallback: bubblewrap's child, if it has one, is the sandbox's init."""
+        if self.init_pidfd is None:
+            self.init_pidfd = _pin_init(_child_of(self.proc.pid))
+        self._init_known()
+
+    def _init_known(self) -> None:
+        """Bubblewrap has named the sandbox's init, or cannot any more: do the kill that waited."""
+        self.info_read = True
         if self.killed_for is not None:
             self.kill(self.killed_for)
+
+    async def _watch_info(self) -> None:
+        """Learn the host PID of the sandbox's init from bubblewrap's ``--info-fd`` and pin it;
+        then do a kill that waited for it."""
+        if self.info_fd < 0:
+            return
+        try:
+            stream = _Stream(1 << 16, 1 << 16, bytearray())
+            await self._read_pipe(self.pipes[1], stream)
+            if self.init_pidfd is None:  # (unless the kill's fallback found it first)
+                self.init_pidfd = _pin_init(_named_init(bytes(stream.data)))
+        finally:
+            if self.kill_fallback is not None:
+                self.kill_fallback.cancel()
+            self._init_known()
 
     async def _pump(self, reader: asyncio.StreamReader | None, stream: _Stream, kills: bool) -> None:
         if reader is None:  # pragma: no cover
@@ -377,10 +467,9 @@ class _Run:
         finally:
             loop.remove_reader(pidfd)
 
-    async def _read_fd(self, fd: int, stream: _Stream) -> None:
+    async def _read_pipe(self, pipe: FileIO, stream: _Stream) -> None:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=1 << 20)
-        pipe = os.fdopen(fd, "rb", buffering=0)
         transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
         try:
             await self._pump(reader, stream, kills=False)
@@ -392,7 +481,7 @@ class _Run:
         io_tasks = [
             asyncio.create_task(self._pump(self.proc.stdout, self.out, kills=True)),
             asyncio.create_task(self._pump(self.proc.stderr, self.err, kills=True)),
-            asyncio.create_task(self._read_fd(self.status_fd, self.status)),
+            asyncio.create_task(self._read_pipe(self.pipes[0], self.status)),
             self.info_task,
         ]
         stdin_task = asyncio.create_task(self._feed_stdin())
@@ -404,22 +493,31 @@ class _Run:
                 self.kill("timeout")
                 await self.proc.wait()
             duration = time.monotonic() - self.start
-            await self._wait_for_init()
-            # The namespace is gone once bubblewrap is, so the pipes close right away; the grace
-            # period only matters for isolation="none", where a detached child may hold them.
-            _, pending = await asyncio.wait(io_tasks, timeout=2.0)
-            for task in pending:
-                task.cancel()
         finally:
-            if self.proc.returncode is None:
-                self.kill("timeout")
-                await self.proc.wait()
-            for task in [*io_tasks, stdin_task]:
-                task.cancel()
-            await asyncio.gather(*io_tasks, stdin_task, return_exceptions=True)
-            if self.init_pidfd is not None:
-                os.close(self.init_pidfd)
+            _, cancelled = await _through_cancel(self._end(io_tasks, stdin_task))
+            if cancelled:
+                raise asyncio.CancelledError
         return self._result(duration)
+
+    async def _end(self, io_tasks: list[asyncio.Task[None]], stdin_task: asyncio.Task[None]) -> None:
+        """Leave nothing of the run: its process killed if it still runs (cancelled), the sandbox's
+        namespace gone, its pipes read to their end, its tasks ended."""
+        if self.proc.returncode is None:
+            self.kill("timeout")
+            await self.proc.wait()
+        await self._wait_for_init()
+        # The namespace is gone once bubblewrap is, so the pipes close right away; the grace
+        # period only matters for isolation="none", where a detached child may hold them.
+        _, pending = await asyncio.wait(io_tasks, timeout=2.0)
+        for task in [*pending, stdin_task]:
+            task.cancel()
+        await asyncio.gather(*io_tasks, stdin_task, return_exceptions=True)
+        if self.kill_fallback is not None:
+            self.kill_fallback.cancel()
+        for pipe in self.pipes:
+            pipe.close()
+        if self.init_pidfd is not None:
+            os.close(self.init_pidfd)
 
     def _result(self, duration: float) -> ExecResult:
         status = bytes(self.status.data)

@@ -4,9 +4,9 @@ CPython runs a full pass of its collector whenever the objects that outlived its
 by a quarter. A step of 8,192 samples keeps about a million objects alive for a while (the samples
 in flight and their tasks, the batch being packed and recorded), so full passes came about ten
 times a step, each holding the event loop, and with it every server's next request, for 0.3 to
-1.3 s: about 40% of the driver's CPU (tools/bench_scale.py). Most of what the steps leave behind
-is freed by reference counting (a cancelled group is not yet: see ``GroupRun.tasks`` in the rollout
-engine), so during the steps (:func:`steps_collector`):
+1.3 s: about 40% of the driver's CPU (tools/bench_scale.py). What the steps leave behind is freed
+by reference counting (the engine breaks the cycle a cancelled sample's task made), so during the
+steps (:func:`steps_collector`):
 
 * what start-up built (torch, transformers, the datasets, the engine) is frozen out of every pass;
 * young passes run after :data:`YOUNG_PASS` new objects (CPython's default: 700): fewer, each

@@ -646,7 +646,9 @@ class RolloutEngine:
         self._groups[group.group_id] = group
         for i, run in enumerate(group.runs):
             lane = lanes[i] if lanes is not None else None
-            group.tasks.add(asyncio.create_task(self._run_sample(group, run, lane)))
+            task = asyncio.create_task(self._run_sample(group, run, lane))
+            group.tasks.add(task)
+            task.add_done_callback(group.tasks.discard)
 
     async def _run_sample(self, group: GroupRun, run: SampleRun, lane: int | None) -> None:
         pool = self.pool.lanes[group.server]

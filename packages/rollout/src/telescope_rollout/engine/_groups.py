@@ -55,10 +55,9 @@ class GroupRun:
     server: str
     runs: list[SampleRun] = field(default_factory=list[SampleRun])
     tasks: set[asyncio.Task[None]] = field(default_factory=set[asyncio.Task[None]])
-    """Its samples' tasks. A cancelled one's error holds its frame, which holds this group: a cycle
-    that only a full pass of the garbage collector frees (``run.collector``). Breaking it (each task
-    leaving the set when it ends) made a sandbox pipe left open by a cancelled command agent warn in
-    tests/test_agent_in_local_sandbox.py: that leak is to be fixed first."""
+    """Its samples' tasks still running: each leaves when it ends, so that a cancelled one (whose
+    error's traceback holds the frame that holds this group) is freed at once, not by a full pass
+    of the garbage collector."""
     lanes: list[int] | None = None
     """Group mode: the slots held by the whole group."""
     finished: int = 0
