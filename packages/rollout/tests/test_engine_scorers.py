@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 from engine_fakes import by_sample_parity, make_engine
 
-from telescope_rollout.inference import InferenceError, ServedScorer
+from telescope_rollout.engine import TokenArray
+from telescope_rollout.inference import InferenceError, ServedScorer, TokenScorer
 from telescope_rollout.inference._client import parse_prompt_logprobs
 from telescope_rollout.testing import FakeInferenceServer
 
@@ -44,6 +48,47 @@ async def test_a_failing_scorer_fails_its_sample_with_the_reason(tokenizer):
     async with engine:
         with pytest.raises(Exception, match="teacher model's server failed"):
             await engine.next_batch(timeout_s=10)
+
+
+class _Returns(TokenScorer):
+    """A user's scorer that returns ``value`` for any sequence."""
+
+    name = "ref"
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> Any:
+        return self.value
+
+
+@pytest.mark.parametrize(
+    ("value", "detail"),
+    [
+        ([-1.0], "the ref scorer returned 1 logprobs for 2 tokens"),
+        (["x", "y"], "the ref scorer returned list, not a list of floats"),
+        (None, "the ref scorer returned NoneType, not a list of floats"),
+    ],
+)
+async def test_a_scorer_that_returns_the_wrong_thing_fails_its_sample_with_what_is_wrong(
+    tokenizer, value, detail
+):
+    server = FakeInferenceServer(reply=by_sample_parity)
+    engine = make_engine(tokenizer, server, scorers=[_Returns(value)], max_consecutive_unfit_prompts=1)
+    async with engine:
+        with pytest.raises(Exception, match="scoring_error") as caught:
+            await engine.next_batch(timeout_s=10)
+    assert detail in str(caught.value)
+
+
+async def test_a_scorers_logprobs_are_a_token_array(tokenizer):
+    server = FakeInferenceServer(reply=by_sample_parity)
+    engine = make_engine(tokenizer, server, scorers=[_Returns([-1, -2.5])])
+    async with engine:
+        batch = await engine.next_batch(timeout_s=10)
+    for s in batch.samples:
+        assert isinstance(s.ref_logprobs, TokenArray)
+        assert s.ref_logprobs == [-1.0, -2.5]
 
 
 def test_scorers_are_named_teacher_or_ref_once(tokenizer):

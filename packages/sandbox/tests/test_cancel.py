@@ -12,13 +12,26 @@ import pytest
 from telescope_sandbox import LocalSandbox, _local
 
 
-def _open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+def _pipes() -> set[str]:
+    """This process's open pipes (its other descriptors may come and go with earlier tests' threads
+    in the same worker: a vLLM server's, a logger's)."""
+    pipes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own)
+        if target.startswith("pipe:"):
+            pipes.add(f"{fd} {target}")
+    return pipes
+
+
+_SHIM = b"The helper that runs first inside the sandbox"  # in the command line of bubblewrap and the shim
 
 
 def _alive(argv: list[str]) -> list[str]:
-    """The processes (any PID namespace's, as the host sees them) that are this process's children
-    or run ``argv``: a sandbox's program shows here with its own command line."""
+    """The sandboxes this process started (bubblewrap, or the helper without it) and the processes
+    (any PID namespace's, as the host sees them) that run ``argv``, the sandbox's program."""
     me, found = str(os.getpid()), []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -28,13 +41,14 @@ def _alive(argv: list[str]) -> list[str]:
                 cmdline = f.read().split(b"\0")[:-1]
         except OSError:
             continue  # already gone
-        if fields[0] != "Z" and (fields[1] == me or cmdline == [a.encode() for a in argv]):
+        ours = fields[1] == me and any(_SHIM in part for part in cmdline)
+        if fields[0] != "Z" and (ours or cmdline == [a.encode() for a in argv]):
             found.append(f"{pid}: {b' '.join(cmdline).decode(errors='replace')[:80]}")
     return found
 
 
 async def _cancel_at_every_point(box: LocalSandbox) -> None:
-    fds = _open_fds()
+    pipes = _pipes()
     # a command line no other test runs, here or in another worker (tests reseed `random`)
     argv = ["sleep", f"30.{os.getpid()}{secrets.randbelow(10**6)}"]
     # cancelled after 0, 1, 2, ... turns of the event loop (while its process starts), then while
@@ -50,7 +64,7 @@ async def _cancel_at_every_point(box: LocalSandbox) -> None:
             async with asyncio.timeout(10):  # it ends at once, not when its program would (30 s)
                 await task
         assert asyncio.all_tasks() == {asyncio.current_task()}, turns
-        assert _open_fds() == fds, turns
+        assert _pipes() == pipes, turns
         assert _alive(argv) == [], turns
 
 

@@ -152,16 +152,20 @@ class _Prepared:
         )
 
 
+def logprob_array(values: Sequence[float | None]) -> np.ndarray:
+    """A sample's logprobs as packing takes them: float32, a missing one (None) as 0.0. An
+    ``array.array`` (the rollout engine's ``TokenArray``: no None in it) is converted at once."""
+    if isinstance(values, array.array):
+        return np.asarray(cast(Any, values), dtype=np.float32)
+    return np.asarray([0.0 if x is None else x for x in values], dtype=np.float32)
+
+
 def _token_logprobs(given: Sequence[float | None] | None, n_prompt: int, n_comp: int) -> np.ndarray:
-    """0.0 for the prompt, then the completion's logprobs (None → 0.0; padded or cut to ``n_comp``).
-    An ``array.array`` (the rollout engine's ``TokenArray``: no None in it) is read without a copy."""
+    """0.0 for the prompt, then the completion's logprobs (:func:`logprob_array`; padded with 0.0 or
+    cut to ``n_comp``)."""
     out = np.zeros(n_prompt + n_comp, dtype=np.float32)
-    values: np.ndarray | list[float]
-    if isinstance(given, array.array):
-        values = np.asarray(cast(Any, given), dtype=np.float32)[:n_comp]
-    else:
-        values = [0.0 if x is None else x for x in list(given or [])[:n_comp]]
-    out[n_prompt : n_prompt + len(values)] = values
+    values = logprob_array(given[:n_comp] if given is not None else [])
+    out[n_prompt : n_prompt + values.size] = values
     return out
 
 

@@ -114,16 +114,13 @@ class _Kept:
 
 
 def _floats(values: Any) -> np.ndarray | None:
-    """float32 with None as 0.0: exactly what packing makes of logprobs (telescope_algos.pack_samples)."""
-    import array
-
-    import numpy as np
+    """A copy of ``values`` as packing takes logprobs (:func:`telescope_algos.logprob_array`)."""
+    from telescope_algos import logprob_array
 
     if values is None:
         return None
-    if isinstance(values, array.array):  # a finished sample's TokenArray: no None in it
-        return np.array(values, dtype=np.float32)
-    return np.asarray([0.0 if x is None else x for x in values], dtype=np.float32)
+    out = logprob_array(values)
+    return out if out.base is None else out.copy()  # a float32 buffer is read, not converted
 
 
 @dataclass

@@ -97,6 +97,7 @@ from telescope_rollout.engine._results import (
 )
 from telescope_rollout.engine._sampler import MultiEnvSampler
 from telescope_rollout.engine._settings import EngineSettings
+from telescope_rollout.engine._tokens import TokenArray
 from telescope_rollout.engine._watch import (
     FailureWatch,
     flat_environment_message,
@@ -129,6 +130,23 @@ def _checked_scorers(scorers: Sequence[TokenScorer]) -> list[TokenScorer]:
 
 class RolloutError(RuntimeError):
     """The engine cannot go on (every server unreachable, input that can only fail, an internal failure)."""
+
+
+def _store_scores(seq: ScoredSample | TrainingSequence, name: str, result: Any) -> str | None:
+    """``result`` of scorer ``name`` as ``seq``'s ``<name>_logprobs`` (a :class:`TokenArray`: one
+    logprob a completion token); what is wrong with it where it cannot be."""
+    if isinstance(result, InferenceError):
+        return f"the {name} model's server failed: {result}"
+    if isinstance(result, Exception):  # a scorer's bug
+        return f"the {name} scorer raised {type(result).__name__}: {result}"
+    try:
+        values = TokenArray.logprobs(result)
+    except (TypeError, ValueError, OverflowError) as exc:
+        return f"the {name} scorer returned {type(result).__name__}, not a list of floats ({exc})"
+    if len(values) != len(seq.completion_ids):
+        return f"the {name} scorer returned {len(values)} logprobs for {len(seq.completion_ids)} tokens"
+    setattr(seq, f"{name}_logprobs", values)
+    return None
 
 
 class RolloutEngine:
@@ -732,16 +750,11 @@ class RolloutEngine:
             return_exceptions=True,
         )
         for (seq, scorer), result in zip(jobs, results, strict=True):
-            if isinstance(result, InferenceError):
-                out.error = "scoring_error"
-                out.error_detail = f"the {scorer.name} model's server failed: {result}"
-            elif isinstance(result, Exception):  # a scorer's bug: the sample fails, the group ends
-                out.error = "scoring_error"
-                out.error_detail = f"the {scorer.name} scorer raised {type(result).__name__}: {result}"
-            elif isinstance(result, BaseException):
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
                 raise result
-            else:
-                setattr(seq, f"{scorer.name}_logprobs", result)
+            problem = _store_scores(seq, scorer.name, result)
+            if problem is not None:  # the sample fails, its group ends
+                out.error, out.error_detail = "scoring_error", problem
         out.timings["score_s"] = self.clock() - t0
 
     # ----------------------------------------------------------------- acceptance

@@ -70,9 +70,9 @@ class TrainingSequence:
     completion_mask: list[int]
     completion_logprobs: list[float]
     reason: str
-    teacher_logprobs: list[float] | None = None
+    teacher_logprobs: Sequence[float] | None = None
     """The teacher's logprob of each completion token (a run with a teacher, ``scorers``)."""
-    ref_logprobs: list[float] | None = None
+    ref_logprobs: Sequence[float] | None = None
     """The reference model's logprob of each completion token (a run with a reference KL)."""
 
 
@@ -91,10 +91,10 @@ class ScoredSample:
     """1 for model tokens (trained on), 0 for template/environment tokens of later turns."""
     completion_logprobs: Sequence[float] = field(default_factory=list[float])
     """vLLM's logprob of each model token (0.0 where the mask is 0)."""
-    teacher_logprobs: list[float] | None = None
+    teacher_logprobs: Sequence[float] | None = None
     """The teacher's logprob of each completion token, where the run has a teacher (the engine's
-    ``scorers``); None otherwise."""
-    ref_logprobs: list[float] | None = None
+    ``scorers``; a :class:`TokenArray`); None otherwise."""
+    ref_logprobs: Sequence[float] | None = None
     """The reference model's logprob of each completion token, where the run has one; None otherwise."""
     reward: float = 0.0
     advantage: float = 0.0
