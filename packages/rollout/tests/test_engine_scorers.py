@@ -68,6 +68,8 @@ class _Returns(TokenScorer):
         ([-1.0], "the ref scorer returned 1 logprobs for 2 tokens"),
         (["x", "y"], "the ref scorer returned list, not a list of floats"),
         (None, "the ref scorer returned NoneType, not a list of floats"),
+        ([-1.0, None], "the ref scorer returned list, not a list of floats"),
+        (b"\0" * 16, "the ref scorer returned bytes, not a list of floats"),
     ],
 )
 async def test_a_scorer_that_returns_the_wrong_thing_fails_its_sample_with_what_is_wrong(

@@ -12,18 +12,31 @@ import pytest
 from telescope_sandbox import LocalSandbox, _local
 
 
-def _pipes() -> set[str]:
-    """This process's open pipes (its other descriptors may come and go with earlier tests' threads
-    in the same worker: a vLLM server's, a logger's)."""
-    pipes = set()
-    for fd in os.listdir("/proc/self/fd"):
+def _record_pipes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """Every pipe made from now on (the sandbox's own, and those ``subprocess`` makes to start it),
+    as ``(fd, "pipe:[inode]")``."""
+    made: list[tuple[int, str]] = []
+    pipe = os.pipe
+
+    def recorded() -> tuple[int, int]:
+        r, w = pipe()
+        made.extend((fd, os.readlink(f"/proc/self/fd/{fd}")) for fd in (r, w))
+        return r, w
+
+    monkeypatch.setattr(os, "pipe", recorded)
+    return made
+
+
+def _still_open(made: list[tuple[int, str]]) -> list[int]:
+    """The descriptors of ``made`` that still hold their pipe (a number reused since is not it)."""
+    left = []
+    for fd, target in made:
         try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
+            if os.readlink(f"/proc/self/fd/{fd}") == target:
+                left.append(fd)
         except OSError:
-            continue  # closed meanwhile (the listing's own)
-        if target.startswith("pipe:"):
-            pipes.add(f"{fd} {target}")
-    return pipes
+            continue  # closed
+    return left
 
 
 _SHIM = b"The helper that runs first inside the sandbox"  # in the command line of bubblewrap and the shim
@@ -47,8 +60,8 @@ def _alive(argv: list[str]) -> list[str]:
     return found
 
 
-async def _cancel_at_every_point(box: LocalSandbox) -> None:
-    pipes = _pipes()
+async def _cancel_at_every_point(box: LocalSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = _record_pipes(monkeypatch)
     # a command line no other test runs, here or in another worker (tests reseed `random`)
     argv = ["sleep", f"30.{os.getpid()}{secrets.randbelow(10**6)}"]
     # cancelled after 0, 1, 2, ... turns of the event loop (while its process starts), then while
@@ -64,15 +77,17 @@ async def _cancel_at_every_point(box: LocalSandbox) -> None:
             async with asyncio.timeout(10):  # it ends at once, not when its program would (30 s)
                 await task
         assert asyncio.all_tasks() == {asyncio.current_task()}, turns
-        assert _pipes() == pipes, turns
+        assert _still_open(made) == [], turns
         assert _alive(argv) == [], turns
+    assert len(made) > 100  # the runs got as far as their pipes
 
 
 @pytest.mark.parametrize("isolation", ["bwrap", "none"])
 async def test_a_run_cancelled_at_any_point_leaves_no_process_pipe_or_task(
-    sandbox: LocalSandbox, isolation: str
+    sandbox: LocalSandbox, isolation: str, monkeypatch: pytest.MonkeyPatch
 ):
-    await _cancel_at_every_point(sandbox if isolation == "bwrap" else LocalSandbox(isolation="none"))
+    box = sandbox if isolation == "bwrap" else LocalSandbox(isolation="none")
+    await _cancel_at_every_point(box, monkeypatch)
 
 
 async def test_a_kill_that_cannot_wait_for_bubblewrap_to_name_init_still_leaves_nothing(
@@ -82,4 +97,4 @@ async def test_a_kill_that_cannot_wait_for_bubblewrap_to_name_init_still_leaves_
     leave the sandbox running), at most ``INIT_NAMED_S``: then it takes bubblewrap's child, or kills
     bubblewrap where it has none yet."""
     monkeypatch.setattr(_local, "INIT_NAMED_S", 0.0)
-    await _cancel_at_every_point(sandbox)
+    await _cancel_at_every_point(sandbox, monkeypatch)

@@ -50,6 +50,8 @@ _UIDS = UidAllocator()
 _INSIDE_UID = 1000
 _WORKDIR = "/sandbox"
 _READ_CHUNK = 1 << 16
+KILL_WAIT_S = 10.0
+"""How long a killed run's end waits for its process before it kills bubblewrap's group as well."""
 INIT_NAMED_S = 1.0
 """How long a kill waits for bubblewrap to name the sandbox's init before it kills bubblewrap's
 process group instead (it names it right after starting it)."""
@@ -224,7 +226,8 @@ class LocalSandbox(Sandbox):
         )
         if cancelled:  # ended like a killed run (nothing of it left), then cancelled
             run.kill("timeout")
-            await run.finish()
+            with contextlib.suppress(Exception):
+                await _through_cancel(run.finish())
             raise asyncio.CancelledError
         return await run.finish()
 
@@ -284,7 +287,7 @@ def _pin_init(pid: int | None) -> int | None:
         return None
     try:
         pidfd = os.pidfd_open(pid)
-    except OSError:
+    except (OSError, OverflowError):
         return None
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -400,7 +403,7 @@ class _Run:
 
     def _find_init(self) -> None:
         """The kill's fallback: bubblewrap's child, if it has one, is the sandbox's init."""
-        if self.init_pidfd is None:
+        if self.init_pidfd is None and self.proc.returncode is None:  # (else its PID may be reused)
             self.init_pidfd = _pin_init(_child_of(self.proc.pid))
         self._init_known()
 
@@ -450,7 +453,7 @@ class _Run:
         bubblewrap exits as soon as init reports the program's status, which can be a moment
         before the kernel has finished killing the namespace's other processes.
         """
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(Exception):  # too slow (TimeoutError), or failed: no init to wait for
             async with asyncio.timeout(1.0):
                 await asyncio.shield(self.info_task)
         pidfd = self.init_pidfd
@@ -502,22 +505,37 @@ class _Run:
     async def _end(self, io_tasks: list[asyncio.Task[None]], stdin_task: asyncio.Task[None]) -> None:
         """Leave nothing of the run: its process killed if it still runs (cancelled), the sandbox's
         namespace gone, its pipes read to their end, its tasks ended."""
-        if self.proc.returncode is None:
-            self.kill("timeout")
+        try:
+            if self.proc.returncode is None:
+                self.kill("timeout")
+                await self._wait_killed()
+            await self._wait_for_init()
+            # The namespace is gone once bubblewrap is, so the pipes close right away; the grace
+            # period only matters for isolation="none", where a detached child may hold them.
+            await asyncio.wait(io_tasks, timeout=2.0)
+        finally:
+            for task in [*io_tasks, stdin_task]:
+                task.cancel()
+            await asyncio.gather(*io_tasks, stdin_task, return_exceptions=True)
+            if self.kill_fallback is not None:
+                self.kill_fallback.cancel()
+            for pipe in self.pipes:
+                pipe.close()
+            if self.init_pidfd is not None:
+                os.close(self.init_pidfd)
+                self.init_pidfd = None
+
+    async def _wait_killed(self) -> None:
+        """Wait for the killed process; where the kill did not take within :data:`KILL_WAIT_S`
+        (a signal refused), kill bubblewrap's process group too."""
+        try:
+            async with asyncio.timeout(KILL_WAIT_S):
+                await self.proc.wait()
+        except TimeoutError:
+            _log.warning("sandbox_kill_slow", wait_s=KILL_WAIT_S, pid=self.proc.pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             await self.proc.wait()
-        await self._wait_for_init()
-        # The namespace is gone once bubblewrap is, so the pipes close right away; the grace
-        # period only matters for isolation="none", where a detached child may hold them.
-        _, pending = await asyncio.wait(io_tasks, timeout=2.0)
-        for task in [*pending, stdin_task]:
-            task.cancel()
-        await asyncio.gather(*io_tasks, stdin_task, return_exceptions=True)
-        if self.kill_fallback is not None:
-            self.kill_fallback.cancel()
-        for pipe in self.pipes:
-            pipe.close()
-        if self.init_pidfd is not None:
-            os.close(self.init_pidfd)
 
     def _result(self, duration: float) -> ExecResult:
         status = bytes(self.status.data)

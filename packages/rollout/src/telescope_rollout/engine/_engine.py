@@ -139,10 +139,13 @@ def _store_scores(seq: ScoredSample | TrainingSequence, name: str, result: Any) 
         return f"the {name} model's server failed: {result}"
     if isinstance(result, Exception):  # a scorer's bug
         return f"the {name} scorer raised {type(result).__name__}: {result}"
+    kind = type(result).__name__
     try:
+        if isinstance(result, str | bytes | bytearray | memoryview):  # (an array would read raw bytes)
+            raise TypeError("text or bytes")
         values = TokenArray.logprobs(result)
-    except (TypeError, ValueError, OverflowError) as exc:
-        return f"the {name} scorer returned {type(result).__name__}, not a list of floats ({exc})"
+    except Exception as exc:  # anything a user's scorer may return
+        return f"the {name} scorer returned {kind}, not a list of floats ({exc})"
     if len(values) != len(seq.completion_ids):
         return f"the {name} scorer returned {len(values)} logprobs for {len(seq.completion_ids)} tokens"
     setattr(seq, f"{name}_logprobs", values)
