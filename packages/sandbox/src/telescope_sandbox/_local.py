@@ -53,8 +53,8 @@ _READ_CHUNK = 1 << 16
 KILL_WAIT_S = 10.0
 """How long a killed run's end waits for its process before it kills bubblewrap's group as well."""
 INIT_NAMED_S = 1.0
-"""How long a kill waits for bubblewrap to name the sandbox's init before it kills bubblewrap's
-process group instead (it names it right after starting it)."""
+"""How long a kill waits for bubblewrap to name the sandbox's init (it names it right after starting
+it) before it takes bubblewrap's child as init, or kills bubblewrap's process group where it has none."""
 
 
 def _python_prefix(python: str) -> str:
